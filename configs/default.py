@@ -1,0 +1,89 @@
+"""Default: a small Transformer-XL byte-level LM on the built-in corpus.
+
+Sized so that `python train.py` (no flags) finishes in about 10 minutes on a
+2-core CPU; see README for the measured result.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # ---- data -----------------------------------------------------------
+  c.data = ml_collections.ConfigDict()
+  c.data.corpus = 'stdlib'           # stdlib | tiny_shakespeare | pg19
+  c.data.tfds_data_dir = ''          # required for tfds corpora
+  c.data.tokenizer = 'byte'          # byte | sentencepiece
+  c.data.sentencepiece_model = ''    # path to a .model file
+  c.data.batch_size = 8              # global number of streams (rows)
+  c.data.chunk_len = 128             # tokens per chunk (segment length)
+  c.data.chunks_per_step = 2         # chunks scanned (and backpropagated) per step
+  c.data.eval_batch_size = 8
+
+  # ---- model ----------------------------------------------------------
+  c.model = ml_collections.ConfigDict()
+  c.model.attention = 'xl'           # vanilla | xl
+  c.model.num_layers = 4
+  c.model.d_model = 256
+  c.model.num_heads = 4
+  c.model.head_dim = 64
+  c.model.d_ff = 1024
+  c.model.dropout_rate = 0.0
+  c.model.tie_embeddings = True
+  c.model.dtype = 'float32'          # compute dtype: float32 | bfloat16
+  c.model.vocab_multiple = 64        # vocabulary padded to a multiple of this
+  c.model.mem_len = 128              # XL memory length used in training
+  c.model.clamp_len = -1             # XL: clamp relative distances (-1: off)
+  c.model.scan_layers = False        # nn.scan over identical layers
+  c.model.remat_policy = 'none'      # see longformer_jax/parallel/remat.py
+
+  # ---- optimizer ------------------------------------------------------
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.learning_rate = 2e-3
+  c.optimizer.warmup_steps = 100
+  c.optimizer.end_learning_rate_fraction = 0.1
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.98
+  c.optimizer.eps = 1e-8
+  c.optimizer.grad_clip_norm = 1.0
+  c.optimizer.grad_accum_steps = 1   # micro-batches (over batch rows) per update
+
+  # ---- training loop --------------------------------------------------
+  c.train = ml_collections.ConfigDict()
+  c.train.num_steps = 1500           # length of the schedule
+  c.train.stop_after_steps = 0       # > 0: stop (and save) after this step; resume later
+  c.train.time_budget_s = 0.0        # > 0: stop (and save) after this many seconds
+  c.train.log_every = 25
+  c.train.eval_every = 500
+  c.train.eval_max_tokens = 65536    # per periodic evaluation (0: whole split)
+  c.train.checkpoint_every = 500
+  c.train.keep_checkpoints = 3
+  c.train.async_checkpointing = True
+
+  # ---- parallelism ----------------------------------------------------
+  c.parallel = ml_collections.ConfigDict()
+  c.parallel.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 fills
+  c.parallel.multi_host = False       # call jax.distributed.initialize()
+  c.parallel.logical_axis_rules = (
+      ('batch', ('data', 'fsdp')),
+      ('embed', 'fsdp'),
+      ('heads', 'tensor'),
+      ('mlp', 'tensor'),
+      ('vocab', 'tensor'),
+      ('head_dim', None),
+      ('length', None),
+      ('memory', None),
+      ('layers', None),
+  )
+
+  # ---- evaluation (eval.py) ------------------------------------------
+  c.eval = ml_collections.ConfigDict()
+  c.eval.split = 'valid'             # valid | test
+  c.eval.chunk_len = 0               # 0: the training chunk_len
+  c.eval.mem_lens = ''               # comma list, e.g. '0,128,512'; '' = training mem_len
+  c.eval.max_tokens = 0              # 0: the whole split
+  c.eval.step = -1                   # -1: latest checkpoint
+  return c

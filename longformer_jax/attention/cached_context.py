@@ -1,0 +1,43 @@
+"""Pieces shared by variants that attend over [memory of past hidden states; chunk]."""
+
+import jax
+
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.layers.linear import projection
+from longformer_jax.memory import fifo
+
+
+def chunk_entries(x: jax.Array, ctx: AttentionContext) -> fifo.FifoMemory:
+  """The chunk's tokens as memory entries: `x [batch, chunk, d_model]`."""
+  return fifo.FifoMemory(values=x, positions=ctx.positions,
+                         segment_ids=ctx.segment_ids, valid=ctx.valid)
+
+
+def memory_and_chunk(state: fifo.FifoMemory, x: jax.Array,
+                     ctx: AttentionContext) -> tuple[fifo.FifoMemory, fifo.FifoMemory]:
+  """Keys' source for this chunk, and the memory to carry to the next chunk.
+
+  Rows flagged by `ctx.reset` forget their memory first. The memory is
+  stop-gradient (Dai et al., 2019, eq. in section 3.2: SG(h_{tau-1})).
+
+  Returns:
+    `(context, new_state)`: `context` is `[memory; chunk]`, `[batch, mem + chunk]`
+    entries, oldest first; `new_state` is the memory after inserting the chunk.
+  """
+  memory = fifo.clear_rows(state, ctx.reset)
+  chunk = chunk_entries(x, ctx)
+  context = fifo.concat(jax.lax.stop_gradient(memory), chunk)
+  new_state, _ = fifo.insert(memory, jax.lax.stop_gradient(chunk))
+  return context, new_state
+
+
+def project_heads(x: jax.Array, num_heads: int, head_dim: int, name: str, dtype) -> jax.Array:
+  """`[batch, length, d_model] -> [batch, length, heads, head_dim]`."""
+  return projection((num_heads, head_dim), kernel_axes=('embed', 'heads', 'head_dim'),
+                    name=name, dtype=dtype)(x)
+
+
+def project_output(x: jax.Array, d_model: int, dtype) -> jax.Array:
+  """`[batch, length, heads, head_dim] -> [batch, length, d_model]`."""
+  return projection(d_model, num_in=2, kernel_axes=('heads', 'head_dim', 'embed'),
+                    name='out', dtype=dtype)(x)

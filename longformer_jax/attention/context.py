@@ -1,0 +1,29 @@
+"""What every attention variant is told about the chunk besides its features."""
+
+from typing import Optional
+
+import flax.struct
+import jax
+
+
+@flax.struct.dataclass
+class AttentionContext:
+  """Per-chunk context of the attention call contract (DESIGN.md).
+
+  Attributes:
+    positions: `[batch, chunk]` int32 absolute positions in the row's stream.
+    segment_ids: `[batch, chunk]` int32 document index along the stream; a
+      query never attends to a key of another document.
+    reset: `[batch]` bool, the row starts a new document at the chunk's first
+      token: its memory is cleared before use.
+    valid: `[batch, chunk]` bool, the token is real (not padding).
+    global_flags: optional `[batch, chunk]` bool, global tokens (Longformer,
+      BigBird).
+    deterministic: static; True disables dropout.
+  """
+  positions: jax.Array
+  segment_ids: jax.Array
+  reset: jax.Array
+  valid: jax.Array
+  global_flags: Optional[jax.Array] = None
+  deterministic: bool = flax.struct.field(pytree_node=False, default=True)

@@ -1,0 +1,38 @@
+"""Token embedding and the output projection (tied or untied)."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from longformer_jax.layers.linear import projection
+
+
+class TokenEmbedding(nn.Module):
+  """Embeds token ids and turns hidden states back into vocabulary logits."""
+  vocab_size: int
+  d_model: int
+  tie_embeddings: bool = True
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.table = self.param(
+        'embedding',
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), ('vocab', 'embed')),
+        (self.vocab_size, self.d_model), jnp.float32)
+    if not self.tie_embeddings:
+      self.output = projection(self.vocab_size, kernel_axes=('embed', 'vocab'),
+                               name='output', dtype=self.dtype)
+
+  def embed(self, tokens: jax.Array) -> jax.Array:
+    """`[batch, length]` int -> `[batch, length, d_model]` in the compute dtype."""
+    return jnp.take(self.table, tokens, axis=0).astype(self.dtype)
+
+  def logits(self, x: jax.Array) -> jax.Array:
+    """`[batch, length, d_model]` -> float32 `[batch, length, vocab]`."""
+    if self.tie_embeddings:
+      # Scaled so that logits start O(1) with a unit-variance table.
+      y = jnp.einsum('bld,vd->blv', x, self.table.astype(self.dtype))
+      y = y / jnp.sqrt(self.d_model).astype(self.dtype)
+    else:
+      y = self.output(x)
+    return y.astype(jnp.float32)

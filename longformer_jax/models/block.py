@@ -1,0 +1,34 @@
+"""The pre-LN transformer block: x + Attn(LN(x)), then + FFN(LN(.))."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.registry import attention_class
+from longformer_jax.layers.feed_forward import FeedForward
+from longformer_jax.layers.norms import layer_norm
+
+
+class DecoderBlock(nn.Module):
+  """One block; the signature `(x, state, ctx) -> (x, (state, aux))` suits `nn.scan`.
+
+  Shapes: `x [batch, chunk, d_model]`; `state` the attention variant's memory
+  for this layer; `aux` a dict of the variant's auxiliary values.
+  """
+  config: ml_collections.FrozenConfigDict
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state, ctx: AttentionContext):
+    cfg = self.config
+    attention = attention_class(cfg.attention).from_config(cfg, self.dtype, name='attention')
+    h, state, aux = attention(layer_norm('attention_norm', self.dtype)(x), state, ctx)
+    x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    h = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout_rate, self.dtype, name='feed_forward')(
+        layer_norm('feed_forward_norm', self.dtype)(x), deterministic=ctx.deterministic)
+    x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    return x, (state, aux)

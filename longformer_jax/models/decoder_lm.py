@@ -1,0 +1,78 @@
+"""Decoder-only language model: embedding, pre-LN block stack, final norm, logits."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.registry import attention_class
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.layers.embeddings import TokenEmbedding
+from longformer_jax.layers.norms import layer_norm
+from longformer_jax.models.block_stack import BlockStack
+
+COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+def compute_dtype(name: str):
+  if name not in COMPUTE_DTYPES:
+    raise ConfigError('model.dtype', f'unknown dtype {name!r}; choose one of {sorted(COMPUTE_DTYPES)}')
+  return COMPUTE_DTYPES[name]
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+  """Rounds the vocabulary up so that the `vocab` axis shards evenly."""
+  return -(-vocab_size // multiple) * multiple
+
+
+class DecoderLM(nn.Module):
+  """`(tokens [batch, chunk], states, ctx) -> (logits [batch, chunk, vocab], states, aux)`.
+
+  `config` is the model config with `vocab_size` set (the padded size).
+  Parameters are float32; activations use `config.dtype`; logits and the
+  softmax inside attention are float32.
+  """
+  config: ml_collections.FrozenConfigDict
+
+  @staticmethod
+  def init_state(config, batch_size: int):
+    """The memory of every layer, stacked: leaves `[layers, batch, ...]`."""
+    dtype = compute_dtype(config.dtype)
+    one = attention_class(config.attention).init_state(config, batch_size, dtype)
+    return jax.tree_util.tree_map(
+        lambda a: jnp.broadcast_to(a, (config.num_layers, *a.shape)), one)
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, states, ctx: AttentionContext):
+    cfg = self.config
+    dtype = compute_dtype(cfg.dtype)
+    embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.tie_embeddings, dtype,
+                               name='embedding')
+    x = embedding.embed(tokens)
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=ctx.deterministic)
+    x, states, aux = BlockStack(cfg, dtype, name='blocks')(x, states, ctx)
+    x = layer_norm('final_norm', dtype)(x)
+    logits = embedding.logits(x)
+    logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
+    return logits, states, aux
+
+
+def state_logical_axes(states):
+  """Logical axes of a stacked memory pytree: `[layers, batch, memory, embed...]`."""
+  names = ('layers', 'batch', 'memory', 'embed')
+
+  def axes(leaf):
+    return names[:leaf.ndim] + (None,) * max(0, leaf.ndim - len(names))
+  return jax.tree_util.tree_map(axes, states)
+
+
+def lm_model_config(model_config: ml_collections.ConfigDict, tokenizer_vocab_size: int,
+                    **overrides) -> ml_collections.FrozenConfigDict:
+  """`config.model` with `vocab_size` (padded) set and `overrides` applied, frozen."""
+  cfg = ml_collections.ConfigDict(model_config.to_dict())
+  cfg.vocab_size = padded_vocab_size(tokenizer_vocab_size, model_config.vocab_multiple)
+  for name, value in overrides.items():
+    cfg[name] = value
+  return ml_collections.FrozenConfigDict(cfg)

@@ -1,0 +1,55 @@
+"""From logical axis names to `NamedSharding`s on a mesh.
+
+Parameters and memory carry logical names (`batch`, `length`, `embed`,
+`heads`, `head_dim`, `mlp`, `vocab`, `memory`, `layers`); the config's rules
+map them to mesh axes. A mesh axis already used by an earlier dimension of
+the same array is skipped, so one rule table serves parameters
+(`embed -> fsdp`) and activations (`batch -> (data, fsdp)`, embed unsharded).
+"""
+
+import contextlib
+
+import flax.linen as nn
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+
+def rules_tuple(rules) -> tuple:
+  """Config rules (lists from the command line or tuples) as a tuple of pairs."""
+  return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in rules)
+
+
+def box_with_logical_axes(tree, axes_tree):
+  """Wraps each leaf of `tree` in `nn.LogicallyPartitioned` with its names."""
+  return jax.tree_util.tree_map(
+      lambda leaf, names: nn.LogicallyPartitioned(leaf, names), tree, axes_tree,
+      is_leaf=lambda x: isinstance(x, tuple))
+
+
+def logical_shardings(abstract_boxed_tree, mesh: jax.sharding.Mesh, rules):
+  """NamedShardings for a tree whose partitioned leaves are logically boxed."""
+  specs = nn.get_partition_spec(abstract_boxed_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules_tuple(rules))
+
+
+def batch_sharding(mesh: jax.sharding.Mesh, rules) -> NamedSharding:
+  """Sharding of `[batch, length]` input arrays."""
+  spec = nn.logical_to_mesh_axes(('batch', 'length'), rules_tuple(rules))
+  return NamedSharding(mesh, spec)
+
+
+def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: jax.sharding.Mesh, rules):
+  """Within it, `nn.with_logical_constraint` inside the model takes effect."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules_tuple(rules)):
+    yield
+
+
+def to_global_batch(local: dict, sharding: NamedSharding) -> dict:
+  """Host-local numpy rows of this process -> global arrays sharded on the mesh."""
+  return {name: jax.make_array_from_process_local_data(sharding, value)
+          for name, value in local.items()}

@@ -1,0 +1,329 @@
+"""Saving and restoring a training run with Orbax.
+
+`Checkpointer` wraps `orbax.checkpoint.CheckpointManager` for the checkpoints
+of one run in `workdir/checkpoints/<step>/`. Each step directory holds three
+items:
+
+  * `state`: the train-state pytree (`ocp.args.StandardSave`); sharded arrays,
+    typed or raw PRNG keys and flax struct dataclasses are all fine;
+  * `data`: the data-pipeline position, a JSON dict (`ocp.args.JsonSave`);
+  * `checksums`: one checksum per array of `state`, a JSON dict.
+
+Orbax writes a step into `<step>.orbax-checkpoint-tmp` and renames it when it
+is complete, so a directory left by a killed process is never listed as a
+checkpoint. Orbax (TensorStore) notices a missing or truncated file, but a
+flipped bit inside a chunk of array data is restored silently; the checksums
+catch that, so a resumed run is either bit-identical to the saved one or fails
+with `CorruptCheckpointError`. Nothing here ever deletes or rewrites an
+existing checkpoint, except the pruning of old steps that `keep` asks for.
+"""
+
+import logging
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+PyTree = Any
+
+_STATE = 'state'
+_DATA = 'data'
+_CHECKSUMS = 'checksums'
+_ITEM_NAMES = (_STATE, _DATA, _CHECKSUMS)
+
+_log = logging.getLogger(__name__)
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+  """The requested checkpoint step does not exist."""
+
+
+class CorruptCheckpointError(RuntimeError):
+  """A checkpoint exists but cannot be restored exactly as it was saved."""
+
+
+class Checkpointer:
+  """Saves and restores `(state, data_state)` under `workdir/checkpoints`.
+
+  All processes of a multi-host run must create the `Checkpointer` and call
+  `save`/`restore` together (Orbax synchronizes them and writes each shard
+  from the process that holds it). This object must be the only writer of
+  its directory.
+  """
+
+  def __init__(self, workdir: str, keep: int, async_save: bool = True):
+    if keep < 1:
+      raise ValueError(f'keep must be >= 1 checkpoints, got {keep}.')
+    self._directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
+        enable_async_checkpointing=async_save,
+        create=True,
+    )
+    self._manager = ocp.CheckpointManager(
+        self._directory, item_names=_ITEM_NAMES, options=options
+    )
+    self._closed = False
+
+  @property
+  def directory(self) -> str:
+    """The directory that holds one sub-directory per saved step."""
+    return self._directory
+
+  def all_steps(self) -> list[int]:
+    """Steps of all finished (or in-flight) checkpoints, ascending."""
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    """The newest checkpointed step, or None when there is none."""
+    return self._manager.latest_step()
+
+  def save(
+      self,
+      step: int,
+      state: PyTree,
+      data_state: dict,
+      *,
+      force: bool = False,
+  ) -> bool:
+    """Starts saving `state` and `data_state` as checkpoint `step`.
+
+    The caller decides the cadence: any step newer than the latest one is
+    saved. With `async_save` this returns once the arrays are copied off the
+    accelerator (the caller may then donate or overwrite them) and the files
+    are written in the background; a previous in-flight save is awaited
+    first.
+
+    Args:
+      step: the training step the state belongs to.
+      state: pytree of jax arrays.
+      data_state: JSON-serializable dict (the data-pipeline position).
+      force: also save a step older than the latest checkpoint.
+
+    Returns:
+      True when a save was started; False when `step` is already saved (or,
+      without `force`, is not newer than the latest step).
+    """
+    step = int(step)
+    if step in self._manager.all_steps():
+      _log.info('Checkpoint for step %d already exists; not saving.', step)
+      return False
+    if not force and not self._manager.should_save(step):
+      _log.info('Not saving step %d: not newer than the latest.', step)
+      return False
+    args = ocp.args.Composite(
+        **{
+            _STATE: ocp.args.StandardSave(state),
+            _DATA: ocp.args.JsonSave(data_state),
+            _CHECKSUMS: ocp.args.JsonSave(state_checksums(state)),
+        }
+    )
+    saved = self._manager.save(step, args=args, force=force)
+    if saved:
+      _log.info('Saving checkpoint for step %d in %s.', step, self._directory)
+    return saved
+
+  def restore(
+      self, step: int | None, abstract_state: PyTree
+  ) -> tuple[PyTree, dict]:
+    """Restores checkpoint `step` (the latest when None).
+
+    Args:
+      step: the step to restore, or None for the latest one.
+      abstract_state: pytree of `jax.ShapeDtypeStruct` (with `.sharding`) or
+        arrays giving the structure, shapes, dtypes and shardings to restore
+        into.
+
+    Returns:
+      `(state, data_state)` as they were saved.
+
+    Raises:
+      CheckpointNotFoundError: there is no checkpoint for `step`.
+      CorruptCheckpointError: the checkpoint cannot be read or its arrays do
+        not match the checksums written with it.
+    """
+    self.wait()
+    step = self._existing_step(step)
+    restored = self._restore_items(step, abstract_state)
+    self._verify_checksums(step, restored[_STATE], restored[_CHECKSUMS])
+    return restored[_STATE], restored[_DATA]
+
+  def wait(self) -> None:
+    """Blocks until in-flight saves are written; raises their errors."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Waits for in-flight saves and releases Orbax resources."""
+    if not self._closed:
+      self._closed = True
+      self._manager.close()
+
+  def __enter__(self) -> 'Checkpointer':
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  def _step_directory(self, step: int) -> str:
+    return os.path.join(self._directory, str(step))
+
+  def _existing_step(self, step: int | None) -> int:
+    """Returns `step` (or the latest step), checking that it exists."""
+    steps = self.all_steps()
+    if step is None:
+      if not steps:
+        raise CheckpointNotFoundError(
+            f'No checkpoints to restore in {self._directory}.'
+        )
+      return steps[-1]
+    step = int(step)
+    if step not in steps:
+      raise CheckpointNotFoundError(
+          f'No checkpoint for step {step} in {self._directory}; available'
+          f' steps: {steps}.'
+      )
+    return step
+
+  def _restore_items(self, step: int, abstract_state: PyTree) -> dict:
+    """Reads all items of `step`, turning any failure into a clear error."""
+    args = ocp.args.Composite(
+        **{
+            _STATE: ocp.args.StandardRestore(abstract_state),
+            _DATA: ocp.args.JsonRestore(),
+            _CHECKSUMS: ocp.args.JsonRestore(),
+        }
+    )
+    try:
+      restored = self._manager.restore(step, args=args)
+    except Exception as error:  # Orbax/TensorStore raise many error types.
+      raise CorruptCheckpointError(
+          f'Cannot restore step {step} from checkpoint directory'
+          f' {self._step_directory(step)}: it is corrupt or truncated, or'
+          f' abstract_state does not match what was saved.'
+          f' {type(error).__name__}: {_first_line(error)}'
+      ) from error
+    items = {name: restored.get(name) for name in _ITEM_NAMES}
+    missing = [name for name, item in items.items() if item is None]
+    if missing:
+      raise CorruptCheckpointError(
+          f'Checkpoint directory {self._step_directory(step)} (step {step})'
+          f' lacks the items {missing}; it is corrupt or truncated.'
+      )
+    return items
+
+  def _verify_checksums(
+      self, step: int, state: PyTree, saved: dict[str, dict]
+  ) -> None:
+    """Raises `CorruptCheckpointError` unless `state` matches `saved`.
+
+    Arrays restored into another dtype or shape than they were saved with (a
+    deliberate conversion) cannot match their checksum and are skipped.
+    """
+    restored = state_checksums(state)
+    bad = [
+        path
+        for path, record in restored.items()
+        if _comparable(record, saved.get(path)) and record != saved[path]
+    ]
+    bad += sorted(set(restored) - set(saved))
+    if bad:
+      raise CorruptCheckpointError(
+          f'Checkpoint directory {self._step_directory(step)} (step {step})'
+          f' is corrupt: the restored arrays {bad} differ from the checksums'
+          ' written when it was saved.'
+      )
+
+
+def state_checksums(state: PyTree) -> dict[str, dict]:
+  """Returns `{leaf path: {dtype, shape, checksum}}` for the arrays of `state`.
+
+  The checksum is a 64-bit position-dependent hash of the array's bits,
+  computed on the devices that hold the array (so it works for arrays sharded
+  across hosts) and independent of the sharding.
+  """
+  leaves = [
+      (path, leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf))
+      for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+  ]
+  lanes = [_checksum_lanes(leaf) for _, leaf in leaves]  # Dispatch all first.
+  return {
+      jax.tree_util.keystr(path): {
+          'dtype': str(leaf.dtype),
+          'shape': list(leaf.shape),
+          'checksum': ''.join(f'{_scalar_value(lane):08x}' for lane in pair),
+      }
+      for (path, leaf), pair in zip(leaves, lanes)
+  }
+
+
+def _comparable(restored: dict, saved: dict | None) -> bool:
+  """Whether a restored leaf has the dtype and shape it was saved with."""
+  if saved is None:
+    return False
+  return (restored['dtype'], restored['shape']) == (
+      saved['dtype'],
+      saved['shape'],
+  )
+
+
+def _first_line(error: BaseException, max_chars: int = 300) -> str:
+  """A short summary of `error` (the full one stays chained as __cause__)."""
+  lines = str(error).strip().splitlines()
+  line = lines[0] if lines else ''
+  return line if len(line) <= max_chars else line[:max_chars] + '...'
+
+
+def _scalar_value(value: jax.Array) -> int:
+  """Reads a replicated scalar, also when it spans several hosts."""
+  return int(np.asarray(value.addressable_shards[0].data))
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+  """MurmurHash3's 32-bit finalizer: a bijection on uint32 that mixes bits."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def _as_uint32_words(x: jax.Array) -> jax.Array:
+  """The bits of `x` as uint32 (8-byte elements become two words)."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}
+  if x.dtype.itemsize not in unsigned:
+    raise TypeError(f'Cannot checksum arrays of dtype {x.dtype}.')
+  words = jax.lax.bitcast_convert_type(x, unsigned[x.dtype.itemsize])
+  return words.astype(jnp.uint32)
+
+
+def _flat_index(shape: tuple[int, ...]) -> jax.Array:
+  """Row-major position of each element (mod 2**32), without a reshape."""
+  index = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(len(shape))):
+    iota = jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
+    index = index + iota * jnp.uint32(stride % 2**32)
+    stride *= shape[axis]
+  return index
+
+
+@jax.jit
+def _checksum_lanes(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Two independent 32-bit sums of per-element hashes of `x`.
+
+  Each element's hash is a bijection of its bits, so changing any single
+  element always changes both sums; integer sums wrap exactly, so the result
+  does not depend on the reduction order or on the sharding.
+  """
+  words = _as_uint32_words(x)
+  index = _flat_index(words.shape)
+  lane_a = _fmix32(words + index * jnp.uint32(0x9E3779B9))
+  lane_b = _fmix32(words ^ _fmix32(index + jnp.uint32(0x7F4A7C15)))
+  return jnp.sum(lane_a, dtype=jnp.uint32), jnp.sum(lane_b, dtype=jnp.uint32)

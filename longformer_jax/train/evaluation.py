@@ -1,0 +1,84 @@
+"""Held-out evaluation: streams of whole documents, memory carried across chunks.
+
+Used by train.py (periodic validation) and eval.py (a table over memory
+lengths). Rows are finite streams of documents (`EvalStreams`); every
+target token of the split is scored exactly once; the memory of each
+row persists from chunk to chunk and is reset at document starts.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from longformer_jax.data.stream_batcher import EvalStreams
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.parallel import sharding
+from longformer_jax.train import initialization, steps
+from longformer_jax.train.batches import step_arrays
+
+LN2 = math.log(2.0)
+
+
+def summarize(loss_sum: float, tokens: float, num_bytes: float) -> dict:
+  """Loss (nats/token), bits per token and per byte, perplexity."""
+  loss = loss_sum / max(tokens, 1.0)
+  return {
+      'loss': loss,
+      'bits_per_token': loss / LN2,
+      'bits_per_byte': loss_sum / LN2 / max(num_bytes, 1.0),
+      'perplexity': math.exp(min(loss, 700.0)),
+      'tokens': tokens,
+      'bytes': num_bytes,
+  }
+
+
+class Evaluator:
+  """Compiles the eval step once for a model config and evaluation shape."""
+
+  def __init__(self, model_config: ml_collections.FrozenConfigDict, tokenizer, *,
+               batch_size: int, chunk_len: int, chunks_per_batch: int,
+               mesh: jax.sharding.Mesh, rules, param_shardings):
+    self.model_config = model_config
+    self.tokenizer = tokenizer
+    self.batch_size = batch_size
+    self.chunk_len = chunk_len
+    self.chunks_per_batch = chunks_per_batch
+    self.mesh = mesh
+    self.rules = rules
+    self._batch_sharding = sharding.batch_sharding(mesh, rules)
+    self._memory_shardings = initialization.memory_shardings(model_config, batch_size, mesh, rules)
+    token_bytes = jnp.asarray(tokenizer.token_byte_lengths(), jnp.float32)
+    padding = model_config.vocab_size - token_bytes.shape[0]
+    token_bytes = jnp.pad(token_bytes, (0, padding))
+    fn = steps.bind(steps.eval_step, model=DecoderLM(model_config), chunk_len=chunk_len,
+                    token_bytes=token_bytes)
+    self._step = jax.jit(
+        fn, in_shardings=(param_shardings, self._memory_shardings, self._batch_sharding),
+        out_shardings=(self._memory_shardings, sharding.replicated(mesh)),
+        donate_argnums=1)
+
+  def fresh_memory(self):
+    create = lambda: DecoderLM.init_state(self.model_config, self.batch_size)
+    return jax.jit(create, out_shardings=self._memory_shardings)()
+
+  def streams(self, documents, max_tokens: int = 0) -> EvalStreams:
+    return EvalStreams(documents, self.batch_size, self.chunk_len, self.tokenizer.bos_id,
+                       self.tokenizer.pad_id, process_index=jax.process_index(),
+                       process_count=jax.process_count(),
+                       chunks_per_batch=self.chunks_per_batch, max_tokens=max_tokens)
+
+  def evaluate(self, params, documents, max_tokens: int = 0) -> dict:
+    """Scores `documents` (token arrays); `max_tokens > 0` stops early."""
+    memory = self.fresh_memory()
+    totals = None
+    with sharding.activation_sharding(self.mesh, self.rules):
+      for batch in self.streams(documents, max_tokens):
+        arrays = sharding.to_global_batch(step_arrays(batch, self.tokenizer.pad_id),
+                                          self._batch_sharding)
+        memory, sums = self._step(params, memory, arrays)
+        totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
+    totals = jax.tree_util.tree_map(lambda x: float(np.asarray(x)), totals)
+    return summarize(totals['loss_sum'], totals['tokens'], totals['bytes'])

@@ -1,0 +1,82 @@
+"""Creating the train state directly in its shardings.
+
+`jax.eval_shape` of the initialiser gives the logically boxed abstract state;
+the config's rules turn the boxes into `NamedSharding`s; the initialiser is
+then jitted with those out-shardings, so no array ever exists unsharded.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from longformer_jax.models.decoder_lm import DecoderLM, state_logical_axes
+from longformer_jax.parallel import sharding
+from longformer_jax.train.lm_objective import chunk_context
+from longformer_jax.train.train_state import TrainState
+
+
+def dummy_chunk(batch_size: int, chunk_len: int) -> dict:
+  """A chunk of zeros with the shapes and dtypes of real input (for `init`)."""
+  zeros = jnp.zeros((batch_size, chunk_len), jnp.int32)
+  flags = jnp.zeros((batch_size, chunk_len), bool)
+  return dict(inputs=zeros, targets=zeros, positions=zeros, segment_ids=zeros,
+              doc_start=flags, input_mask=~flags, target_mask=~flags)
+
+
+def boxed_memory(model_config: ml_collections.FrozenConfigDict, batch_size: int):
+  """Initial memory, each leaf boxed with its logical axes."""
+  memory = DecoderLM.init_state(model_config, batch_size)
+  return sharding.box_with_logical_axes(memory, state_logical_axes(memory))
+
+
+def init_params(model: DecoderLM, rng: jax.Array, batch_size: int, chunk_len: int):
+  """Logically boxed parameters of `model`."""
+  chunk = dummy_chunk(batch_size, chunk_len)
+  memory = DecoderLM.init_state(model.config, batch_size)
+  return model.init({'params': rng}, chunk['inputs'], memory,
+                    chunk_context(chunk, deterministic=True))['params']
+
+
+def create_train_state(model: DecoderLM, optimizer: optax.GradientTransformation,
+                       rng: jax.Array, batch_size: int, chunk_len: int) -> TrainState:
+  """The boxed initial state (use inside `jax.eval_shape` / `jax.jit`)."""
+  init_rng, state_rng = jax.random.split(rng)
+  params = init_params(model, init_rng, batch_size, chunk_len)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=optimizer.init(params),
+                    memory=boxed_memory(model.config, batch_size), rng=state_rng)
+
+
+def abstract_train_state(model: DecoderLM, optimizer: optax.GradientTransformation, seed: int,
+                         batch_size: int, chunk_len: int, mesh: jax.sharding.Mesh, rules):
+  """`(abstract, shardings)`: shapes, dtypes and shardings of the train state.
+
+  `abstract` is a pytree of `jax.ShapeDtypeStruct` with `.sharding` set (what
+  a checkpoint restore needs); nothing is allocated.
+  """
+  create = lambda key: create_train_state(model, optimizer, key, batch_size, chunk_len)
+  boxed = jax.eval_shape(create, jax.random.PRNGKey(seed))
+  shardings = sharding.logical_shardings(boxed, mesh, rules)
+  abstract = jax.tree_util.tree_map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      nn.meta.unbox(boxed), shardings)
+  return abstract, shardings
+
+
+def sharded_train_state(model: DecoderLM, optimizer: optax.GradientTransformation, seed: int,
+                        batch_size: int, chunk_len: int, mesh: jax.sharding.Mesh, rules):
+  """`(state, shardings)`: the initial train state created directly on `mesh`."""
+  _, shardings = abstract_train_state(model, optimizer, seed, batch_size, chunk_len, mesh, rules)
+  create = lambda key: nn.meta.unbox(create_train_state(model, optimizer, key, batch_size, chunk_len))
+  # Not under `activation_sharding`: DenseGeneral initialises a flat kernel
+  # and would constrain it with the full-rank names. out_shardings place it.
+  state = jax.jit(create, out_shardings=shardings)(jax.random.PRNGKey(seed))
+  return state, shardings
+
+
+def memory_shardings(model_config, batch_size: int, mesh: jax.sharding.Mesh, rules):
+  """Shardings of a fresh memory for `batch_size` rows."""
+  abstract = jax.eval_shape(lambda: boxed_memory(model_config, batch_size))
+  return sharding.logical_shardings(abstract, mesh, rules)

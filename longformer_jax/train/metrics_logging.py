@@ -1,0 +1,209 @@
+"""Writing training metrics to disk and showing progress on the console.
+
+`MetricsLogger` appends one JSON object per `write` to `workdir/metrics.jsonl`
+(easy to read with `pandas.read_json(path, lines=True)`) and writes the same
+scalars to TensorBoard event files in `workdir/tensorboard`.
+
+`ProgressBar` shows step, loss, bits per token, tokens/s and the remaining
+time. On a terminal it is a tqdm bar; when stdout is not a terminal (CI logs,
+`nohup`, pipes) it prints one short plain line per update instead.
+
+In multi-host runs, create both with `enabled=jax.process_index() == 0`.
+"""
+
+import datetime
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+import tensorboardX
+import tqdm
+
+_RESERVED_KEYS = ('step', 'split')
+
+
+class MetricsLogger:
+  """Writes scalar metrics to `metrics.jsonl` and TensorBoard."""
+
+  def __init__(self, workdir: str, *, enabled: bool = True):
+    self._enabled = enabled
+    self._jsonl = None
+    self._tensorboard = None
+    if enabled:
+      os.makedirs(workdir, exist_ok=True)
+      self._jsonl = open(
+          os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8'
+      )
+      self._tensorboard = tensorboardX.SummaryWriter(
+          logdir=os.path.join(workdir, 'tensorboard')
+      )
+
+  def write(
+      self, step: int, metrics: dict[str, float], prefix: str = 'train'
+  ) -> None:
+    """Records `metrics` of `step` under the split name `prefix`.
+
+    Values may be Python, NumPy or JAX scalars. Non-finite values go to
+    TensorBoard as they are and to JSON as the strings "nan", "inf", "-inf"
+    (`float()` reads them back).
+    """
+    if not self._enabled:
+      return
+    clashing = [key for key in metrics if key in _RESERVED_KEYS]
+    if clashing:
+      raise ValueError(f'Metric names {clashing} are reserved.')
+    step = int(step)
+    values = {name: _to_number(value) for name, value in metrics.items()}
+    record = {'step': step, 'split': prefix}
+    record.update({name: _json_number(v) for name, v in values.items()})
+    self._jsonl.write(json.dumps(record, allow_nan=False) + '\n')
+    self._jsonl.flush()
+    for name, value in values.items():
+      self._tensorboard.add_scalar(f'{prefix}/{name}', value, step)
+    self._tensorboard.flush()
+
+  def close(self) -> None:
+    """Flushes and closes the files; later writes are errors."""
+    if self._jsonl is not None:
+      self._jsonl.close()
+      self._tensorboard.close()
+      self._jsonl = None
+      self._tensorboard = None
+
+  def __enter__(self) -> 'MetricsLogger':
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+
+class ProgressBar:
+  """Console progress of training: step/total, loss, bits/token, tok/s, ETA.
+
+  The remaining time is measured from the first `update` on, so the slow
+  first step (compilation) does not distort it.
+  """
+
+  def __init__(
+      self,
+      total_steps: int,
+      initial_step: int = 0,
+      *,
+      enabled: bool = True,
+      stream: TextIO | None = None,
+  ):
+    self._total = int(total_steps)
+    self._enabled = enabled
+    self._stream = stream if stream is not None else sys.stdout
+    self._eta = _EtaEstimator(self._total)
+    self._bar = None
+    if enabled and _is_terminal(self._stream):
+      self._bar = tqdm.tqdm(
+          total=self._total,
+          initial=int(initial_step),
+          file=self._stream,
+          dynamic_ncols=True,
+          bar_format='{l_bar}{bar}| {n_fmt}/{total_fmt} {postfix}',
+      )
+
+  def update(
+      self,
+      step: int,
+      loss: float,
+      bits_per_token: float,
+      tokens_per_s: float,
+  ) -> None:
+    """Shows that training has finished `step` with these numbers."""
+    if not self._enabled:
+      return
+    step = int(step)
+    remaining = self._eta.remaining_seconds(step, time.monotonic())
+    stats = (
+        f'loss {float(loss):.4f} | bits/tok {float(bits_per_token):.4f} |'
+        f' {_format_rate(float(tokens_per_s))} tok/s |'
+        f' ETA {_format_duration(remaining)}'
+    )
+    if self._bar is not None:
+      self._bar.update(step - self._bar.n)
+      self._bar.set_postfix_str(stats)
+    else:
+      print(f'step {step}/{self._total} | {stats}', file=self._stream,
+            flush=True)
+
+  def close(self) -> None:
+    """Ends the bar (a no-op for plain-line output)."""
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None
+
+  def __enter__(self) -> 'ProgressBar':
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+
+class _EtaEstimator:
+  """Remaining time from the step rate since the first update."""
+
+  def __init__(self, total_steps: int):
+    self._total = total_steps
+    self._first = None  # (step, time) of the first update.
+
+  def remaining_seconds(self, step: int, now: float) -> float | None:
+    """Seconds until `total_steps`, or None while the rate is unknown."""
+    if self._first is None:
+      self._first = (step, now)
+      return None
+    first_step, first_time = self._first
+    if step <= first_step or now <= first_time:
+      return None
+    seconds_per_step = (now - first_time) / (step - first_step)
+    return max(self._total - step, 0) * seconds_per_step
+
+
+def _is_terminal(stream: TextIO) -> bool:
+  isatty = getattr(stream, 'isatty', None)
+  try:
+    return bool(isatty and isatty())
+  except ValueError:  # A closed stream.
+    return False
+
+
+def _to_number(value: Any) -> float | int:
+  """A Python int (for integer types) or float from a numeric scalar."""
+  if isinstance(value, bool):
+    return int(value)
+  if isinstance(value, int):
+    return value
+  if hasattr(value, 'dtype') and value.dtype.kind in 'iub':
+    return int(value)
+  return float(value)
+
+
+def _json_number(value: float | int) -> float | int | str:
+  """`value`, or its name ("nan", "inf", "-inf") when it is not finite."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return str(value)
+  return value
+
+
+def _format_rate(per_second: float) -> str:
+  """A short human-readable rate such as 950, 12.3k or 1.20M."""
+  if not math.isfinite(per_second):
+    return str(per_second)
+  units = ((1e9, 'G', 2), (1e6, 'M', 2), (1e3, 'k', 1))
+  for threshold, suffix, digits in units:
+    if abs(per_second) >= threshold:
+      return f'{per_second / threshold:.{digits}f}{suffix}'
+  return f'{per_second:.0f}'
+
+
+def _format_duration(seconds: float | None) -> str:
+  """H:MM:SS (or '?' when unknown)."""
+  if seconds is None or not math.isfinite(seconds):
+    return '?'
+  return str(datetime.timedelta(seconds=round(seconds)))

@@ -1,0 +1,99 @@
+"""The train and eval step functions (pure; jitted with shardings in train.py)."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from longformer_jax.train.lm_objective import lm_sums
+from longformer_jax.train.train_state import TrainState
+
+
+def split_rows(tree, num_micro: int, row_axis: int):
+  """`[..., rows, ...]` -> `[num_micro, ..., rows / num_micro, ...]`.
+
+  Micro-batch m takes rows m, m + k, m + 2k, ... so that on a mesh each
+  device contributes rows to every micro-batch.
+  """
+
+  def split(a):
+    rows = a.shape[row_axis]
+    shape = a.shape[:row_axis] + (rows // num_micro, num_micro) + a.shape[row_axis + 1:]
+    return jnp.moveaxis(a.reshape(shape), row_axis + 1, 0)
+  return jax.tree_util.tree_map(split, tree)
+
+
+def merge_rows(tree, row_axis: int):
+  """Inverse of `split_rows`."""
+
+  def merge(a):
+    a = jnp.moveaxis(a, 0, row_axis + 1)
+    return a.reshape(a.shape[:row_axis] + (-1,) + a.shape[row_axis + 2:])
+  return jax.tree_util.tree_map(merge, tree)
+
+
+def train_step(state: TrainState, batch: dict, *, model: nn.Module,
+               optimizer: optax.GradientTransformation, learning_rate_fn,
+               chunk_len: int, grad_accum_steps: int = 1):
+  """One update: the mean next-token loss over every chunk and row of `batch`.
+
+  With `grad_accum_steps = k` the rows are processed in k micro-batches
+  (memory saving); the gradient is the same as with k = 1: each
+  micro-batch's summed loss is differentiated and the sum is divided by the
+  total number of target tokens.
+
+  Returns:
+    `(new_state, metrics)`; metrics are float32 scalars.
+  """
+  rng = jax.random.fold_in(state.rng, state.step)
+
+  def summed_loss(params, memory, micro_batch, micro_rng):
+    memory, sums = lm_sums(model, params, memory, micro_batch, chunk_len,
+                           rng=micro_rng, deterministic=False)
+    return sums['loss_sum'], (memory, sums)
+
+  grad_fn = jax.grad(summed_loss, has_aux=True)
+  if grad_accum_steps == 1:
+    grads, (memory, sums) = grad_fn(state.params, state.memory, batch, rng)
+  else:
+    micro_batches = split_rows(batch, grad_accum_steps, row_axis=0)
+    micro_memory = split_rows(state.memory, grad_accum_steps, row_axis=1)
+
+    def accumulate(grads, xs):
+      memory, micro_batch, index = xs
+      g, (memory, sums) = grad_fn(state.params, memory, micro_batch, jax.random.fold_in(rng, index))
+      return jax.tree_util.tree_map(jnp.add, grads, g), (memory, sums)
+
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+    grads, (micro_memory, micro_sums) = jax.lax.scan(
+        accumulate, zeros, (micro_memory, micro_batches, jnp.arange(grad_accum_steps)))
+    memory = merge_rows(micro_memory, row_axis=1)
+    sums = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), micro_sums)
+
+  tokens = jnp.maximum(sums['tokens'], 1.0)
+  grads = jax.tree_util.tree_map(lambda g: g / tokens, grads)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {
+      'loss': sums['loss_sum'] / tokens,
+      'tokens': sums['tokens'],
+      'grad_norm': optax.global_norm(grads),
+      'learning_rate': jnp.asarray(learning_rate_fn(state.step), jnp.float32),
+  }
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                            memory=memory)
+  return new_state, metrics
+
+
+def eval_step(params, memory, batch: dict, *, model: nn.Module, chunk_len: int,
+              token_bytes: jax.Array):
+  """Loss sums over one evaluation batch; memory carried to the next batch."""
+  return lm_sums(model, params, memory, batch, chunk_len, deterministic=True,
+                 token_bytes=token_bytes)
+
+
+def bind(fn, **static):
+  """`fn` with its keyword-only static arguments bound (for `jax.jit`)."""
+  return functools.partial(fn, **static)

@@ -1,0 +1,20 @@
+"""The train state: everything a checkpoint holds besides the data position.
+
+Memory is part of it (DESIGN.md, contract 4): as in Transformer-XL, the
+streams continue from one step to the next, so the memory a step leaves is
+the memory the next step starts from.
+"""
+
+from typing import Any
+
+import flax.struct
+import jax
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array        # int32 scalar: updates applied so far
+  params: Any            # model parameters (float32)
+  opt_state: Any         # optax state
+  memory: Any            # per-layer memory, leaves [layers, batch, ...]
+  rng: jax.Array         # uint32[2] base key; step keys are fold_in(rng, step)

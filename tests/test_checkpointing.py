@@ -1,0 +1,331 @@
+"""Tests for `longformer_jax.train.checkpointing`.
+
+They run on CPU with one or more (forced host platform) devices; the sharding
+tests need at least two.
+"""
+
+import hashlib
+import os
+import pathlib
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from longformer_jax.train import checkpointing
+from longformer_jax.train.checkpointing import (
+    Checkpointer,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+)
+
+needs_two_devices = pytest.mark.skipif(
+    jax.device_count() < 2, reason='needs at least two devices'
+)
+
+
+@flax.struct.dataclass
+class _TrainState:
+  step: jax.Array
+  params: dict
+  rng: jax.Array
+
+
+def _make_state(seed: int = 0) -> _TrainState:
+  """A small state with every dtype and key flavour the trainer uses."""
+  key = jax.random.key(seed)
+  return _TrainState(
+      step=jnp.int32(seed + 7),
+      params={
+          'dense': {
+              'kernel': jax.random.normal(key, (64, 64), jnp.float32),
+              'bias': jnp.linspace(-1.0, 1.0, 64, dtype=jnp.bfloat16),
+          },
+          'counts': jnp.arange(5, dtype=jnp.int32) * (seed + 1),
+          'raw_key': jax.random.PRNGKey(seed),  # uint32[2]
+      },
+      rng=jax.random.key(seed + 1),  # typed key<fry>
+  )
+
+
+def _abstract(state):
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+      state,
+  )
+
+
+def _bits(x) -> np.ndarray:
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  return np.asarray(x).reshape(-1).view(np.uint8)
+
+
+def _assert_bit_identical(expected, actual):
+  assert jax.tree.structure(expected) == jax.tree.structure(actual)
+  for want, got in zip(jax.tree.leaves(expected), jax.tree.leaves(actual)):
+    assert got.dtype == want.dtype
+    assert got.shape == want.shape
+    assert got.sharding == want.sharding
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def _file_digests(directory) -> dict[str, str]:
+  return {
+      str(path.relative_to(directory)): hashlib.sha256(
+          path.read_bytes()
+      ).hexdigest()
+      for path in sorted(pathlib.Path(directory).rglob('*'))
+      if path.is_file()
+  }
+
+
+@pytest.fixture
+def workdir(tmp_path):
+  return str(tmp_path / 'run')
+
+
+@pytest.mark.parametrize('async_save', [False, True])
+def test_round_trip_is_bit_identical(workdir, async_save):
+  state = _make_state()
+  with Checkpointer(workdir, keep=3, async_save=async_save) as ckpt:
+    assert ckpt.save(10, state, {'epoch': 1, 'position': 123})
+    ckpt.wait()
+    restored, data = ckpt.restore(10, _abstract(state))
+  _assert_bit_identical(state, restored)
+  assert isinstance(restored, _TrainState)
+  assert data == {'epoch': 1, 'position': 123}
+
+
+def test_data_state_round_trip_keeps_nested_json(workdir):
+  data = {'shard': 3, 'offset': 2**40, 'files': ['a', 'b'], 'seed': None,
+          'nested': {'rate': 0.5}}
+  with Checkpointer(workdir, keep=1, async_save=False) as ckpt:
+    ckpt.save(1, _make_state(), data)
+    _, restored = ckpt.restore(1, _abstract(_make_state()))
+  assert restored == data
+
+
+def test_async_save_survives_deleting_the_arrays(workdir):
+  """The trainer donates the state right after `save` returns."""
+  state = _make_state(seed=2)
+  expected = jax.tree.map(np.asarray, jax.tree.map(_bits, state))
+  abstract = _abstract(state)
+  with Checkpointer(workdir, keep=2, async_save=True) as ckpt:
+    ckpt.save(5, state, {'position': 5})
+    for leaf in jax.tree.leaves(state):
+      leaf.delete()
+    ckpt.wait()
+    restored, _ = ckpt.restore(5, abstract)
+  for want, got in zip(jax.tree.leaves(expected), jax.tree.leaves(restored)):
+    np.testing.assert_array_equal(_bits(got), want)
+
+
+def test_back_to_back_async_saves_all_land(workdir):
+  with Checkpointer(workdir, keep=5, async_save=True) as ckpt:
+    for step in (1, 2, 3):
+      assert ckpt.save(step, _make_state(step), {'position': step})
+    ckpt.wait()
+    assert ckpt.all_steps() == [1, 2, 3]
+    for step in (1, 2, 3):
+      restored, data = ckpt.restore(step, _abstract(_make_state()))
+      _assert_bit_identical(_make_state(step), restored)
+      assert data == {'position': step}
+
+
+def test_keeps_only_the_last_n(workdir):
+  with Checkpointer(workdir, keep=2, async_save=True) as ckpt:
+    for step in (10, 20, 30, 40):
+      ckpt.save(step, _make_state(), {})
+    ckpt.wait()
+    assert ckpt.all_steps() == [30, 40]
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [
+      '30', '40'
+  ]
+
+
+def test_latest_step_and_reopening(workdir):
+  with Checkpointer(workdir, keep=3, async_save=True) as ckpt:
+    assert ckpt.latest_step() is None
+    assert ckpt.all_steps() == []
+    ckpt.save(3, _make_state(), {'position': 3})
+    ckpt.save(8, _make_state(1), {'position': 8})
+    assert ckpt.latest_step() == 8
+  with Checkpointer(workdir, keep=3) as reopened:
+    assert reopened.all_steps() == [3, 8]
+    assert reopened.latest_step() == 8
+    restored, data = reopened.restore(None, _abstract(_make_state()))
+  _assert_bit_identical(_make_state(1), restored)
+  assert data == {'position': 8}
+
+
+@pytest.mark.parametrize('async_save', [False, True])
+def test_saving_a_step_twice_is_skipped(workdir, async_save):
+  with Checkpointer(workdir, keep=3, async_save=async_save) as ckpt:
+    assert ckpt.save(4, _make_state(0), {'position': 0})
+    assert not ckpt.save(4, _make_state(1), {'position': 1})
+    assert not ckpt.save(4, _make_state(1), {'position': 1}, force=True)
+    assert not ckpt.save(3, _make_state(1), {'position': 1})
+    restored, data = ckpt.restore(4, _abstract(_make_state()))
+  _assert_bit_identical(_make_state(0), restored)
+  assert data == {'position': 0}
+
+
+def test_missing_step_error_lists_available_steps(workdir):
+  with Checkpointer(workdir, keep=3, async_save=False) as ckpt:
+    with pytest.raises(CheckpointNotFoundError, match='No checkpoints'):
+      ckpt.restore(None, _abstract(_make_state()))
+    ckpt.save(2, _make_state(), {})
+    ckpt.save(6, _make_state(), {})
+    with pytest.raises(CheckpointNotFoundError, match=r'5.*\[2, 6\]'):
+      ckpt.restore(5, _abstract(_make_state()))
+
+
+def _flip_one_bit_in_largest_file(step_dir: pathlib.Path) -> None:
+  path = max((p for p in step_dir.rglob('*') if p.is_file()),
+             key=lambda p: p.stat().st_size)
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0x01
+  path.write_bytes(bytes(data))
+
+
+def _truncate_largest_file(step_dir: pathlib.Path) -> None:
+  path = max((p for p in step_dir.rglob('*') if p.is_file()),
+             key=lambda p: p.stat().st_size)
+  path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _delete_state_manifest(step_dir: pathlib.Path) -> None:
+  (step_dir / 'state' / 'manifest.ocdbt').unlink()
+
+
+def _garble_data_json(step_dir: pathlib.Path) -> None:
+  (step_dir / 'data' / 'metadata').write_text('{"position": 1')
+
+
+# Orbax's asyncio loop may report an ignored 'Event loop is closed' error
+# after a failed read; it is noise from the library, not a test failure.
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+@pytest.mark.parametrize(
+    'corrupt',
+    [
+        _flip_one_bit_in_largest_file,
+        _truncate_largest_file,
+        _delete_state_manifest,
+        _garble_data_json,
+    ],
+)
+def test_corrupt_checkpoint_is_reported_and_left_alone(workdir, corrupt):
+  abstract = _abstract(_make_state())
+  with Checkpointer(workdir, keep=3, async_save=False) as ckpt:
+    ckpt.save(1, _make_state(1), {'position': 1})
+    ckpt.save(2, _make_state(2), {'position': 2})
+  step_dir = pathlib.Path(workdir) / 'checkpoints' / '2'
+  corrupt(step_dir)
+  digests = _file_digests(pathlib.Path(workdir) / 'checkpoints')
+
+  with Checkpointer(workdir, keep=3, async_save=False) as ckpt:
+    with pytest.raises(CorruptCheckpointError) as raised:
+      ckpt.restore(None, abstract)
+    assert str(step_dir) in str(raised.value)
+    assert 'step 2' in str(raised.value)
+    restored, data = ckpt.restore(1, abstract)
+    assert ckpt.all_steps() == [1, 2]
+
+  _assert_bit_identical(_make_state(1), restored)
+  assert data == {'position': 1}
+  assert _file_digests(pathlib.Path(workdir) / 'checkpoints') == digests
+
+
+def test_leftover_temporary_directory_is_ignored(workdir):
+  with Checkpointer(workdir, keep=3, async_save=False) as ckpt:
+    ckpt.save(3, _make_state(3), {'position': 3})
+  leftover = pathlib.Path(workdir) / 'checkpoints' / '7.orbax-checkpoint-tmp'
+  (leftover / 'state').mkdir(parents=True)
+  (leftover / 'state' / 'manifest.ocdbt').write_bytes(b'half written')
+
+  with Checkpointer(workdir, keep=3, async_save=True) as ckpt:
+    assert ckpt.all_steps() == [3]
+    restored, _ = ckpt.restore(None, _abstract(_make_state()))
+    _assert_bit_identical(_make_state(3), restored)
+    assert ckpt.save(7, _make_state(7), {'position': 7})
+    ckpt.wait()
+    restored, data = ckpt.restore(7, _abstract(_make_state()))
+  _assert_bit_identical(_make_state(7), restored)
+  assert data == {'position': 7}
+
+
+def test_restore_into_another_dtype_is_not_reported_as_corrupt(workdir):
+  state = _make_state()
+  abstract = _abstract(state)
+  abstract.params['dense']['kernel'] = jax.ShapeDtypeStruct(
+      (64, 64), jnp.bfloat16, sharding=state.params['dense']['kernel'].sharding)
+  with Checkpointer(workdir, keep=1, async_save=False) as ckpt:
+    ckpt.save(1, state, {})
+    restored, _ = ckpt.restore(1, abstract)
+  kernel = restored.params['dense']['kernel']
+  assert kernel.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(
+      np.asarray(kernel),
+      np.asarray(state.params['dense']['kernel'].astype(jnp.bfloat16)))
+
+
+def test_keep_must_be_positive(workdir):
+  with pytest.raises(ValueError, match='keep'):
+    Checkpointer(workdir, keep=0)
+
+
+def test_checksum_changes_with_any_single_element():
+  state = {'w': jnp.zeros((16, 8), jnp.bfloat16), 'k': jax.random.key(0)}
+  base = checkpointing.state_checksums(state)
+  changed_w = dict(state, w=state['w'].at[15, 7].set(1e-3))
+  changed_k = dict(state, k=jax.random.key(1))
+  assert checkpointing.state_checksums(changed_w)["['w']"] != base["['w']"]
+  assert checkpointing.state_checksums(changed_w)["['k']"] == base["['k']"]
+  assert checkpointing.state_checksums(changed_k)["['k']"] != base["['k']"]
+  assert base["['k']"]['dtype'] == 'key<fry>'
+
+
+def _two_device_mesh() -> Mesh:
+  return Mesh(np.array(jax.devices()[:2]), ('data',))
+
+
+@needs_two_devices
+def test_sharded_state_restores_with_the_same_sharding(workdir):
+  mesh = _two_device_mesh()
+  row_sharded = NamedSharding(mesh, PartitionSpec('data', None))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  state = jax.device_put(_make_state(4), replicated)
+  state = state.replace(params=dict(
+      state.params,
+      dense=dict(
+          state.params['dense'],
+          kernel=jax.device_put(state.params['dense']['kernel'], row_sharded),
+      ),
+  ))
+  with Checkpointer(workdir, keep=1, async_save=True) as ckpt:
+    ckpt.save(1, state, {})
+    ckpt.wait()
+    restored, _ = ckpt.restore(1, _abstract(state))
+  _assert_bit_identical(state, restored)
+  assert restored.params['dense']['kernel'].sharding == row_sharded
+
+
+@needs_two_devices
+def test_restore_into_a_different_sharding(workdir):
+  state = _make_state(5)
+  column_sharded = NamedSharding(_two_device_mesh(),
+                                 PartitionSpec(None, 'data'))
+  abstract = _abstract(state)
+  abstract.params['dense']['kernel'] = jax.ShapeDtypeStruct(
+      (64, 64), jnp.float32, sharding=column_sharded)
+  with Checkpointer(workdir, keep=1, async_save=False) as ckpt:
+    ckpt.save(1, state, {})
+    restored, _ = ckpt.restore(1, abstract)
+  kernel = restored.params['dense']['kernel']
+  assert kernel.sharding == column_sharded
+  np.testing.assert_array_equal(_bits(kernel),
+                                _bits(state.params['dense']['kernel']))

@@ -1,0 +1,53 @@
+"""Tiny configs and synthetic stream batches shared by the model tests."""
+
+import jax
+import ml_collections
+import numpy as np
+
+from configs.default import get_config
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.models.decoder_lm import lm_model_config
+
+VOCAB = 259  # the byte tokenizer's
+
+
+def tiny_config(**model_overrides) -> ml_collections.ConfigDict:
+  """The default experiment config shrunk to a 2-layer, d_model 32 model."""
+  config = get_config()
+  config.model.update(num_layers=2, d_model=32, num_heads=2, head_dim=16, d_ff=64,
+                      mem_len=16, vocab_multiple=8)
+  config.model.update(**model_overrides)
+  config.data.update(batch_size=8, chunk_len=8, chunks_per_step=2, eval_batch_size=8)
+  config.train.update(num_steps=6, log_every=2, eval_every=0, checkpoint_every=3,
+                      async_checkpointing=False)
+  return config
+
+
+def tiny_model_config(**model_overrides) -> ml_collections.FrozenConfigDict:
+  return lm_model_config(tiny_config(**model_overrides).model, VOCAB)
+
+
+def stream_batch(batch: int, length: int, seed: int = 0, doc_len: int = 0) -> dict:
+  """Random tokens of continuous streams; a new document every `doc_len` tokens."""
+  rng = np.random.default_rng(seed)
+  positions = np.tile(np.arange(length, dtype=np.int32), (batch, 1))
+  if doc_len:
+    segment_ids = positions // doc_len
+    doc_start = positions % doc_len == 0
+  else:
+    segment_ids = np.zeros_like(positions)
+    doc_start = positions == 0
+  return dict(
+      inputs=rng.integers(0, 256, (batch, length)).astype(np.int32),
+      targets=rng.integers(0, 256, (batch, length)).astype(np.int32),
+      positions=positions, segment_ids=segment_ids.astype(np.int32), doc_start=doc_start,
+      input_mask=np.ones((batch, length), bool), target_mask=np.ones((batch, length), bool))
+
+
+def context_of(batch: dict) -> AttentionContext:
+  return AttentionContext(positions=batch['positions'], segment_ids=batch['segment_ids'],
+                          reset=batch['doc_start'][:, 0], valid=batch['input_mask'])
+
+
+def random_normal(key: int, shape) -> jax.Array:
+  return jax.random.normal(jax.random.PRNGKey(key), shape)
