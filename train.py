@@ -13,6 +13,10 @@ import math
 import os
 import time
 
+if __name__ == '__main__':
+  from longformer_jax.cpu_malloc import reexec_with_cpu_malloc_settings
+  reexec_with_cpu_malloc_settings()
+
 from absl import app, flags, logging
 import jax
 import ml_collections
@@ -20,7 +24,8 @@ from ml_collections import config_flags
 import numpy as np
 
 from longformer_jax.config_validation import validate_config
-from longformer_jax.data.corpus import load_corpus, make_tokenizer, tokenize_documents
+from longformer_jax.data.corpus import (cut_into_pieces, load_corpus, make_tokenizer,
+                                        tokenize_documents)
 from longformer_jax.data.stream_batcher import TrainStreams
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel import sharding
@@ -35,8 +40,6 @@ from longformer_jax.train.preemption import PreemptionWatcher
 from longformer_jax.train.quiet_logs import show_own_info_only
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
-_CONFIG = config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Experiment config file.')
-_WORKDIR = flags.DEFINE_string('workdir', 'workdirs/default', 'Checkpoints and logs go here.')
 
 
 class NonFiniteLossError(RuntimeError):
@@ -57,8 +60,8 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
       f.write(config.to_json_best_effort(indent=2))
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs (or resumes) training; returns the last logged metrics."""
+def train(config: ml_collections.ConfigDict, workdir: str):
+  """Runs (or resumes) training; returns `(final TrainState, last logged metrics)`."""
   # ---- set-up: devices, config, data -----------------------------------
   if config.parallel.multi_host:
     jax.distributed.initialize()
@@ -68,8 +71,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   is_chief = jax.process_index() == 0
 
   tokenizer = make_tokenizer(config.data)
-  train_docs = tokenize_documents(tokenizer, load_corpus(config.data, 'train'))
-  valid_docs = tokenize_documents(tokenizer, load_corpus(config.data, 'valid'))
+  skip = config.data.skip_undecodable
+  train_docs = cut_into_pieces(
+      tokenize_documents(tokenizer, load_corpus(config.data, 'train'), skip),
+      config.data.batch_size)
+  valid_docs = tokenize_documents(tokenizer, load_corpus(config.data, 'valid'), skip)
   tokens_per_step = config.data.chunk_len * config.data.chunks_per_step
   streams = TrainStreams(train_docs, config.data.batch_size, tokens_per_step, config.seed,
                          tokenizer.bos_id, jax.process_index(), jax.process_count())
@@ -178,17 +184,24 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   progress.close()
   logger.close()
   last['step'] = step
-  return last
+  return state, last
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   show_own_info_only()
-  result = train(_CONFIG.value, _WORKDIR.value)
+  _, result = train(flags.FLAGS.config, flags.FLAGS.workdir)
   if 'final_valid' in result:
     print(json.dumps({'step': result['step'], 'valid': result['final_valid']}))
 
 
+def define_flags() -> None:
+  """Command-line flags (defined only when run as a script, so tests can import it)."""
+  config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Experiment config file.')
+  flags.DEFINE_string('workdir', 'workdirs/default', 'Checkpoints and logs go here.')
+
+
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

@@ -17,6 +17,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.tfds_data_dir = ''          # required for tfds corpora
   c.data.tokenizer = 'byte'          # byte | sentencepiece
   c.data.sentencepiece_model = ''    # path to a .model file
+  c.data.skip_undecodable = False    # skip (with a warning) documents the tokenizer rejects
   c.data.batch_size = 8              # global number of streams (rows)
   c.data.chunk_len = 128             # tokens per chunk (segment length)
   c.data.chunks_per_step = 2         # chunks scanned (and backpropagated) per step
@@ -53,13 +54,13 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---- training loop --------------------------------------------------
   c.train = ml_collections.ConfigDict()
-  c.train.num_steps = 1500           # length of the schedule
+  c.train.num_steps = 900            # length of the schedule
   c.train.stop_after_steps = 0       # > 0: stop (and save) after this step; resume later
   c.train.time_budget_s = 0.0        # > 0: stop (and save) after this many seconds
   c.train.log_every = 25
-  c.train.eval_every = 500
+  c.train.eval_every = 300
   c.train.eval_max_tokens = 65536    # per periodic evaluation (0: whole split)
-  c.train.checkpoint_every = 500
+  c.train.checkpoint_every = 300
   c.train.keep_checkpoints = 3
   c.train.async_checkpointing = True
 

@@ -280,12 +280,12 @@ def test_keep_must_be_positive(workdir):
 
 def test_checksum_changes_with_any_single_element():
   state = {'w': jnp.zeros((16, 8), jnp.bfloat16), 'k': jax.random.key(0)}
-  base = checkpointing.state_checksums(state)
+  base = checkpoint_checksums.state_checksums(state)
   changed_w = dict(state, w=state['w'].at[15, 7].set(1e-3))
   changed_k = dict(state, k=jax.random.key(1))
-  assert checkpointing.state_checksums(changed_w)["['w']"] != base["['w']"]
-  assert checkpointing.state_checksums(changed_w)["['k']"] == base["['k']"]
-  assert checkpointing.state_checksums(changed_k)["['k']"] != base["['k']"]
+  assert checkpoint_checksums.state_checksums(changed_w)["['w']"] != base["['w']"]
+  assert checkpoint_checksums.state_checksums(changed_w)["['k']"] == base["['k']"]
+  assert checkpoint_checksums.state_checksums(changed_k)["['k']"] != base["['k']"]
   assert base["['k']"]['dtype'] == 'key<fry>'
 
 

@@ -1,0 +1,155 @@
+"""Evaluates a checkpoint on held-out documents, over one or more memory lengths.
+
+  python eval.py                                     # default workdir, latest step
+  python eval.py --workdir=DIR --config.eval.mem_lens=0,128,512 \
+      --config.eval.chunk_len=128 --config.eval.split=test [--config.eval.step=N]
+
+The model and data settings come from the run's own `DIR/config.json`
+(written by train.py), so a checkpoint is always read with the architecture
+it was trained with; `--config.eval.*` and `--config.parallel.*` come from
+the command line. Memory length is a free choice at evaluation time
+(Transformer-XL evaluates with a longer memory than it trained with; 0 means
+no memory). Prints a table and writes `DIR/eval/metrics.json` and, for
+several memory lengths, `DIR/eval/bits_per_byte_vs_mem_len.png`.
+"""
+
+import json
+import os
+
+if __name__ == '__main__':
+  from longformer_jax.cpu_malloc import reexec_with_cpu_malloc_settings
+  reexec_with_cpu_malloc_settings()
+
+from absl import app, flags, logging
+import jax
+import ml_collections
+from ml_collections import config_flags
+
+from longformer_jax.config_validation import parse_int_list, validate_config
+from longformer_jax.data.corpus import load_corpus, make_tokenizer, tokenize_documents
+from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.parallel.mesh import make_mesh
+from longformer_jax.train import initialization
+from longformer_jax.train.checkpointing import Checkpointer
+from longformer_jax.train.evaluation import Evaluator
+from longformer_jax.train.optimizer import make_optimizer
+from longformer_jax.train.quiet_logs import show_own_info_only
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
+
+EVAL_TOKENS_PER_CALL = 512  # chunks per eval call = this // chunk_len (dispatch amortisation)
+
+
+def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
+  """The run's saved config with the command line's `eval` and `parallel` sections."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path} not found: is {workdir!r} a train.py workdir?')
+  with open(path) as f:
+    saved = json.load(f)
+  config = ml_collections.ConfigDict(saved)
+  config.eval = cli_config.eval
+  config.parallel = cli_config.parallel
+  config.parallel.logical_axis_rules = tuple(
+      (name, tuple(axes) if isinstance(axes, list) else axes)
+      for name, axes in cli_config.parallel.logical_axis_rules)
+  return config
+
+
+def restore_params(config, tokenizer, workdir: str, mesh, rules):
+  """`(params, param_shardings, step)` of the requested (or latest) checkpoint."""
+  model = DecoderLM(lm_model_config(config.model, tokenizer.vocab_size))
+  optimizer = make_optimizer(config.optimizer, config.train.num_steps)
+  abstract, shardings = initialization.abstract_train_state(
+      model, optimizer, config.seed, config.data.batch_size, config.data.chunk_len, mesh, rules)
+  checkpointer = Checkpointer(workdir, config.train.keep_checkpoints, async_save=False)
+  step = None if config.eval.step < 0 else config.eval.step
+  if checkpointer.latest_step() is None:
+    raise FileNotFoundError(f'no checkpoint in {checkpointer.directory}; train first')
+  state, _ = checkpointer.restore(step, abstract)
+  checkpointer.close()
+  return state.params, shardings.params, int(state.step)
+
+
+def markdown_table(rows: list[dict]) -> str:
+  lines = ['| mem_len | chunk | loss (nats/token) | bits/token | bits/byte | perplexity | tokens |',
+           '|---:|---:|---:|---:|---:|---:|---:|']
+  for r in rows:
+    lines.append(f"| {r['mem_len']} | {r['chunk_len']} | {r['loss']:.4f} | "
+                 f"{r['bits_per_token']:.4f} | {r['bits_per_byte']:.4f} | "
+                 f"{r['perplexity']:.3f} | {int(r['tokens'])} |")
+  return '\n'.join(lines)
+
+
+def plot_bits_per_byte(rows: list[dict], path: str, title: str) -> None:
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  ax.plot([r['mem_len'] for r in rows], [r['bits_per_byte'] for r in rows], marker='o')
+  ax.set_xlabel('evaluation mem_len')
+  ax.set_ylabel('bits per byte')
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Evaluates the run in `workdir`; returns what it writes to metrics.json."""
+  config = training_config(cli_config, workdir)
+  validate_config(config, jax.device_count())
+  mem_lens = parse_int_list(config.eval.mem_lens, 'eval.mem_lens') or [config.model.mem_len]
+  chunk_len = config.eval.chunk_len or config.data.chunk_len
+  tokenizer = make_tokenizer(config.data)
+  documents = tokenize_documents(tokenizer, load_corpus(config.data, config.eval.split),
+                                 config.data.skip_undecodable)
+  mesh = make_mesh(config.parallel.mesh_shape)
+  rules = config.parallel.logical_axis_rules
+  params, param_shardings, step = restore_params(config, tokenizer, workdir, mesh, rules)
+
+  rows = []
+  for mem_len in mem_lens:
+    model_config = lm_model_config(config.model, tokenizer.vocab_size, mem_len=mem_len)
+    evaluator = Evaluator(model_config, tokenizer, batch_size=config.data.eval_batch_size,
+                          chunk_len=chunk_len,
+                          chunks_per_batch=max(1, EVAL_TOKENS_PER_CALL // chunk_len),
+                          mesh=mesh, rules=rules, param_shardings=param_shardings)
+    metrics = evaluator.evaluate(params, documents, config.eval.max_tokens)
+    rows.append(dict(mem_len=mem_len, chunk_len=chunk_len, **metrics))
+    logging.info('mem_len %d: %.4f bits/byte', mem_len, metrics['bits_per_byte'])
+
+  result = dict(rows[0], checkpoint_step=step, split=config.eval.split,
+                attention=config.model.attention, corpus=config.data.corpus,
+                tokenizer=config.data.tokenizer, by_mem_len=rows)
+  if jax.process_index() == 0:
+    out_dir = os.path.join(workdir, 'eval')
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, 'metrics.json'), 'w') as f:
+      json.dump(result, f, indent=2)
+    if len(rows) > 1:
+      plot_bits_per_byte(rows, os.path.join(out_dir, 'bits_per_byte_vs_mem_len.png'),
+                         f'{config.model.attention}, step {step}, {config.eval.split}')
+    print(f'{config.eval.split} split, checkpoint step {step}, '
+          f'{config.model.attention} attention:')
+    print(markdown_table(rows))
+  return result
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  show_own_info_only()
+  evaluate_run(flags.FLAGS.config, flags.FLAGS.workdir)
+
+
+def define_flags() -> None:
+  """Command-line flags (defined only when run as a script, so tests can import it)."""
+  config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Experiment config file.')
+  flags.DEFINE_string('workdir', 'workdirs/default', 'The training run to evaluate.')
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

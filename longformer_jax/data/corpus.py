@@ -1,0 +1,128 @@
+"""From `config.data` to tokenized documents: corpus and tokenizer dispatch."""
+
+import math
+from typing import Iterable, Protocol, Sequence
+
+from absl import logging
+import ml_collections
+import numpy as np
+
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.data import stdlib_corpus
+from longformer_jax.data import tfds_corpus
+from longformer_jax.data.byte_tokenizer import ByteTokenizer
+from longformer_jax.data.document import Document
+from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer
+
+CORPORA = ('stdlib', 'tiny_shakespeare', 'pg19')
+TOKENIZERS = ('byte', 'sentencepiece')
+
+
+class Tokenizer(Protocol):
+  """What the data pipeline and the metrics need from a tokenizer."""
+  vocab_size: int
+  pad_id: int
+  bos_id: int
+  eos_id: int
+
+  def encode(self, data: bytes | str) -> np.ndarray:
+    ...
+
+  def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+    ...
+
+  def token_byte_lengths(self) -> np.ndarray:
+    ...
+
+
+def load_corpus(data_config: ml_collections.ConfigDict,
+                split: str) -> list[Document]:
+  """The raw documents of `split` ('train' | 'valid' | 'test') of
+  `data_config.corpus`; tfds corpora read `data_config.tfds_data_dir`.
+
+  Raises:
+    ConfigError: unknown corpus or split, or tfds data not prepared.
+  """
+  name = data_config.corpus
+  if name == 'stdlib':
+    return stdlib_corpus.load_documents(split)
+  if name in ('tiny_shakespeare', 'pg19'):
+    return tfds_corpus.load_documents(name, split, data_config.tfds_data_dir)
+  raise ConfigError('data.corpus',
+                    f'unknown corpus {name!r}; expected one of {CORPORA}')
+
+
+def make_tokenizer(data_config: ml_collections.ConfigDict) -> Tokenizer:
+  """The tokenizer named by `data_config.tokenizer` ('byte' |
+  'sentencepiece', which loads `data_config.sentencepiece_model`)."""
+  name = data_config.tokenizer
+  if name == 'byte':
+    return ByteTokenizer()
+  if name == 'sentencepiece':
+    return SentencePieceTokenizer.load(data_config.sentencepiece_model)
+  raise ConfigError('data.tokenizer',
+                    f'unknown tokenizer {name!r}; expected one of {TOKENIZERS}')
+
+
+def tokenize_documents(tokenizer: Tokenizer, documents: Sequence[Document],
+                       skip_undecodable: bool = False) -> list[np.ndarray]:
+  """Encodes each document (no BOS; the stream batcher adds it).
+
+  Args:
+    skip_undecodable: skip (with a warning naming them) documents the
+      tokenizer cannot encode, e.g. the few non-UTF-8 files of the standard
+      library under SentencePiece (`data.skip_undecodable`).
+
+  Returns:
+    One int32 [num_tokens] array per document, in order.
+
+  Raises:
+    ValueError: naming the document, if it is empty, encodes to no tokens,
+      or cannot be encoded (e.g. non-UTF-8 bytes with SentencePiece) and
+      `skip_undecodable` is False.
+  """
+  encoded, skipped = [], []
+  for document in documents:
+    try:
+      encoded.append(_tokenize_document(tokenizer, document))
+    except ValueError as error:
+      if not skip_undecodable:
+        raise ValueError(f'{error} (set data.skip_undecodable=True to skip such '
+                         f'documents)') from error
+      skipped.append(document.name)
+  if skipped:
+    logging.warning('Skipped %d documents the tokenizer cannot encode: %s',
+                    len(skipped), ', '.join(skipped))
+  return encoded
+
+
+def cut_into_pieces(docs: Sequence[np.ndarray], min_count: int) -> list[np.ndarray]:
+  """At least `min_count` documents: each document cut into k contiguous pieces.
+
+  Stream batching gives every row at least one document per epoch, so a
+  corpus of a few long documents (tiny_shakespeare has one per split) is
+  cut into `k = ceil(min_count / len(docs))` near-equal pieces each, as
+  Transformer-XL cuts enwik8 into one contiguous part per row. Corpora
+  with enough documents are returned unchanged.
+  """
+  if len(docs) >= min_count or not docs:
+    return list(docs)
+  k = math.ceil(min_count / len(docs))
+  pieces = [piece for doc in docs for piece in np.array_split(doc, k) if piece.size]
+  if len(pieces) < min_count:
+    raise ValueError(f'{len(docs)} documents of {sum(d.size for d in docs)} tokens cannot be '
+                     f'cut into {min_count} non-empty pieces')
+  return pieces
+
+
+def _tokenize_document(tokenizer: Tokenizer, document: Document) -> np.ndarray:
+  if not document.data:
+    raise ValueError(f'document {document.name!r} is empty')
+  try:
+    tokens = tokenizer.encode(document.data)
+  except ValueError as error:
+    raise ValueError(
+        f'cannot tokenize document {document.name!r}: {error}') from error
+  if tokens.size == 0:
+    raise ValueError(f'document {document.name!r} encodes to no tokens')
+  return tokens
