@@ -130,7 +130,6 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   progress = ProgressBar(num_steps, start_step, enabled=is_chief)
   pending, last = None, {}
   window_tokens, window_start = 0, time.time()
-  run_start = time.time()
 
   def host_metrics(pending):
     step, metrics = pending
@@ -138,51 +137,52 @@ def train(config: ml_collections.ConfigDict, workdir: str):
     check_finite(step, metrics)
     return metrics
 
-  with PreemptionWatcher() as preemption, sharding.activation_sharding(mesh, rules):
-    step = start_step
-    while step < end_step:
-      batch = sharding.to_global_batch(step_arrays(streams.next_batch(), tokenizer.pad_id),
-                                       batch_sharding)
-      state, metrics = train_step(state, batch)
+  try:
+    with PreemptionWatcher() as preemption, sharding.activation_sharding(mesh, rules):
+      step = start_step
+      while step < end_step:
+        batch = sharding.to_global_batch(step_arrays(streams.next_batch(), tokenizer.pad_id),
+                                         batch_sharding)
+        state, metrics = train_step(state, batch)
+        if pending is not None:
+          host_metrics(pending)
+        step += 1
+        pending = (step, metrics)
+        window_tokens += tokens_per_step * config.data.batch_size
+
+        if step % config.train.log_every == 0 or step == end_step:
+          elapsed = time.time() - window_start
+          last = host_metrics(pending)
+          last.update(bits_per_token=last['loss'] / math.log(2),
+                      tokens_per_s=window_tokens / max(elapsed, 1e-9))
+          logger.write(step, last, 'train')
+          progress.update(step, last['loss'], last['bits_per_token'], last['tokens_per_s'])
+          window_tokens, window_start = 0, time.time()
+
+        if config.train.eval_every and step % config.train.eval_every == 0:
+          logger.write(step, evaluator.evaluate(state.params, valid_docs,
+                                                config.train.eval_max_tokens), 'valid')
+          window_start = time.time()    # tokens/s measures training only
+        if step % config.train.checkpoint_every == 0 or preemption.requested:
+          host_metrics(pending)         # never save a state that went non-finite
+          save(step)
+        if preemption.requested:
+          logging.warning('SIGTERM at step %d: checkpoint saved, stopping.', step)
+          break
+
       if pending is not None:
         host_metrics(pending)
-      step += 1
-      pending = (step, metrics)
-      window_tokens += tokens_per_step * config.data.batch_size
-
-      if step % config.train.log_every == 0 or step == end_step:
-        elapsed = time.time() - window_start
-        last = host_metrics(pending)
-        last.update(bits_per_token=last['loss'] / math.log(2),
-                    tokens_per_s=window_tokens / max(elapsed, 1e-9))
-        logger.write(step, last, 'train')
-        progress.update(step, last['loss'], last['bits_per_token'], last['tokens_per_s'])
-        window_tokens, window_start = 0, time.time()
-
-      if config.train.eval_every and step % config.train.eval_every == 0:
-        logger.write(step, evaluator.evaluate(state.params, valid_docs,
-                                              config.train.eval_max_tokens), 'valid')
-      over_time = (config.train.time_budget_s > 0
-                   and time.time() - run_start > config.train.time_budget_s)
-      if step % config.train.checkpoint_every == 0 or preemption.requested or over_time:
-        host_metrics(pending)
-        save(step)
-      if preemption.requested or over_time:
-        logging.warning('Stopping at step %d (%s); checkpoint saved.', step,
-                        'SIGTERM' if preemption.requested else 'time budget')
-        break
-
-    if pending is not None:
-      host_metrics(pending)
-    save(step)
-    if step == num_steps and config.train.eval_every:
-      last['final_valid'] = evaluator.evaluate(state.params, valid_docs,
-                                               config.train.eval_max_tokens)
-      logger.write(step, last['final_valid'], 'valid')
-  checkpointer.wait()
-  checkpointer.close()
-  progress.close()
-  logger.close()
+      save(step)
+      if step == num_steps and config.train.eval_every:
+        last['final_valid'] = evaluator.evaluate(state.params, valid_docs,
+                                                 config.train.eval_max_tokens)
+        logger.write(step, last['final_valid'], 'valid')
+  finally:
+    # Also on errors: let a checkpoint being written finish, so it stays intact.
+    checkpointer.wait()
+    checkpointer.close()
+    progress.close()
+    logger.close()
   last['step'] = step
   return state, last
 

@@ -56,7 +56,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.num_steps = 900            # length of the schedule
   c.train.stop_after_steps = 0       # > 0: stop (and save) after this step; resume later
-  c.train.time_budget_s = 0.0        # > 0: stop (and save) after this many seconds
   c.train.log_every = 25
   c.train.eval_every = 300
   c.train.eval_max_tokens = 65536    # per periodic evaluation (0: whole split)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from longformer_jax.train import checkpoint_checksums
 from longformer_jax.train import checkpointing
 from longformer_jax.train.checkpointing import (
     Checkpointer,
@@ -329,3 +330,18 @@ def test_restore_into_a_different_sharding(workdir):
   assert kernel.sharding == column_sharded
   np.testing.assert_array_equal(_bits(kernel),
                                 _bits(state.params['dense']['kernel']))
+
+
+def test_zero_size_arrays_round_trip(tmp_path):
+  """A memory of capacity 0 (mem_len=0) is part of the state; Orbax alone refuses it."""
+  state = {'w': jnp.arange(4, dtype=jnp.float32), 'memory': jnp.zeros((2, 3, 0, 8), jnp.bfloat16),
+           'valid': jnp.zeros((2, 0), bool)}
+  with checkpointing.Checkpointer(str(tmp_path), keep=2, async_save=False) as ckpt:
+    assert ckpt.save(1, state, {'step': 1})
+    abstract = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    restored, data = ckpt.restore(None, abstract)
+  assert data == {'step': 1}
+  for name, value in state.items():
+    assert restored[name].shape == value.shape and restored[name].dtype == value.dtype
+  np.testing.assert_array_equal(np.asarray(restored['w']), np.asarray(state['w']))

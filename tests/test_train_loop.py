@@ -130,3 +130,14 @@ def test_eval_of_a_missing_step_lists_the_available_ones(uninterrupted):
   config.eval.step = 4
   with pytest.raises(FileNotFoundError, match=r'\[3, 6\]'):
     eval_script.evaluate_run(config, uninterrupted[0])
+
+
+def test_vanilla_without_memory_checkpoints_and_resumes(tmp_path):
+  """mem_len=0 gives zero-size memory arrays; they must survive checkpoints."""
+  config = small_run_config(stop_after_steps=3)
+  config.model.update(attention='vanilla', mem_len=0)
+  train_script.train(config, str(tmp_path))
+  config.train.stop_after_steps = 0
+  state, metrics = train_script.train(config, str(tmp_path))
+  assert int(state.step) == 6 and np.isfinite(metrics['loss'])
+  assert jax.tree_util.tree_leaves(state.memory)[0].shape[2] == 0

@@ -114,6 +114,7 @@ class Checkpointer:
     if not force and not self._manager.should_save(step):
       _log.info('Not saving step %d: not newer than the latest.', step)
       return False
+    state = _without_empty_arrays(state)
     args = ocp.args.Composite(
         **{
             _STATE: ocp.args.StandardSave(state),
@@ -147,9 +148,9 @@ class Checkpointer:
     """
     self.wait()
     step = self._existing_step(step)
-    restored = self._restore_items(step, abstract_state)
+    restored = self._restore_items(step, _without_empty_arrays(abstract_state))
     self._verify_checksums(step, restored[_STATE], restored[_CHECKSUMS])
-    return restored[_STATE], restored[_DATA]
+    return _with_empty_arrays(restored[_STATE], abstract_state), restored[_DATA]
 
   def wait(self) -> None:
     """Blocks until in-flight saves are written; raises their errors."""
@@ -252,3 +253,22 @@ def _first_line(error: BaseException, max_chars: int = 300) -> str:
   lines = str(error).strip().splitlines()
   line = lines[0] if lines else ''
   return line if len(line) <= max_chars else line[:max_chars] + '...'
+
+
+def _without_empty_arrays(tree: PyTree) -> PyTree:
+  """Zero-size leaves (e.g. a memory of capacity 0) as None: Orbax refuses to
+  save them, and they hold no data."""
+  return jax.tree_util.tree_map(lambda x: None if x.size == 0 else x, tree)
+
+
+def _with_empty_arrays(restored: PyTree, abstract_state: PyTree) -> PyTree:
+  """Puts back the zero-size leaves of `abstract_state` that were saved as None."""
+
+  def fill(abstract, value):
+    if abstract.size:
+      return value
+    sharding = getattr(abstract, 'sharding', None)
+    return jax.device_put(jax.numpy.zeros(abstract.shape, abstract.dtype), sharding)
+  return jax.tree_util.tree_map(fill, abstract_state, restored,
+                                is_leaf=lambda x: x is None)
+
