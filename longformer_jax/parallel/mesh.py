@@ -3,6 +3,7 @@
 from typing import Optional, Sequence
 
 import jax
+from jax.experimental import mesh_utils
 import numpy as np
 
 from longformer_jax.config_errors import ConfigError
@@ -31,7 +32,13 @@ def resolve_mesh_shape(mesh_shape: Sequence[int], device_count: int) -> tuple[in
 
 def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[jax.Device]] = None
               ) -> jax.sharding.Mesh:
-  """A mesh over `devices` (all devices by default) with axes `MESH_AXES`."""
+  """A mesh over `devices` (all devices by default) with axes `MESH_AXES`.
+
+  The device order follows the physical topology on TPU (neighbouring chips
+  on the fastest-varying axes, as `mesh_utils.create_device_mesh` lays them
+  out); on CPU it is the plain device order.
+  """
   devices = list(jax.devices() if devices is None else devices)
   shape = resolve_mesh_shape(mesh_shape, len(devices))
-  return jax.sharding.Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+  device_grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  return jax.sharding.Mesh(device_grid, MESH_AXES)
