@@ -28,8 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.attention = 'xl'           # vanilla | xl
   c.model.num_layers = 4
   c.model.d_model = 256
-  c.model.num_heads = 4
-  c.model.head_dim = 64
+  c.model.num_heads = 2              # 2 heads of 128: ~20% faster on CPU than 4 of 64
+  c.model.head_dim = 128
   c.model.d_ff = 1024
   c.model.dropout_rate = 0.0
   c.model.tie_embeddings = True

@@ -18,8 +18,10 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
     mask = mask[:, None]
   logits = jnp.where(mask, logits.astype(jnp.float32), -jnp.inf)
   row_max = jnp.max(logits, axis=-1, keepdims=True)
+  # A fully masked row has max -inf: shift it by 0 instead, so that every
+  # entry is exp(-inf) = 0 and the row sums to 0 (no NaN from -inf - -inf).
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  unnormalised = jnp.where(mask, jnp.exp(logits - jax.lax.stop_gradient(row_max)), 0.0)
+  unnormalised = jnp.exp(logits - jax.lax.stop_gradient(row_max))
   total = jnp.sum(unnormalised, axis=-1, keepdims=True)
   return unnormalised / jnp.where(total > 0, total, 1.0)
 
