@@ -128,7 +128,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   end_step = min(num_steps, config.train.stop_after_steps or num_steps)
   logger = MetricsLogger(workdir, enabled=is_chief)
   progress = ProgressBar(num_steps, start_step, enabled=is_chief)
-  pending, last = None, {}
+  pending, last, last_valid = None, {}, (None, None)
   window_tokens, window_start = 0, time.time()
 
   def host_metrics(pending):
@@ -160,8 +160,9 @@ def train(config: ml_collections.ConfigDict, workdir: str):
           window_tokens, window_start = 0, time.time()
 
         if config.train.eval_every and step % config.train.eval_every == 0:
-          logger.write(step, evaluator.evaluate(state.params, valid_docs,
-                                                config.train.eval_max_tokens), 'valid')
+          last_valid = (step, evaluator.evaluate(state.params, valid_docs,
+                                                 config.train.eval_max_tokens))
+          logger.write(step, last_valid[1], 'valid')
           window_start = time.time()    # tokens/s measures training only
         if step % config.train.checkpoint_every == 0 or preemption.requested:
           host_metrics(pending)         # never save a state that went non-finite
@@ -174,9 +175,11 @@ def train(config: ml_collections.ConfigDict, workdir: str):
         host_metrics(pending)
       save(step)
       if step == num_steps and config.train.eval_every:
-        last['final_valid'] = evaluator.evaluate(state.params, valid_docs,
-                                                 config.train.eval_max_tokens)
-        logger.write(step, last['final_valid'], 'valid')
+        if last_valid[0] != step:
+          last_valid = (step, evaluator.evaluate(state.params, valid_docs,
+                                                 config.train.eval_max_tokens))
+          logger.write(step, last_valid[1], 'valid')
+        last['final_valid'] = last_valid[1]
   finally:
     # Also on errors: let a checkpoint being written finish, so it stays intact.
     checkpointer.wait()

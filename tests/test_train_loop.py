@@ -19,7 +19,7 @@ from tests.tiny_models import tiny_config
 
 def small_run_config(**train_overrides):
   config = tiny_config(attention='xl')
-  config.train.update(eval_max_tokens=1024)
+  config.train.update(eval_every=3, eval_max_tokens=1024)
   config.train.update(**train_overrides)
   config.eval.max_tokens = 2048
   return config
@@ -43,6 +43,8 @@ def test_uninterrupted_run_logs_and_checkpoints(uninterrupted):
   assert np.isfinite(metrics['loss'])
   lines = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
   assert [l['step'] for l in lines if l['split'] == 'train'] == [2, 4, 6]
+  assert [l['step'] for l in lines if l['split'] == 'valid'] == [3, 6]     # final eval not repeated
+  assert metrics['final_valid']['bits_per_byte'] > 0
   assert os.listdir(os.path.join(workdir, 'tensorboard'))
   assert Checkpointer(workdir, 3).all_steps() == [3, 6]
 
