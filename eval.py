@@ -23,8 +23,8 @@ if __name__ == '__main__':
 from absl import app, flags, logging
 import jax
 import ml_collections
-from ml_collections import config_flags
 
+from longformer_jax.command_line import define_flags
 from longformer_jax.config_validation import parse_int_list, validate_config
 from longformer_jax.data.corpus import load_corpus, make_tokenizer, tokenize_documents
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
@@ -35,7 +35,6 @@ from longformer_jax.train.evaluation import Evaluator
 from longformer_jax.train.optimizer import make_optimizer
 from longformer_jax.train.quiet_logs import show_own_info_only
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
 
 EVAL_TOKENS_PER_CALL = 512  # chunks per eval call = this // chunk_len (dispatch amortisation)
 
@@ -144,12 +143,6 @@ def main(argv):
   evaluate_run(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
-def define_flags() -> None:
-  """Command-line flags (defined only when run as a script, so tests can import it)."""
-  config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Experiment config file.')
-  flags.DEFINE_string('workdir', 'workdirs/default', 'The training run to evaluate.')
-
-
 if __name__ == '__main__':
-  define_flags()
+  define_flags('The training run to evaluate.')
   app.run(main)

@@ -20,9 +20,9 @@ if __name__ == '__main__':
 from absl import app, flags, logging
 import jax
 import ml_collections
-from ml_collections import config_flags
 import numpy as np
 
+from longformer_jax.command_line import define_flags
 from longformer_jax.config_validation import validate_config
 from longformer_jax.data.corpus import (cut_into_pieces, load_corpus, make_tokenizer,
                                         tokenize_documents)
@@ -39,7 +39,6 @@ from longformer_jax.train.optimizer import learning_rate_schedule, make_optimize
 from longformer_jax.train.preemption import PreemptionWatcher
 from longformer_jax.train.quiet_logs import show_own_info_only
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
 
 
 class NonFiniteLossError(RuntimeError):
@@ -199,12 +198,6 @@ def main(argv):
     print(json.dumps({'step': result['step'], 'valid': result['final_valid']}))
 
 
-def define_flags() -> None:
-  """Command-line flags (defined only when run as a script, so tests can import it)."""
-  config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Experiment config file.')
-  flags.DEFINE_string('workdir', 'workdirs/default', 'Checkpoints and logs go here.')
-
-
 if __name__ == '__main__':
-  define_flags()
+  define_flags('Checkpoints and logs go here.')
   app.run(main)

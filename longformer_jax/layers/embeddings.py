@@ -30,7 +30,11 @@ class TokenEmbedding(nn.Module):
   def logits(self, x: jax.Array) -> jax.Array:
     """`[batch, length, d_model]` -> float32 `[batch, length, vocab]`."""
     if self.tie_embeddings:
-      # Scaled so that logits start O(1) with a unit-variance table.
+      # Scaled so that logits are O(1) for a unit-variance table. The input
+      # token's own logit starts large (the top of the residual stream is
+      # still mostly its embedding), so the initial loss is above ln(vocab).
+      # A d^-1/2 table avoids that but measured far slower early training on
+      # the built-in corpus (2.85 vs 1.67 nats at step 150), so we keep it.
       y = jnp.einsum('bld,vd->blv', x, self.table.astype(self.dtype))
       y = y / jnp.sqrt(self.d_model).astype(self.dtype)
     else:
