@@ -49,9 +49,6 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
   config = ml_collections.ConfigDict(saved)
   config.eval = cli_config.eval
   config.parallel = cli_config.parallel
-  config.parallel.logical_axis_rules = tuple(
-      (name, tuple(axes) if isinstance(axes, list) else axes)
-      for name, axes in cli_config.parallel.logical_axis_rules)
   return config
 
 

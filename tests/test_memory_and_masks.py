@@ -26,7 +26,8 @@ def test_fifo_keeps_the_newest_and_returns_each_evicted_entry_once(capacity, chu
     memory, evicted = fifo.insert(memory, new)
     assert memory.capacity == capacity and evicted.positions.shape == (2, chunk)
     evicted_positions.extend(int(p) for p, v in zip(evicted.positions[0], evicted.valid[0]) if v)
-    kept = [int(p) for p, v in zip(memory.positions[0], memory.valid[0]) if v]
+    contents = fifo.get_all(memory)
+    kept = [int(p) for p, v in zip(contents.positions[0], contents.valid[0]) if v]
     assert kept == inserted[-capacity:] if capacity else kept == []
     np.testing.assert_array_equal(np.asarray(memory.values)[0, :, 0][np.asarray(memory.valid)[0]],
                                   np.array(kept) * 10.0)

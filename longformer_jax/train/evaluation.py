@@ -59,10 +59,12 @@ class Evaluator:
         fn, in_shardings=(param_shardings, self._memory_shardings, self._batch_sharding),
         out_shardings=(self._memory_shardings, sharding.replicated(mesh)),
         donate_argnums=1)
+    self._fresh_memory = jax.jit(lambda: DecoderLM.init_state(model_config, batch_size),
+                                 out_shardings=self._memory_shardings)
 
   def fresh_memory(self):
-    create = lambda: DecoderLM.init_state(self.model_config, self.batch_size)
-    return jax.jit(create, out_shardings=self._memory_shardings)()
+    """Empty memory for every row, laid out on the mesh."""
+    return self._fresh_memory()
 
   def streams(self, documents, max_tokens: int = 0) -> EvalStreams:
     return EvalStreams(documents, self.batch_size, self.chunk_len, self.tokenizer.bos_id,
