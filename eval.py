@@ -36,9 +36,6 @@ from longformer_jax.train.optimizer import make_optimizer
 from longformer_jax.train.quiet_logs import show_own_info_only
 
 
-EVAL_TOKENS_PER_CALL = 512  # chunks per eval call = this // chunk_len (dispatch amortisation)
-
-
 def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
   """The run's saved config with the command line's `eval` and `parallel` sections."""
   path = os.path.join(workdir, 'config.json')
@@ -58,12 +55,11 @@ def restore_params(config, tokenizer, workdir: str, mesh, rules):
   optimizer = make_optimizer(config.optimizer, config.train.num_steps)
   abstract, shardings = initialization.abstract_train_state(
       model, optimizer, config.seed, config.data.batch_size, config.data.chunk_len, mesh, rules)
-  checkpointer = Checkpointer(workdir, config.train.keep_checkpoints, async_save=False)
   step = None if config.eval.step < 0 else config.eval.step
-  if checkpointer.latest_step() is None:
-    raise FileNotFoundError(f'no checkpoint in {checkpointer.directory}; train first')
-  state, _ = checkpointer.restore(step, abstract)
-  checkpointer.close()
+  with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
+    if checkpointer.latest_step() is None:
+      raise FileNotFoundError(f'no checkpoint in {checkpointer.directory}; train first')
+    state, _ = checkpointer.restore(step, abstract)
   return state.params, shardings.params, int(state.step)
 
 
@@ -109,9 +105,7 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   for mem_len in mem_lens:
     model_config = lm_model_config(config.model, tokenizer.vocab_size, mem_len=mem_len)
     evaluator = Evaluator(model_config, tokenizer, batch_size=config.data.eval_batch_size,
-                          chunk_len=chunk_len,
-                          chunks_per_batch=max(1, EVAL_TOKENS_PER_CALL // chunk_len),
-                          mesh=mesh, rules=rules, param_shardings=param_shardings)
+                          chunk_len=chunk_len, mesh=mesh, rules=rules, param_shardings=param_shardings)
     metrics = evaluator.evaluate(params, documents, config.eval.max_tokens)
     rows.append(dict(mem_len=mem_len, chunk_len=chunk_len, **metrics))
     logging.info('mem_len %d: %.4f bits/byte', mem_len, metrics['bits_per_byte'])

@@ -8,6 +8,7 @@ data position), `metrics.jsonl`, TensorBoard events and `config.json`. A run
 started on a workdir with checkpoints resumes from the latest one.
 """
 
+import functools
 import json
 import math
 import os
@@ -106,7 +107,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   # ---- compiled steps --------------------------------------------------
   batch_sharding = sharding.batch_sharding(mesh, rules)
   train_step = jax.jit(
-      steps.bind(steps.train_step, model=model, optimizer=optimizer,
+      functools.partial(steps.train_step, model=model, optimizer=optimizer,
                  learning_rate_fn=learning_rate_schedule(config.optimizer, num_steps),
                  chunk_len=config.data.chunk_len,
                  grad_accum_steps=config.optimizer.grad_accum_steps),
@@ -114,8 +115,7 @@ def train(config: ml_collections.ConfigDict, workdir: str):
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)
   evaluator = Evaluator(model_config, tokenizer, batch_size=config.data.eval_batch_size,
-                        chunk_len=config.data.chunk_len,
-                        chunks_per_batch=config.data.chunks_per_step, mesh=mesh, rules=rules,
+                        chunk_len=config.data.chunk_len, mesh=mesh, rules=rules,
                         param_shardings=state_shardings.params)
 
   def save(step: int) -> None:
@@ -170,8 +170,6 @@ def train(config: ml_collections.ConfigDict, workdir: str):
           logging.warning('SIGTERM at step %d: checkpoint saved, stopping.', step)
           break
 
-      if pending is not None:
-        host_metrics(pending)
       save(step)
       if step == num_steps and config.train.eval_every:
         if last_valid[0] != step:

@@ -1,5 +1,6 @@
 """The train step on 8 fake CPU devices equals the single-device step."""
 
+import functools
 import jax
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ def two_steps(mesh_shape):
   state, shardings = initialization.sharded_train_state(model, tx, 0, 8, CHUNK, mesh, rules)
   batch_sharding = sharding.batch_sharding(mesh, rules)
   step = jax.jit(
-      steps.bind(steps.train_step, model=model, optimizer=tx, chunk_len=CHUNK,
+      functools.partial(steps.train_step, model=model, optimizer=tx, chunk_len=CHUNK,
                  learning_rate_fn=optimizer_lib.learning_rate_schedule(config.optimizer, 10)),
       in_shardings=(shardings, batch_sharding),
       out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)

@@ -1,5 +1,6 @@
 """Remat policies, layer scan and gradient accumulation change cost, not math."""
 
+import functools
 import jax
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def test_grad_accumulation_matches_full_batch():
                      memory=warm_memory, rng=jax.random.PRNGKey(1))
   results = []
   for accum in (1, 2, 4):
-    fn = steps.bind(steps.train_step, model=model, optimizer=tx,
+    fn = functools.partial(steps.train_step, model=model, optimizer=tx,
                     learning_rate_fn=optimizer_lib.learning_rate_schedule(config.optimizer, 10),
                     chunk_len=CHUNK, grad_accum_steps=accum)
     results.append(jax.jit(fn)(state, stream_batch(4, 2 * CHUNK, seed=6, doc_len=7)))

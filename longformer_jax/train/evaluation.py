@@ -6,6 +6,7 @@ target token of the split is scored exactly once; the memory of each
 row persists from chunk to chunk and is reset at document starts.
 """
 
+import functools
 import math
 
 import jax
@@ -20,6 +21,7 @@ from longformer_jax.train import initialization, steps
 from longformer_jax.train.batches import step_arrays
 
 LN2 = math.log(2.0)
+TOKENS_PER_CALL = 512  # an eval call scans max(1, this // chunk_len) chunks (dispatch amortisation)
 
 
 def summarize(loss_sum: float, tokens: float, num_bytes: float) -> dict:
@@ -39,13 +41,13 @@ class Evaluator:
   """Compiles the eval step once for a model config and evaluation shape."""
 
   def __init__(self, model_config: ml_collections.FrozenConfigDict, tokenizer, *,
-               batch_size: int, chunk_len: int, chunks_per_batch: int,
+               batch_size: int, chunk_len: int,
                mesh: jax.sharding.Mesh, rules, param_shardings):
     self.model_config = model_config
     self.tokenizer = tokenizer
     self.batch_size = batch_size
     self.chunk_len = chunk_len
-    self.chunks_per_batch = chunks_per_batch
+    self.chunks_per_batch = max(1, TOKENS_PER_CALL // chunk_len)
     self.mesh = mesh
     self.rules = rules
     self._batch_sharding = sharding.batch_sharding(mesh, rules)
@@ -53,7 +55,7 @@ class Evaluator:
     token_bytes = jnp.asarray(tokenizer.token_byte_lengths(), jnp.float32)
     padding = model_config.vocab_size - token_bytes.shape[0]
     token_bytes = jnp.pad(token_bytes, (0, padding))
-    fn = steps.bind(steps.eval_step, model=DecoderLM(model_config), chunk_len=chunk_len,
+    fn = functools.partial(steps.eval_step, model=DecoderLM(model_config), chunk_len=chunk_len,
                     token_bytes=token_bytes)
     self._step = jax.jit(
         fn, in_shardings=(param_shardings, self._memory_shardings, self._batch_sharding),

@@ -1,7 +1,5 @@
 """The train and eval step functions (pure; jitted with shardings in train.py)."""
 
-import functools
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -93,7 +91,3 @@ def eval_step(params, memory, batch: dict, *, model: nn.Module, chunk_len: int,
   return lm_sums(model, params, memory, batch, chunk_len, deterministic=True,
                  token_bytes=token_bytes)
 
-
-def bind(fn, **static):
-  """`fn` with its keyword-only static arguments bound (for `jax.jit`)."""
-  return functools.partial(fn, **static)
