@@ -39,6 +39,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.clamp_len = -1             # XL: clamp relative distances (-1: off)
   c.model.scan_layers = False        # nn.scan over identical layers
   c.model.remat_policy = 'none'      # see longformer_jax/parallel/remat.py
+  c.model.block = 'pre_ln'           # residual block type: longformer_jax/models/blocks.py
+  c.model.stack = 'standard'         # layer stack type: longformer_jax/models/stacks.py
+  # Per-layer values, key -> one value per layer ('64,64,128,256'); see
+  # longformer_jax/models/layer_schedule.py. Needs scan_layers=False.
+  c.model.layer_schedule = ml_collections.ConfigDict()
+  # Auxiliary loss name (a variant's aux key ending in _loss) -> weight.
+  c.model.aux_loss_weights = ml_collections.ConfigDict()
 
   # ---- optimizer ------------------------------------------------------
   c.optimizer = ml_collections.ConfigDict()

@@ -12,7 +12,10 @@ import numpy as np
 
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.config_errors import ConfigError, require
+from longformer_jax.models.blocks import block_class
 from longformer_jax.models.decoder_lm import compute_dtype
+from longformer_jax.models.layer_schedule import layer_config, validate_schedule
+from longformer_jax.models.stacks import stack_class
 from longformer_jax.parallel.mesh import resolve_mesh_shape
 from longformer_jax.parallel.remat import remat_policy
 
@@ -25,7 +28,14 @@ def _positive(config, key: str) -> None:
 
 
 def validate_model(model: ml_collections.ConfigDict) -> None:
-  attention_class(model.attention)
+  validate_schedule(model)
+  for i in range(model.num_layers):
+    attention_class(layer_config(model, i).attention)
+  block_class(model.get('block', 'pre_ln'))
+  stack_class(model.get('stack', 'standard'))
+  for name, weight in (model.get('aux_loss_weights', None) or {}).items():
+    require(isinstance(weight, (int, float)) and weight >= 0, f'model.aux_loss_weights.{name}',
+            f'must be a number >= 0, got {weight!r}')
   compute_dtype(model.dtype)
   remat_policy(model.remat_policy)
   for name in ('num_layers', 'd_model', 'num_heads', 'head_dim', 'd_ff', 'vocab_multiple'):

@@ -142,4 +142,4 @@ def test_vanilla_without_memory_checkpoints_and_resumes(tmp_path):
   config.train.stop_after_steps = 0
   state, metrics = train_script.train(config, str(tmp_path))
   assert int(state.step) == 6 and np.isfinite(metrics['loss'])
-  assert jax.tree_util.tree_leaves(state.memory)[0].shape[2] == 0
+  assert jax.tree_util.tree_leaves(state.memory)[0].shape[1] == 0

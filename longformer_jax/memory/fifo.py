@@ -31,6 +31,14 @@ class FifoMemory:
   def capacity(self) -> int:
     return self.positions.shape[1]
 
+  def logical_axes(self) -> 'FifoMemory':
+    """Axis names of each field: hidden states `[batch, memory, embed]`, or
+    per-head features `[batch, memory, heads, head_dim]`."""
+    features = {3: ('embed',), 4: ('heads', 'head_dim')}.get(
+        self.values.ndim, (None,) * (self.values.ndim - 2))
+    return FifoMemory(values=('batch', 'memory') + features, positions=('batch', 'memory'),
+                      segment_ids=('batch', 'memory'), valid=('batch', 'memory'))
+
 
 def create(batch_size: int, capacity: int, feature_shape: Sequence[int],
            dtype=jnp.float32) -> FifoMemory:

@@ -6,11 +6,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.registry import attention_class
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.norms import layer_norm
-from longformer_jax.models.block_stack import BlockStack
+from longformer_jax.models.stacks import stack_class
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -37,11 +36,9 @@ class DecoderLM(nn.Module):
 
   @staticmethod
   def init_state(config, batch_size: int):
-    """The memory of every layer, stacked: leaves `[layers, batch, ...]`."""
-    dtype = compute_dtype(config.dtype)
-    one = attention_class(config.attention).init_state(config, batch_size, dtype)
-    return jax.tree_util.tree_map(
-        lambda a: jnp.broadcast_to(a, (config.num_layers, *a.shape)), one)
+    """The memory of every layer: a tuple of per-layer pytrees, leaves `[batch, ...]`."""
+    stack = stack_class(config.get('stack', 'standard'))
+    return stack.init_state(config, batch_size, compute_dtype(config.dtype))
 
   @nn.compact
   def __call__(self, tokens: jax.Array, states, ctx: AttentionContext):
@@ -52,7 +49,7 @@ class DecoderLM(nn.Module):
     x = embedding.embed(tokens)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=ctx.deterministic)
-    x, states, aux = BlockStack(cfg, dtype, name='blocks')(x, states, ctx)
+    x, states, aux = stack_class(cfg.get('stack', 'standard'))(cfg, dtype, name='blocks')(x, states, ctx)
     x = layer_norm('final_norm', dtype)(x)
     logits = embedding.logits(x)
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
@@ -60,12 +57,21 @@ class DecoderLM(nn.Module):
 
 
 def state_logical_axes(states):
-  """Logical axes of a stacked memory pytree: `[layers, batch, memory, embed...]`."""
-  names = ('layers', 'batch', 'memory', 'embed')
+  """Logical axes of the memory pytree, for sharding it with the model.
 
-  def axes(leaf):
+  A memory dataclass that defines `logical_axes()` names its own axes (the
+  same dataclass with a tuple of names in place of each array); any other
+  array leaf is `[batch, memory, ...]`.
+  """
+  def default(leaf):
+    names = ('batch', 'memory')
     return names[:leaf.ndim] + (None,) * max(0, leaf.ndim - len(names))
-  return jax.tree_util.tree_map(axes, states)
+
+  def axes(node):
+    if hasattr(node, 'logical_axes'):
+      return node.logical_axes()
+    return default(node)
+  return jax.tree_util.tree_map(axes, states, is_leaf=lambda n: hasattr(n, 'logical_axes'))
 
 
 def lm_model_config(model_config: ml_collections.ConfigDict, tokenizer_vocab_size: int,

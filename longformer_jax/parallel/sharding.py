@@ -20,10 +20,13 @@ def rules_tuple(rules) -> tuple:
 
 
 def box_with_logical_axes(tree, axes_tree):
-  """Wraps each leaf of `tree` in `nn.LogicallyPartitioned` with its names."""
-  return jax.tree_util.tree_map(
-      lambda leaf, names: nn.LogicallyPartitioned(leaf, names), tree, axes_tree,
-      is_leaf=lambda x: isinstance(x, tuple))
+  """Wraps each array leaf of `tree` in `nn.LogicallyPartitioned` with its names.
+
+  `axes_tree` has `tree`'s structure with a tuple of names at each leaf.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  names = treedef.flatten_up_to(axes_tree)
+  return treedef.unflatten([nn.LogicallyPartitioned(leaf, tuple(n)) for leaf, n in zip(leaves, names)])
 
 
 def logical_shardings(abstract_boxed_tree, mesh: jax.sharding.Mesh, rules):

@@ -15,7 +15,41 @@ import jax.numpy as jnp
 import optax
 
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.config_errors import ConfigError
 from longformer_jax.models.chunk_driver import scan_chunks
+
+AUX_PREFIX = 'aux/'
+
+
+def weighted_aux_losses(aux_per_layer, weights) -> tuple[jax.Array, dict]:
+  """The weighted sum of the layers' auxiliary losses, and their statistics.
+
+  Args:
+    aux_per_layer: one dict of float32 scalars per layer (the attention
+      call contract's `aux`). Keys ending in `_loss` are losses; the rest
+      are statistics.
+    weights: `model.aux_loss_weights`, loss name -> weight.
+  Returns:
+    `(objective, stats)`: `objective` is sum over layers of weight * loss;
+    `stats` maps `aux/<name>` to the sum over layers (losses, unweighted) or
+    the mean over layers (statistics).
+  """
+  objective = jnp.zeros((), jnp.float32)
+  collected = {}
+  for aux in aux_per_layer:
+    for name, value in aux.items():
+      value = jnp.asarray(value, jnp.float32)
+      if name.endswith('_loss'):
+        if name not in weights:
+          raise ConfigError(f'model.aux_loss_weights.{name}',
+                            f'the model reports the auxiliary loss {name!r} but no weight is set')
+        objective = objective + weights[name] * value
+      collected.setdefault(name, []).append(value)
+  stats = {}
+  for name, values in collected.items():
+    total = sum(values)
+    stats[AUX_PREFIX + name] = total if name.endswith('_loss') else total / len(values)
+  return objective, stats
 
 
 def chunk_context(chunk: dict, deterministic: bool) -> AttentionContext:
@@ -44,17 +78,26 @@ def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
     token_bytes: optional `[vocab]` int32 UTF-8 bytes per token; adds
       `bytes`, the number of bytes the valid targets stand for.
   Returns:
-    `(memory, sums)` with float32 scalars `loss_sum` (nats) and `tokens` (and
-    `bytes` when `token_bytes` is given).
+    `(memory, sums)` with float32 scalars `loss_sum` (nats), `tokens`,
+    `objective_sum` (the loss plus the weighted auxiliary losses, each
+    chunk's weighted by its number of target tokens, so that dividing by
+    `tokens` gives the per-token objective), `chunks`, the per-chunk sums of
+    the `aux/...` statistics (divide by `chunks` for the mean), and `bytes`
+    when `token_bytes` is given.
   """
+  weights = model.config.get('aux_loss_weights', None) or {}
 
   def one_chunk(states, chunk, index):
     rngs = {} if deterministic else {'dropout': jax.random.fold_in(rng, index)}
-    logits, states, _ = model.apply({'params': params}, chunk['inputs'], states,
+    logits, states, aux = model.apply({'params': params}, chunk['inputs'], states,
                                       chunk_context(chunk, deterministic), rngs=rngs)
     mask = chunk['target_mask'].astype(jnp.float32)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, chunk['targets'])
-    sums = {'loss_sum': jnp.sum(nll * mask), 'tokens': jnp.sum(mask)}
+    aux_objective, aux_stats = weighted_aux_losses(aux, weights)
+    loss_sum, tokens = jnp.sum(nll * mask), jnp.sum(mask)
+    sums = {'loss_sum': loss_sum, 'tokens': tokens,
+            'objective_sum': loss_sum + aux_objective * tokens,
+            'chunks': jnp.ones((), jnp.float32), **aux_stats}
     if token_bytes is not None:
       sums['bytes'] = jnp.sum(token_bytes[chunk['targets']] * mask)
     return states, sums

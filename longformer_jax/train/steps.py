@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from longformer_jax.train.lm_objective import lm_sums
+from longformer_jax.train.lm_objective import AUX_PREFIX, lm_sums
 from longformer_jax.train.train_state import TrainState
 
 
@@ -35,7 +35,8 @@ def merge_rows(tree, row_axis: int):
 def train_step(state: TrainState, batch: dict, *, model: nn.Module,
                optimizer: optax.GradientTransformation, learning_rate_fn,
                chunk_len: int, grad_accum_steps: int = 1):
-  """One update: the mean next-token loss over every chunk and row of `batch`.
+  """One update: the mean next-token loss over every chunk and row of `batch`,
+  plus the model's weighted auxiliary losses (`lm_objective.lm_sums`).
 
   With `grad_accum_steps = k` the rows are processed in k micro-batches
   (memory saving); the gradient is the same as with k = 1: each
@@ -50,14 +51,14 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
   def summed_loss(params, memory, micro_batch, micro_rng):
     memory, sums = lm_sums(model, params, memory, micro_batch, chunk_len,
                            rng=micro_rng, deterministic=False)
-    return sums['loss_sum'], (memory, sums)
+    return sums['objective_sum'], (memory, sums)
 
   grad_fn = jax.grad(summed_loss, has_aux=True)
   if grad_accum_steps == 1:
     grads, (memory, sums) = grad_fn(state.params, state.memory, batch, rng)
   else:
     micro_batches = split_rows(batch, grad_accum_steps, row_axis=0)
-    micro_memory = split_rows(state.memory, grad_accum_steps, row_axis=1)
+    micro_memory = split_rows(state.memory, grad_accum_steps, row_axis=0)
 
     def accumulate(grads, xs):
       memory, micro_batch, index = xs
@@ -67,7 +68,7 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
     zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
     grads, (micro_memory, micro_sums) = jax.lax.scan(
         accumulate, zeros, (micro_memory, micro_batches, jnp.arange(grad_accum_steps)))
-    memory = merge_rows(micro_memory, row_axis=1)
+    memory = merge_rows(micro_memory, row_axis=0)
     sums = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), micro_sums)
 
   tokens = jnp.maximum(sums['tokens'], 1.0)
@@ -80,6 +81,11 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
       'grad_norm': optax.global_norm(grads),
       'learning_rate': jnp.asarray(learning_rate_fn(state.step), jnp.float32),
   }
+  if any(name.startswith(AUX_PREFIX) for name in sums):
+    metrics['objective'] = sums['objective_sum'] / tokens
+  for name, value in sums.items():
+    if name.startswith(AUX_PREFIX):
+      metrics[name] = value / jnp.maximum(sums['chunks'], 1.0)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                             memory=memory)
   return new_state, metrics

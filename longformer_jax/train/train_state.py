@@ -16,5 +16,5 @@ class TrainState:
   step: jax.Array        # int32 scalar: updates applied so far
   params: Any            # model parameters (float32)
   opt_state: Any         # optax state
-  memory: Any            # per-layer memory, leaves [layers, batch, ...]
+  memory: Any            # tuple of per-layer memories, leaves [batch, ...]
   rng: jax.Array         # uint32[2] base key; step keys are fold_in(rng, step)

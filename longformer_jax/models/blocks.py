@@ -1,0 +1,18 @@
+"""Residual block types by config name (`model.block`).
+
+A block is `Block(config, dtype, name=...)(x, state, ctx) -> (x, (state, aux))`
+with `x [batch, chunk, d_model]`; the stack builds one per layer.
+"""
+
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.models.block import DecoderBlock
+
+BLOCK_TYPES = {
+    'pre_ln': DecoderBlock,
+}
+
+
+def block_class(name: str):
+  if name not in BLOCK_TYPES:
+    raise ConfigError('model.block', f'unknown block {name!r}; choose one of {sorted(BLOCK_TYPES)}')
+  return BLOCK_TYPES[name]

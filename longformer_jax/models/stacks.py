@@ -1,0 +1,20 @@
+"""Layer stack types by config name (`model.stack`).
+
+A stack is `Stack(config, dtype, name='blocks')(x, states, ctx) ->
+(x, states, aux_per_layer)` with a static `init_state(config, batch_size,
+dtype)`; `states` and `aux_per_layer` are tuples with one entry per layer
+(per application, for stacks that share a block).
+"""
+
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.models.block_stack import BlockStack
+
+STACK_TYPES = {
+    'standard': BlockStack,
+}
+
+
+def stack_class(name: str):
+  if name not in STACK_TYPES:
+    raise ConfigError('model.stack', f'unknown stack {name!r}; choose one of {sorted(STACK_TYPES)}')
+  return STACK_TYPES[name]

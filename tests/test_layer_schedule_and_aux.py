@@ -1,0 +1,121 @@
+"""Per-layer config schedules, per-layer memories, and auxiliary losses in the objective."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from longformer_jax.attention import registry
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.config_validation import validate_config
+from longformer_jax.models.decoder_lm import DecoderLM, state_logical_axes
+from longformer_jax.models.layer_schedule import layer_config
+from longformer_jax.train.lm_objective import lm_sums, weighted_aux_losses
+from tests.tiny_models import VOCAB, stream_batch, tiny_config, tiny_model_config
+
+
+def test_layer_config_resolves_each_layer_with_the_default_type():
+  config = tiny_config(num_layers=3)
+  config.model.layer_schedule.mem_len = '4, 8,16'
+  config.model.layer_schedule.attention = ('vanilla', 'xl', 'xl')
+  config.model.layer_schedule.window = '2,4,8'   # a key the model config lacks: parsed as int
+  model = config.model
+  got = [(layer_config(model, i).mem_len, layer_config(model, i).attention,
+          layer_config(model, i).window) for i in range(3)]
+  assert got == [(4, 'vanilla', 2), (8, 'xl', 4), (16, 'xl', 8)]
+  assert isinstance(got[0][0], int)
+
+
+@pytest.mark.parametrize('schedule, key', [
+    (dict(mem_len='4,8,16'), 'model.layer_schedule.mem_len'),    # wrong count
+    (dict(mem_len='4,x'), 'model.layer_schedule.mem_len'),       # wrong type
+    (dict(attention='xl,nope'), 'model.attention'),              # unknown variant
+])
+def test_bad_schedules_name_the_key(schedule, key):
+  config = tiny_config()
+  config.model.layer_schedule.update(schedule)
+  with pytest.raises(ConfigError, match=key):
+    validate_config(config)
+
+
+def test_schedule_with_scanned_layers_is_rejected():
+  config = tiny_config(scan_layers=True)
+  config.model.layer_schedule.mem_len = '4,8'
+  with pytest.raises(ConfigError, match='model.scan_layers'):
+    validate_config(config)
+
+
+def test_layers_get_their_own_memories_and_logical_axes():
+  config = tiny_model_config()
+  values = config.to_dict()
+  values['layer_schedule'] = {'attention': 'vanilla,xl', 'mem_len': '0,12'}
+  config = ml_collections.FrozenConfigDict(values)
+  states = DecoderLM.init_state(config, batch_size=4)
+  assert isinstance(states, tuple) and len(states) == 2
+  assert states[0].values.shape == (4, 0, 32) and states[1].values.shape == (4, 12, 32)
+  axes = state_logical_axes(states)
+  assert axes[1].values == ('batch', 'memory', 'embed')
+  assert axes[1].valid == ('batch', 'memory')
+  batch = stream_batch(4, 16)
+  params = DecoderLM(config).init(jax.random.PRNGKey(0), batch['inputs'][:, :8], states,
+                                  _ctx(batch, 8))['params']
+  # The vanilla layer has no relative-position parameters, the XL layer does.
+  assert 'relative_key' not in params['blocks']['layer_0']['attention']
+  assert 'relative_key' in params['blocks']['layer_1']['attention']
+  memory, sums = lm_sums(DecoderLM(config), params, states, batch, chunk_len=8)
+  assert np.asarray(memory[1].valid).all() and np.isfinite(float(sums['loss_sum']))
+
+
+def _ctx(batch, length):
+  from tests.tiny_models import context_of
+  return context_of({k: v[:, :length] for k, v in batch.items()})
+
+
+def test_weighted_aux_losses_reference():
+  aux = ({'span_loss': 2.0, 'occupancy': 0.5}, {'span_loss': 3.0, 'occupancy': 1.5}, {})
+  objective, stats = weighted_aux_losses(aux, {'span_loss': 0.1})
+  np.testing.assert_allclose(float(objective), 0.1 * (2.0 + 3.0), rtol=1e-6)
+  np.testing.assert_allclose(float(stats['aux/span_loss']), 5.0)
+  np.testing.assert_allclose(float(stats['aux/occupancy']), 1.0)
+  with pytest.raises(ConfigError, match='model.aux_loss_weights.span_loss'):
+    weighted_aux_losses(aux, {})
+
+
+class _PenalisedVanilla(nn.Module):
+  """Vanilla attention that reports the mean square of its output as a loss."""
+  inner: nn.Module
+
+  @classmethod
+  def from_config(cls, config, dtype, name=None):
+    return cls(registry.ATTENTION_VARIANTS['vanilla'].from_config(config, dtype), name=name)
+
+  @staticmethod
+  def init_state(config, batch_size, dtype=jnp.float32):
+    return registry.ATTENTION_VARIANTS['vanilla'].init_state(config, batch_size, dtype)
+
+  def __call__(self, x, state, ctx):
+    y, state, _ = self.inner(x, state, ctx)
+    return y, state, {'square_loss': jnp.mean(jnp.square(y.astype(jnp.float32))), 'seen': 1.0}
+
+
+def test_aux_losses_enter_the_objective_token_weighted(monkeypatch):
+  monkeypatch.setitem(registry.ATTENTION_VARIANTS, 'penalised', _PenalisedVanilla)
+  config = tiny_model_config(attention='penalised', mem_len=0)
+  values = config.to_dict()
+  values['aux_loss_weights'] = {'square_loss': 0.5}
+  config = ml_collections.FrozenConfigDict(values)
+  model = DecoderLM(config)
+  batch = stream_batch(2, 16)
+  states = DecoderLM.init_state(config, 2)
+  params = model.init(jax.random.PRNGKey(0), batch['inputs'][:, :8], states, _ctx(batch, 8))['params']
+  _, sums = lm_sums(model, params, states, batch, chunk_len=8)
+  # Independently: run each chunk, add 0.5 * (sum over layers of the loss) * tokens.
+  expected_extra = 0.0
+  for c in range(2):
+    chunk = {k: v[:, c * 8:(c + 1) * 8] for k, v in batch.items()}
+    _, states, aux = model.apply({'params': params}, chunk['inputs'], states, _ctx(chunk, 8))
+    expected_extra += 0.5 * sum(float(a['square_loss']) for a in aux) * 16
+  np.testing.assert_allclose(float(sums['objective_sum'] - sums['loss_sum']), expected_extra, rtol=1e-5)
+  assert float(sums['chunks']) == 2 and float(sums['aux/seen']) == 2
