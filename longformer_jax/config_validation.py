@@ -12,6 +12,7 @@ import numpy as np
 
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.config_errors import ConfigError, require
+from longformer_jax.layers.gating import GATE_TYPES
 from longformer_jax.models.blocks import block_class
 from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.layer_schedule import layer_config, validate_schedule
@@ -33,6 +34,15 @@ def validate_model(model: ml_collections.ConfigDict) -> None:
     attention_class(layer_config(model, i).attention)
   block_class(model.get('block', 'pre_ln'))
   stack_class(model.get('stack', 'standard'))
+  if model.get('block', 'pre_ln') == 'gtrxl':
+    gate = model.get('gtrxl_gate', 'gru')
+    require(gate in GATE_TYPES, 'model.gtrxl_gate', f'must be one of {GATE_TYPES}, got {gate!r}')
+  if model.get('stack', 'standard') == 'universal_act':
+    steps = model.get('act_max_steps', None)
+    require(isinstance(steps, int) and steps > 0, 'model.act_max_steps',
+            f'must be a positive integer, got {steps!r}')
+    epsilon = model.get('act_epsilon', 0.01)
+    require(0.0 < epsilon < 1.0, 'model.act_epsilon', f'must be in (0, 1), got {epsilon!r}')
   for name, weight in (model.get('aux_loss_weights', None) or {}).items():
     require(isinstance(weight, (int, float)) and weight >= 0, f'model.aux_loss_weights.{name}',
             f'must be a number >= 0, got {weight!r}')

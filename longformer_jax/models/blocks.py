@@ -6,9 +6,11 @@ with `x [batch, chunk, d_model]`; the stack builds one per layer.
 
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.models.block import DecoderBlock
+from longformer_jax.models.gated_block import GatedBlock
 
 BLOCK_TYPES = {
     'pre_ln': DecoderBlock,
+    'gtrxl': GatedBlock,
 }
 
 

@@ -8,9 +8,11 @@ dtype)`; `states` and `aux_per_layer` are tuples with one entry per layer
 
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.models.block_stack import BlockStack
+from longformer_jax.models.universal_stack import UniversalTransformerACT
 
 STACK_TYPES = {
     'standard': BlockStack,
+    'universal_act': UniversalTransformerACT,
 }
 
 
