@@ -30,3 +30,15 @@ def attend(logits: jax.Array, mask: jax.Array, values: jax.Array) -> jax.Array:
   """Weights from `logits [b, h, q, k]` applied to `values [b, k, h, d]` -> `[b, q, h, d]`."""
   weights = masked_softmax(logits, mask)
   return jnp.einsum('bhqk,bkhd->bqhd', weights.astype(values.dtype), values)
+
+
+def soft_masked_softmax(logits: jax.Array, mask: jax.Array, soft_mask: jax.Array) -> jax.Array:
+  """Softmax weights multiplied by a soft mask in [0, 1], then renormalised.
+
+  a_ij = m_ij exp(s_ij) / sum_k m_ik exp(s_ik) (Sukhbaatar et al., 2019,
+  eq. 3; Expire-Span uses the same form). `soft_mask` broadcasts against
+  `logits [b, h, q, k]`; rows whose soft-masked weights are all 0 give 0.
+  """
+  weights = masked_softmax(logits, mask) * soft_mask.astype(jnp.float32)
+  total = jnp.sum(weights, axis=-1, keepdims=True)
+  return weights / jnp.where(total > 0, total, 1.0)

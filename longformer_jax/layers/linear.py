@@ -17,6 +17,31 @@ import jax
 import jax.numpy as jnp
 
 
+def kernel_init(num_in: int, num_out: int):
+  """Fan-in scaled truncated normal over all `num_in` input dims."""
+  return nn.initializers.variance_scaling(
+      1.0, 'fan_in', 'truncated_normal', in_axis=tuple(range(num_in)),
+      out_axis=tuple(range(num_in, num_in + num_out)))
+
+
+class ProjectionKernel(nn.Module):
+  """Only the kernel of a `Projection` (same name, init and axes), as an array.
+
+  For code that applies the projection inside `jax.lax` control flow (a
+  branch cannot create parameters): `ProjectionKernel(..., name='key')()`
+  creates `key/kernel` exactly as `projection(..., name='key')` would.
+  """
+  in_shape: tuple
+  features: tuple
+  kernel_axes: tuple
+
+  @nn.compact
+  def __call__(self) -> jax.Array:
+    init = kernel_init(len(self.in_shape), len(self.features))
+    return self.param('kernel', nn.with_logical_partitioning(init, self.kernel_axes),
+                      (*self.in_shape, *self.features), jnp.float32)
+
+
 class Projection(nn.Module):
   """Contracts `x`'s trailing `num_in` axes with a kernel `[*in, *features]`."""
   features: tuple
@@ -29,10 +54,7 @@ class Projection(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     in_shape = x.shape[x.ndim - self.num_in:]
-    num_out = len(self.features)
-    init = nn.initializers.variance_scaling(
-        1.0, 'fan_in', 'truncated_normal', in_axis=tuple(range(self.num_in)),
-        out_axis=tuple(range(self.num_in, self.num_in + num_out)))
+    init = kernel_init(self.num_in, len(self.features))
     kernel = self.param('kernel', nn.with_logical_partitioning(init, self.kernel_axes),
                         (*in_shape, *self.features), jnp.float32)
     in_dims = tuple(range(x.ndim - self.num_in, x.ndim))

@@ -1,0 +1,170 @@
+"""Adaptive-Span attention (Sukhbaatar et al., 2019) on Transformer-XL scores.
+
+Each head learns a span z in [0, S] (S = `span_max`, default `mem_len`,
+the memory kept; S = mem_len + chunk lets every query see its whole
+context), and
+its attention weights are multiplied by the soft mask (eq. 2)
+
+  m_z(x) = clamp((R + z - x) / R, 0, 1),   x = t - r the query-key distance,
+
+before renormalisation (eq. 3): a_tr = m_z(t - r) e^{s_tr} / sum_q m_z(t - q) e^{s_tq}.
+R (`span_ramp`) is the softness. The L1 penalty (eq. 4, lambda/M sum_i z_i)
+is reported as the aux loss `span_loss` = mean of z over heads (its weight
+lambda is `model.aux_loss_weights.span_loss`).
+
+Dynamic span (`span_dynamic=True`, section 3.2): z_t = S sigmoid(v . x_t + b)
+per head and query token; the penalty is the mean of z_t over valid tokens.
+
+The scores are Transformer-XL's (u, v, W_kR, sinusoid R, clamp_len) with
+XL's parameter names; relative positions are gathered from the entries'
+stored positions. Cost follows the spans: only the newest
+n = min(S, ceil(R + max z)) memory entries (rounded up to `span_block`) can
+get a non-zero weight, so the key/value projections and the attention run
+over those n entries plus the chunk, chosen at run time by `jax.lax.switch`
+among ceil(S / span_block) + 1 compiled sizes. The memory itself keeps S
+entries (a fixed shape), so a span that grows again finds its context.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention import cached_context
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.dot_product import soft_masked_softmax
+from longformer_jax.attention.masking import causal_document_mask
+from longformer_jax.layers.linear import ProjectionKernel, projection
+from longformer_jax.layers.positional import sinusoid_embedding
+from longformer_jax.memory import fifo
+
+
+def span_mask(spans: jax.Array, distances: jax.Array, ramp: float) -> jax.Array:
+  """m_z(x) = clamp((R + z - x) / R, 0, 1); `spans` and `distances` broadcast."""
+  return jnp.clip((ramp + spans - distances.astype(jnp.float32)) / ramp, 0.0, 1.0)
+
+
+def memory_sizes(mem_len: int, block: int) -> list[int]:
+  """The trimmed memory sizes compiled: 0, block, 2 block, ..., mem_len."""
+  return sorted({min(mem_len, j * block) for j in range(math.ceil(mem_len / block) + 1)})
+
+
+def trimmed_size_index(max_span: jax.Array, ramp: float, mem_len: int, block: int) -> jax.Array:
+  """Index into `memory_sizes` of the smallest size holding every entry with m_z > 0.
+
+  The chunk's first query is the farthest from the memory: the entry k
+  places back has distance k, and m_z(k) > 0 iff k < R + z.
+  """
+  needed = jnp.minimum(jnp.ceil(max_span + ramp) - 1.0, mem_len)
+  return jnp.clip(jnp.ceil(needed / block), 0, len(memory_sizes(mem_len, block)) - 1).astype(jnp.int32)
+
+
+class AdaptiveSpanAttention(nn.Module):
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
+  num_heads: int
+  head_dim: int
+  d_model: int
+  mem_len: int
+  span_max: int = 0
+  span_ramp: float = 32.0
+  span_init: float = 0.0
+  span_block: int = 64
+  dynamic: bool = False
+  trim: bool = True
+  clamp_len: int = -1
+  dtype: jnp.dtype = jnp.float32
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               mem_len=config.mem_len, span_max=config.get('span_max', 0),
+               span_ramp=config.get('span_ramp', 32.0),
+               span_init=config.get('span_init', 0.0), span_block=config.get('span_block', 64),
+               dynamic=config.get('span_dynamic', False), trim=config.get('span_trim', True),
+               clamp_len=config.get('clamp_len', -1), dtype=dtype, name=name)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+    """The last `mem_len` hidden states per row."""
+    return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
+
+  @property
+  def largest_span(self) -> int:
+    """S: `span_max`, or `mem_len` when unset."""
+    return self.span_max or self.mem_len
+
+  def spans(self, x: jax.Array) -> jax.Array:
+    """z: `[heads]` (static), or `[batch, chunk, heads]` (dynamic) in [0, S]."""
+    if self.dynamic:
+      logits = projection(self.num_heads, kernel_axes=('embed', 'heads'), name='span_predictor',
+                          dtype=jnp.float32, use_bias=True, bias_axes=('heads',))(x.astype(jnp.float32))
+      return self.largest_span * jax.nn.sigmoid(logits)
+    init = nn.with_logical_partitioning(nn.initializers.constant(self.span_init), ('heads',))
+    fraction = self.param('span_fraction', init, (self.num_heads,), jnp.float32)
+    # The paper clamps the parameter to [0, 1] after each update; clipping in
+    # the forward pass keeps z in [0, S] with no change to the optimiser.
+    return self.largest_span * jnp.clip(fraction, 0.0, 1.0)
+
+  def _relative_keys(self, count: int) -> jax.Array:
+    """W_kR R for distances 0..count-1 -> `[count, heads, head_dim]`."""
+    distances = jnp.arange(count)
+    if self.clamp_len > 0:
+      distances = jnp.minimum(distances, self.clamp_len)
+    r = sinusoid_embedding(distances, self.d_model).astype(self.dtype)
+    return projection((self.num_heads, self.head_dim), kernel_axes=('embed', 'heads', 'head_dim'),
+                      name='relative_key', dtype=self.dtype)(r)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
+    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+    chunk = x.shape[1]
+    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    kernel_shape = dict(in_shape=(self.d_model,), features=(self.num_heads, self.head_dim),
+                        kernel_axes=('embed', 'heads', 'head_dim'))
+    w_key = ProjectionKernel(**kernel_shape, name='key')().astype(self.dtype)
+    w_value = ProjectionKernel(**kernel_shape, name='value')().astype(self.dtype)
+    bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('heads', 'head_dim'))
+    u = self.param('content_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
+    v_bias = self.param('position_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
+    rel_keys = self._relative_keys(self.mem_len + chunk)
+    z = self.spans(x)
+    soft_spans = z[None, :, None, None] if not self.dynamic else jnp.transpose(z, (0, 2, 1))[..., None]
+    q_content = q + u.astype(self.dtype)
+    q_position = q + v_bias.astype(self.dtype)
+
+    def attend_over(size: int):
+      """Attention over the newest `size` memory entries and the chunk: `[b, c, h, d]`."""
+      def run(_):
+        part = jax.tree_util.tree_map(lambda a: a[:, self.mem_len - size:], context)
+        k = jnp.einsum('bkd,dhe->bkhe', part.values.astype(self.dtype), w_key)
+        v = jnp.einsum('bkd,dhe->bkhe', part.values.astype(self.dtype), w_value)
+        distances = ctx.positions[:, :, None] - part.positions[:, None, :]
+        per_distance = jnp.einsum('bqhd,khd->bhqk', q_position, rel_keys[:size + chunk])
+        position = jnp.take_along_axis(
+            per_distance, jnp.clip(distances, 0, size + chunk - 1)[:, None], axis=-1)
+        logits = (jnp.einsum('bqhd,bkhd->bhqk', q_content, k) + position)
+        logits = logits / jnp.sqrt(self.head_dim).astype(self.dtype)
+        mask = causal_document_mask(ctx.positions, ctx.segment_ids, part.positions,
+                                    part.segment_ids, part.valid, causal=True)
+        soft = span_mask(soft_spans, distances[:, None], self.span_ramp)
+        weights = soft_masked_softmax(logits, mask, soft)
+        return jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
+      return run
+
+    sizes = memory_sizes(self.mem_len, self.span_block)
+    if self.trim and len(sizes) > 1:
+      index = trimmed_size_index(jax.lax.stop_gradient(jnp.max(z)), self.span_ramp,
+                                 self.mem_len, self.span_block)
+      out = jax.lax.switch(index, [attend_over(size) for size in sizes], None)
+    else:
+      out = attend_over(self.mem_len)(None)
+    out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
+    if self.dynamic:
+      valid = ctx.valid.astype(jnp.float32)[..., None]
+      mean_span = jnp.sum(z * valid) / jnp.maximum(jnp.sum(valid) * self.num_heads, 1.0)
+    else:
+      mean_span = jnp.mean(z)
+    aux = {'span_loss': mean_span, 'span_largest': jnp.max(z)}
+    return cached_context.project_output(out, self.d_model, self.dtype), new_state, aux

@@ -1,0 +1,166 @@
+"""Adaptive-Span attention against Transformer-XL and a Python soft-mask reference."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.core import unfreeze
+
+from longformer_jax.attention.adaptive_span import (AdaptiveSpanAttention, memory_sizes, span_mask,
+                                                    trimmed_size_index)
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.xl import XLAttention
+from longformer_jax.memory import fifo
+from tests.test_xl_attention import numpy_sinusoid
+from tests.tiny_models import random_normal, tiny_config
+
+B, C, M, D, H, HD = 2, 8, 16, 16, 2, 8
+
+
+def _inputs(memory_positions_from=0):
+  x = random_normal(1, (B, C, D))
+  memory = fifo.FifoMemory(values=random_normal(2, (B, M, D)),
+                           positions=jnp.tile(jnp.arange(M, dtype=jnp.int32), (B, 1)),
+                           segment_ids=jnp.zeros((B, M), jnp.int32), valid=jnp.ones((B, M), bool))
+  positions = jnp.tile(jnp.arange(M, M + C, dtype=jnp.int32), (B, 1))
+  ctx = AttentionContext(positions=positions, segment_ids=jnp.zeros((B, C), jnp.int32),
+                         reset=jnp.zeros((B,), bool), valid=jnp.ones((B, C), bool))
+  return x, memory, ctx
+
+
+def _module(**kw):
+  args = dict(num_heads=H, head_dim=HD, d_model=D, mem_len=M, span_ramp=4.0, span_block=4)
+  args.update(kw)
+  return AdaptiveSpanAttention(**args)
+
+
+def _set_spans(params, fractions):
+  params = unfreeze(params)
+  box = params['span_fraction']
+  params['span_fraction'] = box.replace_boxed(jnp.asarray(fractions, jnp.float32))
+  return params
+
+
+def test_soft_mask_matches_python():
+  spans = np.array([0.0, 3.5, 10.0])
+  for z in spans:
+    for x in range(0, 20):
+      expected = min(1.0, max(0.0, (4.0 + z - x) / 4.0))
+      np.testing.assert_allclose(float(span_mask(jnp.float32(z), jnp.int32(x), 4.0)), expected,
+                                 rtol=1e-6)
+
+
+def test_whole_context_span_and_vanishing_ramp_equals_xl():
+  x, memory, ctx = _inputs()
+  module = _module(span_max=M + C, span_init=1.0, span_ramp=1e-3)
+  params = module.init(jax.random.PRNGKey(0), x, memory, ctx)['params']
+  got, state, aux = module.apply({'params': params}, x, memory, ctx)
+  xl_params = {k: v for k, v in params.items() if k != 'span_fraction'}
+  want, xl_state, _ = XLAttention(num_heads=H, head_dim=HD, d_model=D).apply(
+      {'params': xl_params}, x, memory, ctx)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(state.values), np.asarray(xl_state.values))
+  np.testing.assert_allclose(float(aux['span_loss']), M + C, rtol=1e-6)
+
+
+def reference_adaptive_span(params, x, memory, ctx, spans, ramp):
+  """Dense float64 loop: XL scores (explicit R[i - j]), weights * m_z(i - j) per head, renormalised."""
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))
+  cat = np.concatenate([np.asarray(memory.values), np.asarray(x)], axis=1)
+  k_pos = np.concatenate([np.asarray(memory.positions), np.asarray(ctx.positions)], axis=1)
+  q_pos = np.asarray(ctx.positions)
+  q = np.einsum('bqd,dhe->bqhe', np.asarray(x, np.float64), p['query']['kernel'])
+  k = np.einsum('bkd,dhe->bkhe', cat, p['key']['kernel'])
+  v = np.einsum('bkd,dhe->bkhe', cat, p['value']['kernel'])
+  u, vb = p['content_bias'], p['position_bias']
+  out = np.zeros(q.shape)
+  for b in range(B):
+    for i in range(C):
+      for h in range(H):
+        weights = np.zeros(cat.shape[1])
+        for j in range(cat.shape[1]):
+          distance = q_pos[b, i] - k_pos[b, j]
+          if distance < 0:
+            continue
+          r = numpy_sinusoid(distance, D) @ p['relative_key']['kernel'][:, h]
+          score = ((q[b, i, h] + u[h]) @ k[b, j, h] + (q[b, i, h] + vb[h]) @ r) / np.sqrt(HD)
+          soft = min(1.0, max(0.0, (ramp + spans[h] - distance) / ramp))
+          weights[j] = np.exp(score) * soft
+        out[b, i, h] = (weights / weights.sum()) @ v[b, :, h]
+  return np.einsum('bqhe,hed->bqd', out, p['out']['kernel'])
+
+
+@pytest.mark.parametrize('fractions', [(0.1, 0.4), (0.0, 1.0), (0.3, 0.3)])
+def test_soft_span_and_trimming_match_the_dense_reference(fractions):
+  x, memory, ctx = _inputs()
+  module = _module()
+  params = _set_spans(module.init(jax.random.PRNGKey(0), x, memory, ctx)['params'], fractions)
+  got, _, aux = module.apply({'params': params}, x, memory, ctx)
+  untrimmed, _, _ = _module(trim=False).apply({'params': params}, x, memory, ctx)
+  expected = reference_adaptive_span(params, x, memory, ctx, np.array(fractions) * M, 4.0)
+  np.testing.assert_allclose(np.asarray(got), expected, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(untrimmed), expected, atol=1e-5)
+  np.testing.assert_allclose(float(aux['span_loss']), np.mean(fractions) * M, rtol=1e-6)
+
+
+def test_trimmed_size_covers_every_entry_with_nonzero_mask():
+  sizes = memory_sizes(16, 4)
+  assert sizes == [0, 4, 8, 12, 16]
+  for z in np.linspace(0, 20, 81):
+    size = sizes[int(trimmed_size_index(jnp.float32(z), 4.0, 16, 4))]
+    farthest_needed = [k for k in range(1, 17) if (4.0 + z - k) / 4.0 > 0]
+    assert size >= (max(farthest_needed) if farthest_needed else 0)
+    assert size - 4 < (max(farthest_needed) if farthest_needed else 0) or size == 0
+
+
+def test_span_gradient_reaches_the_span_parameter():
+  x, memory, ctx = _inputs()
+  module = _module()
+  params = _set_spans(module.init(jax.random.PRNGKey(0), x, memory, ctx)['params'], (0.3, 0.5))
+
+  def loss(p):
+    y, _, aux = module.apply({'params': p}, x, memory, ctx)
+    return jnp.sum(y ** 2) + aux['span_loss']
+  grads = jax.grad(loss)(params)
+  assert np.all(np.abs(np.asarray(grads['span_fraction'].unbox())) > 0)
+
+
+def test_dynamic_span_shapes_and_penalty():
+  x, memory, ctx = _inputs()
+  module = _module(dynamic=True)
+  params = module.init(jax.random.PRNGKey(0), x, memory, ctx)['params']
+  got, _, aux = module.apply({'params': params}, x, memory, ctx)
+  untrimmed, _, _ = _module(dynamic=True, trim=False).apply({'params': params}, x, memory, ctx)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(untrimmed), atol=1e-5)
+  assert 0.0 < float(aux['span_loss']) < M
+
+
+def test_adaptive_span_model_trains(tmp_path):
+  from train import train
+  config = tiny_config(attention='adaptive_span', span_ramp=4.0, span_block=4, span_init=0.5)
+  config.model.aux_loss_weights.span_loss = 1e-3
+  config.train.update(num_steps=2, checkpoint_every=2)
+  _, metrics = train(config, str(tmp_path))
+  assert np.isfinite(metrics['loss']) and 'aux/span_loss' in metrics
+
+
+def test_span_report_reads_each_heads_span(tmp_path):
+  import ml_collections
+  from longformer_jax.models.decoder_lm import DecoderLM
+  from longformer_jax.train.span_report import learned_spans, markdown_spans, plot_spans
+  from tests.tiny_models import context_of, stream_batch, tiny_model_config
+  config = tiny_model_config(attention='adaptive_span', span_block=4)
+  values = config.to_dict()
+  values['layer_schedule'] = {'attention': 'xl,adaptive_span'}
+  config = ml_collections.FrozenConfigDict(values)
+  batch = stream_batch(2, 8)
+  params = DecoderLM(config).init(jax.random.PRNGKey(0), batch['inputs'], DecoderLM.init_state(config, 2),
+                                  context_of(batch))['params']
+  params['blocks']['layer_1']['attention'] = _set_spans(params['blocks']['layer_1']['attention'],
+                                                        (0.25, 1.5))
+  rows = learned_spans(params, config)
+  assert rows == [{'layer': 1, 'spans': [0.25 * 16, 16.0]}]
+  assert '| 1 | 4.0 | 16.0 | 10.0 |' in markdown_spans(rows)
+  plot_spans(rows, str(tmp_path / 'spans.png'), 'spans')
+  assert (tmp_path / 'spans.png').stat().st_size > 0
