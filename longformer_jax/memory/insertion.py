@@ -1,0 +1,104 @@
+"""Insertion with eviction: the one insert of data-only and key-value memories.
+
+`insert_entries(memory, new, policy)` puts the n new entries into the fixed
+capacity M of each row and returns exactly n evicted entries:
+
+- Free (invalid) slots are filled first; the evicted output then holds
+  invalid entries for them.
+- Otherwise the policy's ranking (policies.eviction_keys) picks the victims
+  among the existing entries: lowest score, oldest position on ties, sinks
+  last. New entries always go in, except when n > M: then the oldest new
+  entries (by the same ranking) are evicted as well.
+- New entries get the policy's initial score (mean - k * std of the
+  memory's valid scores); their own `scores` field is ignored.
+
+The evicted entries come in eviction order (invalid ones first). Surviving
+entries keep their slots and new entries are written into the victims'
+slots, so slot order is not position order: use positions, never slots.
+
+Cost per row: one sort over M + n candidates and a scatter of n entries,
+O((M + n) log(M + n) + n * features); the memory's data is never copied
+whole.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from longformer_jax.memory import policies
+from longformer_jax.memory.entries import MemoryEntries, take_entries
+
+
+def _metadata(entries: MemoryEntries) -> MemoryEntries:
+  """The entries without their data (cheap to concatenate)."""
+  return entries.replace(data=None)
+
+
+def _candidate_order(policy, memory: MemoryEntries, new: MemoryEntries) -> jax.Array:
+  """`[rows, M + n]` candidate indices (memory slots, then M + new index), first evicted first."""
+  memory_meta, new_meta = _metadata(memory), _metadata(new)
+  candidates = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=1),
+                                      memory_meta, new_meta)
+  is_new = jnp.concatenate([jnp.zeros(memory.positions.shape, bool),
+                            jnp.ones(new.positions.shape, bool)], axis=1)
+  return policies.ranked_slots(policies.eviction_keys(policy, candidates, is_new))
+
+
+def _gather_candidates(memory: MemoryEntries, new: MemoryEntries, indices: jax.Array):
+  """Candidates at `indices [rows, m]` (< M: memory slot, >= M: new entry index + M)."""
+  capacity, n = memory.capacity, new.capacity
+  from_memory = take_entries(memory, jnp.clip(indices, 0, capacity - 1))
+  from_new = take_entries(new, jnp.clip(indices - capacity, 0, n - 1))
+  in_memory = indices < capacity
+
+  def select(a, b):
+    return jnp.where(in_memory.reshape(in_memory.shape + (1,) * (a.ndim - 2)), a, b)
+  return jax.tree_util.tree_map(select, from_memory, from_new)
+
+
+def _stable_order(flags: jax.Array) -> jax.Array:
+  """`[rows, n]` indices with the False entries first, each group in index order."""
+  slots = jnp.broadcast_to(jnp.arange(flags.shape[1], dtype=jnp.int32), flags.shape)
+  return jax.lax.sort((flags.astype(jnp.int32), slots), dimension=1, num_keys=1)[1]
+
+
+def _write_new(memory: MemoryEntries, new: MemoryEntries, is_victim: jax.Array) -> MemoryEntries:
+  """Writes the kept new entries into the slots of the evicted memory entries."""
+  capacity, n = memory.capacity, new.capacity
+  writes = min(n, capacity)
+  slot_victim, new_victim = is_victim[:, :capacity], is_victim[:, capacity:]
+  free_slots = _stable_order(~slot_victim)[:, :writes]     # evicted slots first
+  kept_new = _stable_order(new_victim)[:, :writes]         # kept new entries first
+  num_writes = jnp.sum(slot_victim, axis=1)                # == number of kept new entries
+  targets = jnp.where(jnp.arange(writes)[None, :] < num_writes[:, None], free_slots, capacity)
+  incoming = take_entries(new, kept_new)
+  rows = jnp.arange(memory.rows)[:, None]
+
+  def write(leaf, update):
+    return leaf.at[rows, targets].set(update.astype(leaf.dtype), mode='drop')
+  return jax.tree_util.tree_map(write, memory, incoming)
+
+
+def insert_entries(memory: MemoryEntries, new: MemoryEntries,
+                   policy: policies.EvictionPolicy) -> tuple[MemoryEntries, MemoryEntries]:
+  """Inserts `new` (leaves `[rows, n, ...]`) into `memory` (`[rows, M, ...]`).
+
+  Returns:
+    `(memory, evicted)`: the memory (same shapes) and exactly n evicted
+    entries `[rows, n, ...]` in eviction order (invalid ones where there was
+    room).
+  """
+  if new.rows != memory.rows:
+    raise ValueError(f'new entries have {new.rows} rows, the memory {memory.rows}')
+  new = new.replace(scores=jnp.broadcast_to(policies.initial_scores(policy, memory)[:, None],
+                                            new.positions.shape),
+                    data_axes=memory.data_axes)
+  new = jax.tree_util.tree_map(lambda a, b: b.astype(a.dtype), memory, new)
+  n = new.capacity
+  if memory.capacity == 0 or n == 0:
+    return memory, new
+  order = _candidate_order(policy, memory, new)
+  victims = order[:, :n]
+  rows = jnp.arange(memory.rows)[:, None]
+  is_victim = jnp.zeros(order.shape, bool).at[rows, victims].set(True)
+  evicted = _gather_candidates(memory, new, victims)
+  return _write_new(memory, new, is_victim), evicted

@@ -1,0 +1,274 @@
+"""Eviction policies of the Attendre memory interface, as pure functions.
+
+A policy is a frozen dataclass selected by name in configs (`make_policy`).
+Two pure functions do the work:
+
+- `update_scores(policy, entries, attention_weights, query_positions,
+  query_valid)`: after a chunk's queries attended to (or retrieved from) the
+  memory, fold what they gave each entry into its score.
+- `eviction_keys` / `eviction_order`: the ranking of entries, first evicted
+  first. Invalid entries go first; then (sink policy) non-sinks before
+  sinks; then (during an insert) existing entries before the new ones; then
+  the lowest score; ties broken by the oldest position.
+
+Score semantics (higher = keep), with `a[b, h, q, m]` the attention weight
+query q gave memory slot m in head h, only valid queries counted. Unless
+`per_head`, heads are aggregated first by a sum (token-level eviction: all
+heads evict the same entries), `A[b, q, m] = sum_h a[b, h, q, m]`:
+
+- 'fifo': no score; the oldest positions are evicted.
+- 'sink': no score; the `num_sinks` valid entries with the smallest positions
+  are kept (StreamingLLM's attention sinks), FIFO for the rest.
+- 'lru' (least recently used): `a` is a usage mask (> 0 means used: the entry
+  was among a query's retrieved top-k, see `usage_from_topk`). The score of a
+  used entry becomes the largest position of a valid query that used it (the
+  clock is the stream position).
+- 'lfu' (least frequently used): score += the number of (head, valid query)
+  pairs that used the entry.
+- 'lra' (least recently attended): the score is replaced by this chunk's
+  attention pooled over its valid queries: 'last' = A at the last valid query
+  (largest position), 'max' = max over valid queries, 'sum' = sum over them.
+  A row with no valid query keeps its scores.
+- 'lfa' (least frequently attended, decay gamma): with T the position of the
+  chunk's last valid query and c the number of its valid queries,
+  score <- gamma^c * score + sum_{valid q} gamma^(T - p_q) A[q]
+  so that with contiguous positions the score is sum_i gamma^(T - i) A_i over
+  every query i seen so far (pairwise decay and decay between steps agree).
+  gamma = 1 is LFA-0 (plain accumulation).
+
+New entries get the initial score `mean - k * std` of the memory's current
+valid scores in that row (k = `init_std_multiplier`, population std; 0 when
+the row holds no valid entry), as in Attendre (Yang & Hua et al., 2024).
+
+Per-head scores (`per_head=True`): the memory has one row per (batch, head)
+(row b * heads + h; see entries.heads_to_rows) and each row is scored with
+its own head's weights only.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from longformer_jax.config_errors import ConfigError, require
+from longformer_jax.memory.entries import MemoryEntries
+
+POLICY_NAMES = ('fifo', 'lru', 'lfu', 'lra', 'lfa', 'sink')
+LRA_POOLINGS = ('last', 'max', 'sum')
+SCORED_POLICIES = ('lru', 'lfu', 'lra', 'lfa')
+
+
+@dataclasses.dataclass(frozen=True)
+class EvictionPolicy:
+  name: str                          # one of POLICY_NAMES
+  pooling: str = 'max'               # lra: 'last' | 'max' | 'sum'
+  gamma: float = 1.0                 # lfa decay in (0, 1]
+  num_sinks: int = 0                 # sink: keep the first num_sinks positions
+  init_std_multiplier: float = 1.0   # new entries score mean - k * std
+  per_head: bool = False             # one memory row per (batch, head)
+
+  def __post_init__(self):
+    require(self.name in POLICY_NAMES, 'model.memory_policy',
+            f'unknown eviction policy {self.name!r}; choose one of {POLICY_NAMES}')
+    require(self.pooling in LRA_POOLINGS, 'model.lra_pooling',
+            f'unknown pooling {self.pooling!r}; choose one of {LRA_POOLINGS}')
+    require(0.0 < self.gamma <= 1.0, 'model.lfa_gamma', f'must be in (0, 1], got {self.gamma}')
+    require(int(self.num_sinks) == self.num_sinks and self.num_sinks >= 0, 'model.num_sinks',
+            f'must be a non-negative integer, got {self.num_sinks}')
+    require(self.init_std_multiplier >= 0.0, 'model.init_std_multiplier',
+            f'must be >= 0, got {self.init_std_multiplier}')
+
+  @property
+  def uses_scores(self) -> bool:
+    return self.name in SCORED_POLICIES
+
+
+def policy_from_name(name: str, **settings) -> EvictionPolicy:
+  """A policy from its name; 'lra_last' / 'lra_max' / 'lra_sum' set the pooling."""
+  if name.startswith('lra_'):
+    return EvictionPolicy('lra', pooling=name[len('lra_'):], **settings)
+  return EvictionPolicy(name, **settings)
+
+
+def make_policy(config_like) -> EvictionPolicy:
+  """The policy named by a (model) ConfigDict.
+
+  Keys (all optional): `memory_policy` (or `policy`; default 'fifo'),
+  `lra_pooling` ('max'), `lfa_gamma` (1.0), `num_sinks` (0),
+  `init_std_multiplier` (1.0), `per_head_scores` (False).
+  """
+  name = config_like.get('memory_policy', config_like.get('policy', 'fifo'))
+  if not isinstance(name, str):
+    raise ConfigError('model.memory_policy', f'must be a string, got {name!r}')
+  settings = dict(gamma=float(config_like.get('lfa_gamma', 1.0)),
+                  num_sinks=config_like.get('num_sinks', 0),
+                  init_std_multiplier=float(config_like.get('init_std_multiplier', 1.0)),
+                  per_head=bool(config_like.get('per_head_scores', False)))
+  if not name.startswith('lra_'):
+    settings['pooling'] = config_like.get('lra_pooling', 'max')
+  return policy_from_name(name, **settings)
+
+
+# ----------------------------------------------------------------- scoring
+
+
+def _scatter_to_slots(per_item: jax.Array, indices: jax.Array, capacity: int, combine: str):
+  """`per_item [b, h, q, k]` written at slots `indices [b, h, q, k]` -> `[b, h, q, capacity]`."""
+  leading = jnp.indices(indices.shape[:-1], sparse=True)             # broadcastable [b, h, q]
+  where = tuple(i[..., None] for i in leading) + (indices,)
+  slots = jnp.zeros(indices.shape[:-1] + (capacity,), jnp.float32).at[where]
+  return slots.max(per_item) if combine == 'max' else slots.add(per_item)
+
+
+def usage_from_topk(indices: jax.Array, capacity: int, valid: jax.Array | None = None) -> jax.Array:
+  """Usage mask `[b, h, q, capacity]` float32 0/1 from retrieved `indices [b, h, q, k]`.
+
+  An entry is used by (head, query) when it is among that query's top-k
+  (and the retrieved item is `valid [b, h, q, k]`, when given).
+  """
+  hit = jnp.ones(indices.shape, jnp.float32) if valid is None else valid.astype(jnp.float32)
+  return _scatter_to_slots(hit, indices, capacity, 'max')
+
+
+def weights_to_slots(weights: jax.Array, indices: jax.Array, capacity: int,
+                     valid: jax.Array | None = None) -> jax.Array:
+  """Attention weights over retrieved items `[b, h, q, k]` as `[b, h, q, capacity]` over slots.
+
+  For LRA / LFA with retrieval: each retrieved item's weight is added at its
+  memory slot (`indices [b, h, q, k]`); entries not retrieved get 0, invalid
+  items (`valid [b, h, q, k]` False) are dropped.
+  """
+  weights = weights.astype(jnp.float32)
+  if valid is not None:
+    weights = jnp.where(valid, weights, 0.0)
+  return _scatter_to_slots(weights, indices, capacity, 'add')
+
+
+def usage_from_retrieved(retrieved, capacity: int) -> jax.Array:
+  """Usage mask `[b, h, q, capacity]` from a key_value.Retrieved (layout [b, q, h, k])."""
+  to_bhqk = lambda x: jnp.swapaxes(x, 1, 2)
+  return usage_from_topk(to_bhqk(retrieved.indices), capacity, to_bhqk(retrieved.valid))
+
+
+def _rows_view(policy, weights, query_positions, query_valid, rows):
+  """Weights `[rows, h', q, m]` and queries `[rows, q]` matching the memory's rows."""
+  batch, heads = weights.shape[:2]
+  if policy.per_head:
+    if rows != batch * heads:
+      raise ValueError(f'per-head scores need a memory with batch*heads = {batch * heads} rows, '
+                       f'got {rows}')
+    weights = weights.reshape((batch * heads, 1) + weights.shape[2:])
+    query_positions = jnp.repeat(query_positions, heads, axis=0)
+    query_valid = jnp.repeat(query_valid, heads, axis=0)
+  elif rows != batch:
+    raise ValueError(f'attention weights have batch {batch}, the memory has {rows} rows')
+  return weights, query_positions, query_valid
+
+
+def _lra_pooled(attention, query_positions, query_valid, pooling):
+  """`attention [rows, q, m]` pooled over valid queries -> `[rows, m]`."""
+  valid = query_valid[..., None]
+  if pooling == 'sum':
+    return jnp.sum(jnp.where(valid, attention, 0.0), axis=1)
+  if pooling == 'max':
+    return jnp.max(jnp.where(valid, attention, -jnp.inf), axis=1)
+  last = jnp.argmax(jnp.where(query_valid, query_positions, jnp.iinfo(jnp.int32).min), axis=1)
+  return jnp.take_along_axis(attention, last[:, None, None], axis=1)[:, 0]
+
+
+def _lfa_accumulated(scores, attention, query_positions, query_valid, gamma):
+  """LFA: `gamma^c * scores + sum_q gamma^(T - p_q) attention[q]` (module docstring)."""
+  count = jnp.sum(query_valid, axis=1)                                   # [rows]
+  last = jnp.max(jnp.where(query_valid, query_positions, jnp.iinfo(jnp.int32).min), axis=1)
+  gamma = jnp.float32(gamma)
+  distance = jnp.maximum(last[:, None] - query_positions, 0).astype(jnp.float32)
+  decay = jnp.where(query_valid, gamma ** distance, 0.0)                 # [rows, q]
+  added = jnp.einsum('rq,rqm->rm', decay, attention)
+  return gamma ** count.astype(jnp.float32)[:, None] * scores + added
+
+
+def update_scores(policy: EvictionPolicy, entries: MemoryEntries, attention_weights: jax.Array,
+                  query_positions: jax.Array, query_valid: jax.Array) -> MemoryEntries:
+  """Entries with scores updated by one chunk of queries (semantics: module docstring).
+
+  Args:
+    attention_weights: `[batch, heads, q, capacity]` softmax weights of the
+      chunk's queries over the memory slots, or a 0/1 usage mask for 'lru' /
+      'lfu' (`usage_from_topk`).
+    query_positions: `[batch, q]` int32; query_valid: `[batch, q]` bool.
+  Returns entries whose valid slots have new scores (invalid slots score 0).
+  """
+  if not policy.uses_scores:
+    return entries
+  weights, positions, valid = _rows_view(policy, attention_weights.astype(jnp.float32),
+                                         query_positions, query_valid, entries.rows)
+  valid_q = valid[:, None, :, None]                                      # [rows, 1, q, 1]
+  old = entries.scores
+  if policy.name in ('lru', 'lfu'):
+    used = (weights > 0) & valid_q                                       # [rows, h, q, m]
+    if policy.name == 'lfu':
+      new = old + jnp.sum(used, axis=(1, 2)).astype(jnp.float32)
+    else:
+      user_positions = jnp.where(used, positions[:, None, :, None], jnp.iinfo(jnp.int32).min)
+      latest = jnp.max(user_positions, axis=(1, 2))
+      new = jnp.where(jnp.any(used, axis=(1, 2)), latest.astype(jnp.float32), old)
+  else:
+    attention = jnp.sum(jnp.where(valid_q, weights, 0.0), axis=1)       # [rows, q, m]
+    if policy.name == 'lra':
+      pooled = _lra_pooled(attention, positions, valid, policy.pooling)
+      new = jnp.where(jnp.any(valid, axis=1)[:, None], pooled, old)
+    else:
+      new = _lfa_accumulated(old, attention, positions, valid, policy.gamma)
+  return entries.replace(scores=jnp.where(entries.valid, new, 0.0))
+
+
+def initial_scores(policy: EvictionPolicy, entries: MemoryEntries) -> jax.Array:
+  """`[rows]` score for new entries: mean - k * std of the valid scores (0 if none)."""
+  if not policy.uses_scores:
+    return jnp.zeros((entries.rows,), jnp.float32)
+  weight = entries.valid.astype(jnp.float32)
+  count = jnp.sum(weight, axis=1)
+  safe_count = jnp.maximum(count, 1.0)
+  mean = jnp.sum(weight * entries.scores, axis=1) / safe_count
+  variance = jnp.sum(weight * (entries.scores - mean[:, None]) ** 2, axis=1) / safe_count
+  score = mean - policy.init_std_multiplier * jnp.sqrt(variance)
+  return jnp.where(count > 0, score, 0.0)
+
+
+# ---------------------------------------------------------------- ranking
+
+
+def sink_flags(policy: EvictionPolicy, positions: jax.Array, valid: jax.Array) -> jax.Array:
+  """`[rows, n]` bool: the `num_sinks` valid entries with the smallest positions."""
+  if policy.name != 'sink' or policy.num_sinks == 0:
+    return jnp.zeros(positions.shape, bool)
+  big = jnp.iinfo(jnp.int32).max
+  keyed = jnp.where(valid, positions, big)
+  slots = jnp.broadcast_to(jnp.arange(positions.shape[1]), positions.shape)
+  _, order = jax.lax.sort((keyed, slots), dimension=1, num_keys=1)
+  rank = jnp.zeros_like(order).at[jnp.arange(order.shape[0])[:, None], order].set(slots)
+  return valid & (rank < policy.num_sinks)
+
+
+def eviction_keys(policy: EvictionPolicy, entries: MemoryEntries,
+                  is_new: jax.Array | None = None) -> tuple:
+  """Sort keys `[rows, n]` (lexicographic, ascending = evicted first)."""
+  if is_new is None:
+    is_new = jnp.zeros(entries.positions.shape, bool)
+  scores = entries.scores if policy.uses_scores else jnp.zeros_like(entries.scores)
+  return (entries.valid.astype(jnp.int32),
+          sink_flags(policy, entries.positions, entries.valid).astype(jnp.int32),
+          is_new.astype(jnp.int32),
+          scores.astype(jnp.float32),
+          entries.positions)
+
+
+def ranked_slots(keys: tuple) -> jax.Array:
+  """`[rows, n]` slot indices sorted by `keys`, first evicted first (stable)."""
+  slots = jnp.broadcast_to(jnp.arange(keys[0].shape[1], dtype=jnp.int32), keys[0].shape)
+  return jax.lax.sort(keys + (slots,), dimension=1, num_keys=len(keys))[-1]
+
+
+def eviction_order(policy: EvictionPolicy, entries: MemoryEntries) -> jax.Array:
+  """`[rows, capacity]`: the memory's slots in the order the policy would evict them."""
+  return ranked_slots(eviction_keys(policy, entries))
