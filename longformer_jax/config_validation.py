@@ -7,6 +7,8 @@ function runs in tests without devices.
 
 from typing import Optional
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -61,6 +63,11 @@ def validate_model(model: ml_collections.ConfigDict) -> None:
   relative_impl = model.get('relative_impl', 'shift')
   require(relative_impl in ('shift', 'gather'), 'model.relative_impl',
           f"must be 'shift' or 'gather', got {relative_impl!r}")
+  for i in range(model.num_layers):
+    layer = layer_config(model, i)
+    # Variants check their own keys when they build their memory (shapes only).
+    variant = attention_class(layer.attention)
+    jax.eval_shape(lambda: variant.init_state(layer, 1, jnp.float32))
 
 
 def validate_config(config: ml_collections.ConfigDict, device_count: Optional[int] = None) -> None:

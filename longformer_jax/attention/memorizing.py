@@ -1,0 +1,201 @@
+"""Memorizing Transformer attention (Wu et al., 2022): local attention + kNN memory.
+
+Each query attends to
+- its local context: the chunk (causal) and, with `mem_len > 0`, a FIFO cache
+  of the previous `mem_len` hidden states, with rotary positions exactly as
+  in attention/vanilla.py (optionally with the LM-Infinite distance cap
+  `rope_max_distance`, layers/capped_rotary.py);
+- its top-`knn_top_k` (key, value) pairs, per head, retrieved by dot product
+  from a key-value memory of the `knn_memory_size` most recent tokens of past
+  chunks (FIFO, memory/key_value.py). The memory is stop-gradient and holds
+  the keys before rotation: as in the paper, retrieved memories carry no
+  position encoding (their positions are kept, for masking only).
+
+The two results are combined per head by `knn_gate`:
+- 'learned' (the paper, section 3.2): g = sigmoid(b_g), one scalar b_g per
+  head (parameter `knn_gate`, initialised at 0), out = g * mem + (1 - g) * local;
+- 'fixed': g = `knn_gate_value` (no parameter); 'memory_only' is g = 1;
+- 'joint': no gate, one softmax over the local and the retrieved keys
+  together (no parameter).
+A query with no valid retrieved entry (an empty memory, a new document) uses
+its local result only (g = 0 for it), so the gate never scales the local
+output down for want of memories.
+
+Normalisation (`knn_normalize_qk`, the paper's remedy for stale keys):
+queries and keys are L2-normalised over head_dim in both the local and the
+memory attention, and the logits are multiplied by a learned per-head scale
+(`qk_scale`, initialised at `knn_qk_scale_init`) instead of 1/sqrt(head_dim).
+Off by default.
+
+The memory is cleared at document starts (`ctx.reset`), and entries of
+documents before the chunk's first document are dropped before retrieval,
+so a document that starts inside a chunk never reads its predecessor's
+memory (retrieved entries of another document are masked as well).
+
+Evaluation-time use of a model trained with `attention='vanilla'`: the
+query/key/value/out parameters have vanilla's names and shapes, and
+`knn_gate` in ('joint', 'fixed', 'memory_only') with `knn_normalize_qk=False`
+adds no parameter, so the vanilla checkpoint loads as is.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention import cached_context
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.dot_product import masked_softmax
+from longformer_jax.attention.masking import causal_document_mask
+from longformer_jax.config_errors import require
+from longformer_jax.layers.capped_rotary import capped_rotary_scores
+from longformer_jax.memory import fifo, key_value
+from longformer_jax.memory.policies import policy_from_name
+
+KNN_GATES = ('learned', 'fixed', 'memory_only', 'joint')
+KNN_METHODS = ('exact', 'approx')
+FIFO = policy_from_name('fifo')
+
+
+def check_knn_config(config) -> None:
+  """ConfigError naming the first bad `knn_*` key."""
+  size, top_k = config.get('knn_memory_size', 1024), config.get('knn_top_k', 32)
+  require(isinstance(size, int) and size > 0, 'model.knn_memory_size',
+          f'must be a positive integer, got {size!r}')
+  require(isinstance(top_k, int) and top_k > 0, 'model.knn_top_k',
+          f'must be a positive integer, got {top_k!r}')
+  require(config.get('knn_method', 'exact') in KNN_METHODS, 'model.knn_method',
+          f"must be one of {KNN_METHODS}, got {config.get('knn_method', 'exact')!r}")
+  recall = config.get('knn_recall_target', 0.95)
+  require(0.0 < recall <= 1.0, 'model.knn_recall_target', f'must be in (0, 1], got {recall}')
+  require(config.get('knn_gate', 'learned') in KNN_GATES, 'model.knn_gate',
+          f"must be one of {KNN_GATES}, got {config.get('knn_gate', 'learned')!r}")
+  gate_value = config.get('knn_gate_value', 0.5)
+  require(0.0 <= gate_value <= 1.0, 'model.knn_gate_value', f'must be in [0, 1], got {gate_value}')
+  require(config.get('knn_qk_scale_init', 16.0) > 0, 'model.knn_qk_scale_init',
+          f"must be > 0, got {config.get('knn_qk_scale_init', 16.0)}")
+
+
+def l2_normalize(x: jax.Array) -> jax.Array:
+  """`[..., head_dim]` scaled to unit L2 norm (in float32, back to x's dtype)."""
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
+
+
+class MemorizingAttention(nn.Module):
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`.
+
+  `state = {'local': FifoMemory of hidden states [b, mem_len, d_model],
+  'knn': key-value MemoryEntries [b, knn_memory_size, heads, head_dim]}`.
+  """
+  num_heads: int
+  head_dim: int
+  d_model: int
+  top_k: int = 32
+  method: str = 'exact'
+  recall_target: float = 0.95
+  gate: str = 'learned'
+  gate_value: float = 0.5
+  normalize_qk: bool = False
+  qk_scale_init: float = 16.0
+  rope_max_distance: int = -1
+  dtype: jnp.dtype = jnp.float32
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    check_knn_config(config)
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               top_k=config.get('knn_top_k', 32), method=config.get('knn_method', 'exact'),
+               recall_target=config.get('knn_recall_target', 0.95),
+               gate=config.get('knn_gate', 'learned'), gate_value=config.get('knn_gate_value', 0.5),
+               normalize_qk=config.get('knn_normalize_qk', False),
+               qk_scale_init=config.get('knn_qk_scale_init', 16.0),
+               rope_max_distance=config.get('rope_max_distance', -1), dtype=dtype, name=name)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32) -> dict:
+    """An empty local cache (`mem_len` hidden states) and an empty kNN memory."""
+    check_knn_config(config)
+    return {
+        'local': fifo.create(batch_size, config.mem_len, (config.d_model,), dtype),
+        'knn': key_value.create(batch_size, config.get('knn_memory_size', 1024), config.num_heads,
+                                config.head_dim, dtype),
+    }
+
+  def _logit_scale(self):
+    """`[heads]` multiplier of q.k: learned with normalised q, k; else 1/sqrt(head_dim)."""
+    if self.normalize_qk:
+      init = nn.with_logical_partitioning(nn.initializers.constant(self.qk_scale_init), ('heads',))
+      return self.param('qk_scale', init, (self.num_heads,), jnp.float32)
+    return jnp.full((self.num_heads,), 1.0 / jnp.sqrt(self.head_dim), jnp.float32)
+
+  def _memory_gate(self):
+    """`[heads]` weight g of the memory result (None for 'joint')."""
+    if self.gate == 'learned':
+      init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('heads',))
+      return jax.nn.sigmoid(self.param('knn_gate', init, (self.num_heads,), jnp.float32))
+    if self.gate == 'fixed':
+      return jnp.full((self.num_heads,), self.gate_value, jnp.float32)
+    if self.gate == 'memory_only':
+      return jnp.ones((self.num_heads,), jnp.float32)
+    return None
+
+  def _retrieve(self, memory, q: jax.Array, ctx: AttentionContext):
+    """Top-k per head for `q [b, c, h, d]` -> (keys/values `[b, c, h, k, d]`, mask `[b, h, c, k]`)."""
+    found = key_value.retrieve(memory, jax.lax.stop_gradient(q), self.top_k, method=self.method,
+                               recall_target=self.recall_target)
+    mask = found.valid & (found.segment_ids == ctx.segment_ids[:, :, None, None])
+    mask &= found.positions <= ctx.positions[:, :, None, None]
+    return found.keys, found.values, jnp.moveaxis(mask, 2, 1)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state: dict, ctx: AttentionContext):
+    context, new_local = cached_context.memory_and_chunk(state['local'], x, ctx)
+    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    k = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'key', self.dtype)
+    v = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'value', self.dtype)
+    if self.normalize_qk:
+      q, k = l2_normalize(q), l2_normalize(k)
+    scale = self._logit_scale()[None, :, None, None].astype(self.dtype)
+
+    local_logits = capped_rotary_scores(q, k, ctx.positions, context.positions,
+                                        self.rope_max_distance) * scale
+    local_mask = causal_document_mask(ctx.positions, ctx.segment_ids, context.positions,
+                                      context.segment_ids, context.valid)[:, None]
+    memory = key_value.clear_rows(state['knn'], ctx.reset)
+    # Entries of documents before the chunk's first one serve no query here.
+    memory = memory.replace(valid=memory.valid & (memory.segment_ids == ctx.segment_ids[:, :1]))
+    mem_keys, mem_values, mem_mask = self._retrieve(memory, q, ctx)
+    mem_logits = jnp.einsum('bqhd,bqhkd->bhqk', q, mem_keys.astype(self.dtype)) * scale
+    mem_values = mem_values.astype(self.dtype)
+
+    gate = self._memory_gate()
+    if gate is None:
+      # One softmax over [local keys; retrieved keys].
+      weights = masked_softmax(jnp.concatenate([local_logits, mem_logits], axis=-1),
+                               jnp.concatenate([jnp.broadcast_to(local_mask, local_logits.shape),
+                                                mem_mask], axis=-1)).astype(self.dtype)
+      local_w, mem_w = jnp.split(weights, [local_logits.shape[-1]], axis=-1)
+      out = (jnp.einsum('bhqk,bkhd->bqhd', local_w, v)
+             + jnp.einsum('bhqk,bqhkd->bqhd', mem_w, mem_values))
+    else:
+      local_out = jnp.einsum('bhqk,bkhd->bqhd',
+                             masked_softmax(local_logits, local_mask).astype(self.dtype), v)
+      mem_out = jnp.einsum('bhqk,bqhkd->bqhd',
+                           masked_softmax(mem_logits, mem_mask).astype(self.dtype), mem_values)
+      # Wu et al. (2022), section 3.2: V_a = V_m * g + V_c * (1 - g), g = sigmoid(b_g);
+      # queries with nothing retrieved keep the local result.
+      g = gate[None, None, :, None] * jnp.moveaxis(mem_mask.any(-1), 1, 2)[..., None]
+      out = g.astype(self.dtype) * mem_out + (1 - g).astype(self.dtype) * local_out
+    out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
+
+    chunk_len = x.shape[1]
+    new_entries = key_value.entries_from_chunk(
+        jax.lax.stop_gradient(k[:, -chunk_len:]), jax.lax.stop_gradient(v[:, -chunk_len:]),
+        ctx.positions, ctx.segment_ids, ctx.valid)
+    new_memory, _ = key_value.insert(memory, new_entries, FIFO)
+    aux = {'knn_memory_fill': jnp.mean(memory.valid.astype(jnp.float32))}
+    if gate is not None:
+      aux['knn_gate'] = jnp.mean(gate)
+    y = cached_context.project_output(out, self.d_model, self.dtype)
+    return y, {'local': new_local, 'knn': new_memory}, aux

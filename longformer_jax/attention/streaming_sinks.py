@@ -1,0 +1,190 @@
+"""StreamingLLM attention: attention sinks plus a rolling window (Xiao et al., 2023).
+
+Every query attends to
+- the `num_sinks` first tokens of its document (the "attention sinks"), and
+- the `sink_window` most recent tokens of its document, itself included,
+exactly what a token-by-token StreamingLLM decoder with a KV cache of
+`num_sinks + sink_window` entries sees. Both rules compare positions
+(DESIGN.md, contract 2): a key is a window key iff 0 <= p_q - p_k < w, and a
+sink iff p_k - d_q < s, where d_q is the position of the query's document
+start.
+
+Positions inside the cache (section 3.2 of the paper): RoPE positions are the
+entries' ranks in the cache, not their text positions. For a query whose
+cache has dropped `gap` tokens between the sinks and the window,
+  gap_q = max(0, (p_q - w + 1) - (d_q + s)),
+a window key is at rotary distance p_q - p_k (the window is contiguous) and a
+sink outside the window at distance p_q - gap_q - p_k. RoPE's score depends
+only on that distance, so this is computed exactly with two query rotations
+(at p_q and at p_q - gap_q), one score matrix each, picked per (query, key)
+pair. `sink_positions='original'` uses the text positions instead (gap 0),
+for the paper's ablation.
+
+State (all stop-gradient, pre-rotation keys and values):
+- `window`: a FIFO of the `sink_window - 1` most recent tokens
+  (`values [batch, w - 1, heads, 2 * head_dim]`: keys then values per head);
+- `sinks`: `[batch, num_sinks, heads, 2 * head_dim]`, slot o holds the token at
+  offset o of the row's current (latest) document once it has arrived;
+- `doc_start`, `last_segment`: `[batch]` int32, the current document's first
+  position and segment id, so that a document starting in the middle of a
+  chunk (no `reset` flag) gets its own sinks.
+
+The query/key/value/out projections are vanilla's (same names and shapes),
+so a model trained with `attention='vanilla'` runs with this layer at
+evaluation time.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention import cached_context
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.dot_product import attend
+from longformer_jax.config_errors import require
+from longformer_jax.layers.capped_rotary import rotary_scores
+from longformer_jax.layers.positional import apply_rotary
+from longformer_jax.memory import fifo
+
+SINK_POSITION_MODES = ('cache', 'original')
+
+
+def check_sink_config(config) -> None:
+  """ConfigError for bad `num_sinks`, `sink_window`, `sink_positions`."""
+  num_sinks = config.get('num_sinks', 4)
+  window = config.get('sink_window', 256)
+  require(isinstance(num_sinks, int) and num_sinks >= 0, 'model.num_sinks',
+          f'must be an integer >= 0, got {num_sinks!r}')
+  require(isinstance(window, int) and window >= 1, 'model.sink_window',
+          f'must be an integer >= 1 (the query itself counts), got {window!r}')
+  mode = config.get('sink_positions', 'cache')
+  require(mode in SINK_POSITION_MODES, 'model.sink_positions',
+          f'must be one of {SINK_POSITION_MODES}, got {mode!r}')
+
+
+def document_starts(ctx: AttentionContext, doc_start: jax.Array,
+                    last_segment: jax.Array) -> jax.Array:
+  """`[batch, chunk]` position of each token's document start.
+
+  A token starts a document when its segment id differs from the previous
+  token's (the previous chunk's last one for the first token; none after a
+  reset). Positions increase along the chunk, so a running max carries it.
+  """
+  previous = jnp.where(ctx.reset, -1, last_segment)[:, None]
+  previous = jnp.concatenate([previous, ctx.segment_ids[:, :-1]], axis=1)
+  starts = ctx.segment_ids != previous
+  carried = jnp.where(ctx.reset, jnp.iinfo(jnp.int32).min, doc_start)[:, None]
+  return jax.lax.cummax(jnp.where(starts, ctx.positions, carried), axis=1)
+
+
+def updated_sinks(sinks: fifo.FifoMemory, chunk: fifo.FifoMemory, chunk_doc_start: jax.Array,
+                  num_sinks: int) -> fifo.FifoMemory:
+  """Slot o := the token at offset o of the chunk's last document (or kept / invalid).
+
+  Args:
+    sinks: the store before the chunk, `[batch, s, ...]`.
+    chunk: the chunk's entries `[batch, chunk, ...]`.
+    chunk_doc_start: `[batch, chunk]` document start of each token.
+  """
+  last_segment = chunk.segment_ids[:, -1]
+  wanted = chunk_doc_start[:, -1:] + jnp.arange(num_sinks)[None, :]       # [b, s]
+  match = ((chunk.positions[:, None, :] == wanted[:, :, None])
+           & (chunk.segment_ids[:, None, :] == last_segment[:, None, None])
+           & chunk.valid[:, None, :])                                     # [b, s, chunk]
+  in_chunk = match.any(axis=-1)
+  index = jnp.argmax(match, axis=-1)
+  from_chunk = jax.tree_util.tree_map(
+      lambda a: jnp.take_along_axis(a, index.reshape(index.shape + (1,) * (a.ndim - 2)), axis=1),
+      chunk)
+  keep_old = sinks.valid & (sinks.segment_ids == last_segment[:, None])
+  pick = lambda new, old: jnp.where(in_chunk.reshape(in_chunk.shape + (1,) * (new.ndim - 2)),
+                                    new, old.astype(new.dtype))
+  merged = jax.tree_util.tree_map(pick, from_chunk, sinks)
+  return merged.replace(valid=in_chunk | keep_old)
+
+
+class StreamingSinkAttention(nn.Module):
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
+  num_heads: int
+  head_dim: int
+  d_model: int
+  num_sinks: int = 4
+  window: int = 256
+  sink_positions: str = 'cache'
+  dtype: jnp.dtype = jnp.float32
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    check_sink_config(config)
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               num_sinks=config.get('num_sinks', 4), window=config.get('sink_window', 256),
+               sink_positions=config.get('sink_positions', 'cache'), dtype=dtype, name=name)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32) -> dict:
+    """Empty sink store and window; no current document."""
+    check_sink_config(config)
+    features = (config.num_heads, 2 * config.head_dim)
+    return {
+        'sinks': fifo.create(batch_size, config.get('num_sinks', 4), features, dtype),
+        'window': fifo.create(batch_size, config.get('sink_window', 256) - 1, features, dtype),
+        'doc_start': jnp.zeros((batch_size,), jnp.int32),
+        'last_segment': jnp.full((batch_size,), -1, jnp.int32),
+    }
+
+  def _mask_and_far(self, ctx, doc_start, keys: fifo.FifoMemory, num_past: int):
+    """Allowed `[b, q, k]` pairs and which of them are out-of-window sinks.
+
+    `keys` is [sink store (s); window FIFO (w - 1); chunk]: the store is used
+    only outside the window, the FIFO only inside it (so a token in both is
+    counted once), the chunk's own tokens by either rule.
+    """
+    distance = ctx.positions[:, :, None] - keys.positions[:, None, :]
+    same_doc = keys.valid[:, None, :] & (ctx.segment_ids[:, :, None] == keys.segment_ids[:, None, :])
+    in_window = (distance >= 0) & (distance < self.window)
+    is_sink = ((distance >= 0)
+               & (keys.positions[:, None, :] - doc_start[:, :, None] < self.num_sinks))
+    slot = jnp.arange(keys.capacity)[None, None, :]
+    from_store, from_fifo = slot < self.num_sinks, (slot >= self.num_sinks) & (slot < num_past)
+    allowed = same_doc & jnp.where(from_store, is_sink & ~in_window,
+                                   jnp.where(from_fifo, in_window, in_window | is_sink))
+    return allowed, allowed & ~in_window
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state: dict, ctx: AttentionContext):
+    sinks = fifo.clear_rows(state['sinks'], ctx.reset)
+    window = fifo.clear_rows(state['window'], ctx.reset)
+    doc_start = document_starts(ctx, state['doc_start'], state['last_segment'])   # [b, c]
+
+    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    k = cached_context.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
+    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
+    chunk = cached_context.chunk_entries(jnp.concatenate([k, v], axis=-1), ctx)
+    keys = fifo.concat(fifo.concat(jax.lax.stop_gradient(sinks), jax.lax.stop_gradient(window)),
+                       chunk)
+    allowed, far = self._mask_and_far(ctx, doc_start, keys, sinks.capacity + window.capacity)
+    all_k, all_v = jnp.split(keys.values, 2, axis=-1)
+
+    origin = ctx.positions[:, :1]
+    k_rot = apply_rotary(all_k, keys.positions - origin)
+    logits = rotary_scores(apply_rotary(q, ctx.positions - origin), k_rot)
+    if self.sink_positions == 'cache':
+      # Sinks sit right before the window in the cache: the dropped tokens
+      # between them do not count (Xiao et al., 2023, section 3.2).
+      gap = jnp.maximum(0, ctx.positions - self.window + 1 - (doc_start + self.num_sinks))
+      sink_logits = rotary_scores(apply_rotary(q, ctx.positions - gap - origin), k_rot)
+      logits = jnp.where(far[:, None], sink_logits, logits)
+    logits = logits / jnp.sqrt(self.head_dim).astype(self.dtype)
+    out = attend(logits, allowed, all_v)
+    out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
+
+    stored = jax.lax.stop_gradient(chunk)
+    new_window, _ = fifo.insert(window, stored)
+    new_state = {
+        'sinks': updated_sinks(sinks, stored, doc_start, self.num_sinks),
+        'window': new_window,
+        'doc_start': doc_start[:, -1],
+        'last_segment': ctx.segment_ids[:, -1],
+    }
+    return cached_context.project_output(out, self.d_model, self.dtype), new_state, {}
