@@ -11,6 +11,16 @@ the command line. Memory length is a free choice at evaluation time
 (Transformer-XL evaluates with a longer memory than it trained with; 0 means
 no memory). Prints a table and writes `DIR/eval/metrics.json` and, for
 several memory lengths, `DIR/eval/bits_per_byte_vs_mem_len.png`.
+
+Memory sweep: the memory variant, size and eviction policy are free choices
+too (a model trained with vanilla attention and no memory, evaluated with an
+Attendre / Memorizing / StreamingLLM memory), swept in one command:
+
+  python eval.py --config=configs/short_context.py --workdir=DIR \
+      --config.eval.memory_sweep='variant=attendre;policy=fifo,lra_max,lfa;memory_size=128,512'
+
+writes `DIR/eval/memory_sweep.{json,md,png}` (longformer_jax/train/memory_sweep.py
+documents the flag) instead of metrics.json.
 """
 
 import json
@@ -25,12 +35,13 @@ import jax
 import ml_collections
 
 from longformer_jax.command_line import define_flags
-from longformer_jax.config_validation import parse_int_list, validate_config
+from longformer_jax.config_validation import parse_int_list, validate_config, validate_model
 from longformer_jax.data.corpus import load_corpus, make_tokenizer, tokenize_documents
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import initialization
 from longformer_jax.train.checkpointing import Checkpointer
+from longformer_jax.train import memory_sweep
 from longformer_jax.train.evaluation import Evaluator
 from longformer_jax.train.optimizer import make_optimizer
 from longformer_jax.train.quiet_logs import show_own_info_only
@@ -100,6 +111,9 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   mesh = make_mesh(config.parallel.mesh_shape)
   rules = config.parallel.logical_axis_rules
   params, param_shardings, step = restore_params(config, tokenizer, workdir, mesh, rules)
+  if config.eval.get('memory_sweep', ''):
+    return evaluate_memory_sweep(config, workdir, tokenizer, documents, mesh, rules, params,
+                                 param_shardings, step)
 
   rows = []
   for mem_len in mem_lens:
@@ -125,6 +139,42 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
           f'{config.model.attention} attention:')
     print(markdown_table(rows))
   return result
+
+
+def sweep_model_config(config, tokenizer, point) -> ml_collections.FrozenConfigDict:
+  """The eval-time model of one sweep point, checked (every layer's settings) before use."""
+  model_config = lm_model_config(config.model, tokenizer.vocab_size,
+                                 **memory_sweep.model_overrides(point, config.model))
+  validate_model(model_config)
+  jax.eval_shape(lambda: DecoderLM.init_state(model_config, 1))
+  return model_config
+
+
+def evaluate_memory_sweep(config, workdir: str, tokenizer, documents, mesh, rules, params,
+                          param_shardings, step: int) -> dict:
+  """`config.eval.memory_sweep`: one evaluation per point; writes the table and the plot."""
+  points = memory_sweep.parse_sweep(config.eval.memory_sweep,
+                                    config.eval.chunk_len or config.data.chunk_len)
+  model_configs = {point: sweep_model_config(config, tokenizer, point) for point in points}
+
+  def evaluate_point(point):
+    evaluator = Evaluator(model_configs[point], tokenizer, batch_size=config.data.eval_batch_size,
+                          chunk_len=point.chunk, mesh=mesh, rules=rules,
+                          param_shardings=param_shardings)
+    metrics = evaluator.evaluate(params, documents, config.eval.max_tokens)
+    logging.info('%s: %.4f bits/byte', point.describe(), metrics['bits_per_byte'])
+    return metrics
+
+  rows = memory_sweep.run_sweep(points, evaluate_point)
+  header = dict(checkpoint_step=step, split=config.eval.split,
+                trained_attention=config.model.attention, trained_chunk=config.data.chunk_len,
+                corpus=config.data.corpus)
+  if jax.process_index() == 0:
+    title = f'{config.model.attention}-trained, step {step}, {config.eval.split}'
+    memory_sweep.write_sweep(rows, os.path.join(workdir, 'eval'), title, header)
+    print(f'{config.eval.split} split, checkpoint step {step}, memory sweep:')
+    print(memory_sweep.markdown_table(rows))
+  return dict(header, memory_sweep=rows)
 
 
 def main(argv):

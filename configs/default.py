@@ -93,4 +93,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval.mem_lens = ''               # comma list, e.g. '0,128,512'; '' = training mem_len
   c.eval.max_tokens = 0              # 0: the whole split
   c.eval.step = -1                   # -1: latest checkpoint
+  # Eval-time memory sweep, e.g. 'variant=attendre;policy=fifo,lra_max;memory_size=128,512'
+  # (longformer_jax/train/memory_sweep.py); '' = off.
+  c.eval.memory_sweep = ''
   return c

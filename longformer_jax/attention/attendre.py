@@ -1,0 +1,272 @@
+"""Attendre attention: wait to attend by retrieval with evicted queries.
+
+Yang & Hua et al. (2024), "Attendre: Wait to attend by retrieval with evicted
+queries in memory-based transformers for long context processing". Two
+memories per layer and row:
+
+- a data-only FIFO **Q memory** of the last `q_memory_size` (N) queries
+  (`memory/fifo.py`: a shift register, so queries leave it in stream order,
+  exactly N positions after they came in);
+- a **K/V memory** of `memory_size` (M) keys and values with any eviction
+  policy (`memory/key_value.py`, `memory/policies.py`: fifo, lru, lfu,
+  lra_{last,max,sum}, lfa with decay, sink).
+
+Each step (a chunk of C tokens):
+ 1. the chunk's queries go into the Q memory; the C queries it evicts are
+    the ones that attend now (with N = 0: the chunk's own queries);
+ 2. K/V entries that no pending query can attend to any more are dropped
+    (documents whose queries have all been answered: see
+    `forget_finished_documents`);
+ 3. the evicted queries attend to [K/V memory; the chunk's keys]: every
+    memory entry, or (`memory_top_k = k > 0`) only the k memory entries with
+    the highest attention logit per (query, head), plus the chunk. The memory
+    may hold keys that come after a delayed query: with `causal=False` it sees
+    them (bidirectional); with `causal=True` the position rule masks them;
+ 4. the policy folds the attention weights on the memory into its scores
+    (LRA/LFA use the weights, LRU/LFU a used-or-not mask), then the chunk's
+    keys and values are inserted (new entries score mean - k*std, the paper's
+    initial score) and the victims are evicted.
+
+Delay: the output of a step is the attention output of the *evicted* queries,
+so `y[:, j]` belongs to position `ctx.positions[:, j] - N` (a continuous
+stream). A stack of such layers is time-shifted: `models/attendre_delay.py`.
+To finish an input, run the remaining queries out with `flush` (one extra
+step whose chunk is N padding tokens: it evicts all N queries at once) or
+`drain` (padding chunks of the usual length). Padding tokens (`valid`
+False) enter the Q memory as invalid queries (their outputs are zero rows)
+and never displace valid K/V entries (the insert ranks invalid entries
+first).
+
+Positions: RoPE relative to the chunk's first position (as vanilla does)
+through `layers/capped_rotary.py`, with the
+LM-Infinite distance cap `rope_max_distance` (L; -1 = plain RoPE): scores
+are `q_i^T R(min(p_i - p_j, L)) k_j` (and `max(., -L)` for future keys when
+bidirectional). Keys and values are stored before rotation, stop-gradient.
+
+Documents: a row's Q memory is never cleared (its queries are still owed an
+output); a K/V entry is dropped once every pending query comes from a later
+document (segment id), or lies at/after the row's latest `reset`. With
+N = 0 this is exactly clearing the memory at a reset. With N > 0 the next
+document's first chunks share the K/V memory with the previous document's
+last pending queries (each only attends to its own document, but they
+compete for slots): documents are independent when each is followed by a
+flush or drain before the next one starts.
+
+Decoder use: with `causal=False` and N > 0 a query sees keys after it, so in
+a language model that would leak the targets; LM evaluation uses N = 0
+(eviction policies only) or `causal=True`. An encoder, or a decoder over its
+prompt (prefix), uses `causal=False`.
+
+Parameters are vanilla's (`query`, `key`, `value`, `out`, same shapes), so a
+model trained with `attention='vanilla'` runs with this layer at evaluation
+time.
+
+Config keys (per layer, all optional): `memory_size` (M, 128),
+`q_memory_size` (N, 0), `memory_policy` and the policy's keys (see
+`memory/policies.py make_policy`; per-head scores are not supported: eviction
+is per token, all heads together), `memory_top_k` (0 = all entries),
+`memory_top_k_method` ('exact' | 'approx'), `memory_recall_target` (0.95),
+`rope_max_distance` (-1), `causal` (True).
+"""
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention import cached_context
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.dot_product import masked_softmax
+from longformer_jax.attention.masking import causal_document_mask
+from longformer_jax.config_errors import require
+from longformer_jax.layers.capped_rotary import capped_rotary_scores
+from longformer_jax.memory import fifo, key_value, policies
+from longformer_jax.memory.entries import MemoryEntries
+from longformer_jax.memory.sharded_retrieval import METHODS, top_k
+
+_INT32_MIN = jnp.iinfo(jnp.int32).min
+_INT32_MAX = jnp.iinfo(jnp.int32).max
+
+
+@flax.struct.dataclass
+class AttendreState:
+  """One layer's memories; leaves `[batch, ...]`.
+
+  Attributes:
+    queries: Q memory, `values [batch, N, heads, head_dim]` (unrotated queries).
+    memory: K/V memory, data `{'keys', 'values'}: [batch, M, heads, head_dim]`.
+    document_start: `[batch]` int32 position of the row's latest reset.
+  """
+  queries: fifo.FifoMemory
+  memory: MemoryEntries
+  document_start: jax.Array
+
+
+def check_attendre_config(config) -> None:
+  """ConfigError for bad Attendre settings (policy settings: `policies.make_policy`)."""
+  for key, low in (('memory_size', 0), ('q_memory_size', 0), ('memory_top_k', 0)):
+    value = config.get(key, {'memory_size': 128}.get(key, 0))
+    require(isinstance(value, int) and value >= low, f'model.{key}',
+            f'must be an integer >= {low}, got {value!r}')
+  method = config.get('memory_top_k_method', 'exact')
+  require(method in METHODS, 'model.memory_top_k_method',
+          f'must be one of {METHODS}, got {method!r}')
+  require(not config.get('per_head_scores', False), 'model.per_head_scores',
+          'Attendre evicts tokens (all heads together); per-head scores are not supported')
+  rope_max_distance = config.get('rope_max_distance', -1)
+  require(isinstance(rope_max_distance, int), 'model.rope_max_distance',
+          f'must be an integer (-1: no cap), got {rope_max_distance!r}')
+  policies.make_policy(config)
+
+
+def pending_queries(queries: fifo.FifoMemory, chunk: fifo.FifoMemory) -> fifo.FifoMemory:
+  """The queries still owed an output at this step: the Q memory and the chunk's."""
+  return fifo.concat(queries, chunk)
+
+
+def forget_finished_documents(memory: MemoryEntries, pending: fifo.FifoMemory,
+                              document_start: jax.Array) -> MemoryEntries:
+  """Drops the K/V entries that no pending query may attend to any more.
+
+  An entry goes when some query is pending and every pending query is from a
+  later document (larger segment id), or the row's latest reset lies at or
+  before every pending query and the entry before it. Rows with no valid
+  pending query (all padding) keep their memory.
+
+  Args:
+    memory: K/V entries `[batch, M]`.
+    pending: `[batch, P]` queries not yet answered (this step's included).
+    document_start: `[batch]` position of the row's latest reset.
+  """
+  any_pending = jnp.any(pending.valid, axis=1)[:, None]
+  oldest_segment = jnp.min(jnp.where(pending.valid, pending.segment_ids, _INT32_MAX), axis=1)
+  oldest_position = jnp.min(jnp.where(pending.valid, pending.positions, _INT32_MAX), axis=1)
+  older_document = memory.segment_ids < oldest_segment[:, None]
+  before_reset = ((memory.positions < document_start[:, None])
+                  & (document_start <= oldest_position)[:, None])
+  drop = any_pending & (older_document | before_reset)
+  return memory.replace(valid=memory.valid & ~drop, scores=jnp.where(drop, 0.0, memory.scores))
+
+
+def keep_top_k(logits: jax.Array, allowed: jax.Array, k: int, method: str,
+               recall_target: float) -> jax.Array:
+  """`[b, h, q, M]` mask: the k allowed memory entries with the highest logit.
+
+  Args:
+    logits: `[b, h, q, M]` attention logits of the memory entries.
+    allowed: `[b, q, M]` the position/document mask.
+  """
+  masked = jnp.where(allowed[:, None], logits.astype(jnp.float32), -jnp.inf)
+  values, indices = top_k(masked, min(k, masked.shape[-1]), method, recall_target)
+  kept = policies.usage_from_topk(indices, masked.shape[-1], jnp.isfinite(values))
+  return (kept > 0) & allowed[:, None]
+
+
+class AttendreAttention(nn.Module):
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`.
+
+  `y[:, j]` is the output for the query evicted at slot j (position
+  `ctx.positions[:, j] - q_memory_size` on a continuous stream).
+  """
+  num_heads: int
+  head_dim: int
+  d_model: int
+  memory_size: int = 128
+  q_memory_size: int = 0
+  policy: policies.EvictionPolicy = policies.EvictionPolicy('fifo')
+  top_k: int = 0
+  top_k_method: str = 'exact'
+  recall_target: float = 0.95
+  rope_max_distance: int = -1
+  causal: bool = True
+  dtype: jnp.dtype = jnp.float32
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    check_attendre_config(config)
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               memory_size=config.get('memory_size', 128),
+               q_memory_size=config.get('q_memory_size', 0),
+               policy=policies.make_policy(config),
+               top_k=config.get('memory_top_k', 0),
+               top_k_method=config.get('memory_top_k_method', 'exact'),
+               recall_target=float(config.get('memory_recall_target', 0.95)),
+               rope_max_distance=config.get('rope_max_distance', -1),
+               causal=config.get('causal', True), dtype=dtype, name=name)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+    """Empty Q memory (N queries) and K/V memory (M entries) per row."""
+    check_attendre_config(config)
+    heads = (config.num_heads, config.head_dim)
+    return AttendreState(
+        queries=fifo.create(batch_size, config.get('q_memory_size', 0), heads, dtype),
+        memory=key_value.create(batch_size, config.get('memory_size', 128), *heads, dtype),
+        document_start=jnp.full((batch_size,), _INT32_MIN, jnp.int32))
+
+  def attend(self, queries: fifo.FifoMemory, memory: MemoryEntries, chunk: MemoryEntries,
+             origin: jax.Array):
+    """Evicted queries over [memory; chunk].
+
+    Args:
+      queries: `[b, q]` evicted queries, values `[b, q, h, d]` unrotated.
+      memory: `[b, M]` K/V entries; chunk: `[b, C]` this chunk's K/V entries.
+      origin: `[b, 1]` positions are rotated relative to it (small angles keep
+        float32 exact on long streams; scores depend only on differences).
+    Returns:
+      `(out [b, q, h, d], memory_weights [b, h, q, M] float32)`.
+    """
+    keys = jnp.concatenate([memory.data['keys'], chunk.data['keys'].astype(self.dtype)], axis=1)
+    values = jnp.concatenate([memory.data['values'], chunk.data['values'].astype(self.dtype)],
+                             axis=1)
+    positions = jnp.concatenate([memory.positions, chunk.positions], axis=1)
+    segments = jnp.concatenate([memory.segment_ids, chunk.segment_ids], axis=1)
+    valid = jnp.concatenate([memory.valid, chunk.valid], axis=1)
+    q = queries.values.astype(self.dtype)
+    scores = capped_rotary_scores(q, keys, queries.positions - origin, positions - origin,
+                                  self.rope_max_distance, bidirectional=not self.causal)
+    logits = scores / jnp.sqrt(self.head_dim).astype(scores.dtype)
+    allowed = causal_document_mask(queries.positions, queries.segment_ids, positions, segments,
+                                   valid, causal=self.causal) & queries.valid[:, :, None]
+    capacity = memory.capacity
+    mask = jnp.broadcast_to(allowed[:, None], logits.shape)
+    if self.top_k > 0 and capacity > 0:
+      kept = keep_top_k(logits[..., :capacity], allowed[..., :capacity], self.top_k,
+                        self.top_k_method, self.recall_target)
+      mask = jnp.concatenate([kept, mask[..., capacity:]], axis=-1)
+    weights = masked_softmax(logits, mask)
+    out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(values.dtype), values)
+    return out, weights[..., :capacity]
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state: AttendreState, ctx: AttentionContext):
+    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    k = cached_context.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
+    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
+    # 1. Q memory: the chunk's queries in, the oldest C out (Attendre, sec. 3).
+    chunk_queries = fifo.FifoMemory(values=q, positions=ctx.positions,
+                                    segment_ids=ctx.segment_ids, valid=ctx.valid)
+    state_queries = jax.lax.stop_gradient(state.queries)
+    pending = pending_queries(state_queries, chunk_queries)
+    queries, evicted = fifo.insert(state_queries, chunk_queries)
+    # 2. Forget documents no pending query belongs to.
+    document_start = jnp.where(ctx.reset, ctx.positions[:, 0], state.document_start)
+    memory = forget_finished_documents(jax.lax.stop_gradient(state.memory), pending,
+                                       document_start)
+    # 3. Attend: the evicted queries over [K/V memory; chunk].
+    chunk = key_value.entries_from_chunk(k, v, ctx.positions, ctx.segment_ids, ctx.valid)
+    out, memory_weights = self.attend(evicted, memory, chunk, ctx.positions[:, :1])
+    # 4. Score the memory by what it was given, then insert the chunk.
+    usage = memory_weights
+    if self.policy.name in ('lru', 'lfu'):
+      usage = (memory_weights > 0).astype(jnp.float32)
+    memory = policies.update_scores(self.policy, memory, usage, evicted.positions,
+                                    evicted.valid)
+    memory, _ = key_value.insert(memory, jax.lax.stop_gradient(chunk), self.policy)
+    out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
+    y = cached_context.project_output(out, self.d_model, self.dtype)
+    aux = {'memory_occupancy': jnp.mean(memory.valid.astype(jnp.float32))}
+    new_state = AttendreState(queries=jax.lax.stop_gradient(queries), memory=memory,
+                              document_start=document_start)
+    return y, new_state, aux

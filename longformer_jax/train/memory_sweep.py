@@ -1,0 +1,240 @@
+"""Evaluation-time memory sweeps: one trained model, many memories.
+
+A model trained without memory (the Attendre paper's setting: vanilla RoPE
+attention, short chunks, `mem_len = 0`) is evaluated with a memory variant,
+size and eviction policy chosen at evaluation time. The eval-time layers
+reuse vanilla's parameter names (`query`, `key`, `value`, `out`), so the
+checkpoint loads unchanged. `eval.memory_sweep` is one string:
+
+  'variant=attendre;policy=fifo,sink,lra_max,lfa;memory_size=128,256,512;q_memory_size=0;chunk=128'
+
+`;` separates settings, `,` separates the values of one setting, and the
+sweep evaluates every combination (the cartesian product). Settings:
+
+- `variant`: attendre (the K/V memory with any policy), memorizing (kNN
+  memory, FIFO, `knn_gate='joint'` unless given: no extra parameter),
+  streaming_sinks (StreamingLLM), vanilla (a FIFO cache of hidden states).
+- `policy`: an eviction policy name of memory/policies.py (fifo, lru, lfu,
+  lra_last, lra_max, lra_sum, lfa, sink); 'sink' keeps `num_sinks` (4 unless
+  given) first tokens. memorizing and vanilla are FIFO; streaming_sinks is
+  'sink'.
+- `memory_size` (M): attendre `memory_size`; memorizing `knn_memory_size`;
+  vanilla `mem_len`; streaming_sinks `sink_window = chunk + M - num_sinks`
+  (the last query of a chunk then sees M + chunk keys, as with attendre).
+- `q_memory_size` (N): attendre only. A decoder LM must use 0: delayed
+  queries would see (and, bidirectional, leak) the tokens they predict, and
+  their outputs would be N positions late; the sweep refuses N > 0.
+- `chunk`: the evaluation chunk length (default `eval.chunk_len`, else the
+  training one).
+- any other key is a model config key set on every layer, e.g.
+  `rope_max_distance=63` (LM-Infinite cap), `memory_top_k=32`,
+  `lfa_gamma=0.9`, `init_std_multiplier=1`, `num_sinks=4`; values are read as
+  int, then float, then bool ('true'/'false'), then str.
+
+Results: one row per point with `variant`, `policy`, `memory_size`,
+`q_memory_size`, `chunk`, the extra settings, `bits_per_byte`, `loss`,
+`bits_per_token`, `perplexity`, `tokens`, `bytes`. `write_sweep` writes them
+as JSON, a Markdown table, and a plot of bits per byte against memory size
+with one line per (variant, policy, other settings).
+"""
+
+import dataclasses
+import itertools
+import json
+import os
+
+from longformer_jax.config_errors import ConfigError, require
+
+SWEEP_KEY = 'eval.memory_sweep'
+VARIANTS = ('attendre', 'memorizing', 'streaming_sinks', 'vanilla')
+FIFO_ONLY = ('memorizing', 'vanilla')
+DEFAULT_SINKS = 4
+_BOOLS = {'true': True, 'false': False}
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+  """One evaluation of the sweep."""
+  variant: str
+  policy: str
+  memory_size: int
+  q_memory_size: int
+  chunk: int
+  extra: tuple = ()        # ((model key, value), ...) set on every layer
+
+  def describe(self) -> dict:
+    return dict(variant=self.variant, policy=self.policy, memory_size=self.memory_size,
+                q_memory_size=self.q_memory_size, chunk=self.chunk, **dict(self.extra))
+
+
+def parse_value(text: str):
+  """'128' -> 128, '0.9' -> 0.9, 'true' -> True, else the string."""
+  for convert in (int, float):
+    try:
+      return convert(text)
+    except ValueError:
+      pass
+  return _BOOLS.get(text.lower(), text)
+
+
+def parse_settings(spec: str) -> dict:
+  """'a=1,2;b=x' -> {'a': ['1', '2'], 'b': ['x']} (ConfigError naming eval.memory_sweep)."""
+  settings = {}
+  for part in (p.strip() for p in spec.split(';')):
+    if not part:
+      continue
+    require('=' in part, SWEEP_KEY, f"expected 'key=value[,value...]', got {part!r}")
+    key, values = (s.strip() for s in part.split('=', 1))
+    items = [v.strip() for v in values.split(',') if v.strip()]
+    require(key and items, SWEEP_KEY, f'{part!r} needs a key and at least one value')
+    require(key not in settings, SWEEP_KEY, f'{key!r} is given twice')
+    settings[key] = items
+  return settings
+
+
+def _ints(settings: dict, key: str, default: list[int]) -> list[int]:
+  items = settings.pop(key, None)
+  if items is None:
+    return default
+  try:
+    values = [int(item) for item in items]
+  except ValueError:
+    raise ConfigError(SWEEP_KEY, f'{key} must be integers, got {items}') from None
+  require(all(v >= 0 for v in values), SWEEP_KEY, f'{key} must be >= 0, got {values}')
+  return values
+
+
+def parse_sweep(spec: str, default_chunk: int) -> list[SweepPoint]:
+  """Every point of the sweep `spec` (module docstring), in a stable order."""
+  settings = parse_settings(spec)
+  variants = settings.pop('variant', ['attendre'])
+  for variant in variants:
+    require(variant in VARIANTS, SWEEP_KEY, f'unknown variant {variant!r}; choose from {VARIANTS}')
+  policy_names = settings.pop('policy', ['fifo'])
+  memory_sizes = _ints(settings, 'memory_size', [128])
+  q_sizes = _ints(settings, 'q_memory_size', [0])
+  chunks = _ints(settings, 'chunk', [default_chunk])
+  require(all(c > 0 for c in chunks), SWEEP_KEY, f'chunk must be > 0, got {chunks}')
+  require(all(n == 0 for n in q_sizes), SWEEP_KEY,
+          'q_memory_size must be 0 for language-model evaluation: delayed queries would see '
+          'the tokens they predict (Attendre is bidirectional) and answer N positions late')
+  extra_keys = sorted(settings)
+  extra_values = [[parse_value(v) for v in settings[k]] for k in extra_keys]
+  points = []
+  for variant, policy, size, q_size, chunk, *extra in itertools.product(
+      variants, policy_names, memory_sizes, q_sizes, chunks, *extra_values):
+    if variant in FIFO_ONLY:
+      require(policy == 'fifo', SWEEP_KEY, f'{variant} memory is FIFO; got policy {policy!r}')
+    if variant == 'streaming_sinks':
+      require(policy == 'sink', SWEEP_KEY, f"streaming_sinks is policy 'sink'; got {policy!r}")
+    points.append(SweepPoint(variant, policy, size, q_size, chunk,
+                             tuple(zip(extra_keys, extra))))
+  return points
+
+
+def model_overrides(point: SweepPoint, trained_model) -> dict:
+  """Model config keys for `lm_model_config(trained_model, vocab, **overrides)`.
+
+  The trained model's per-layer schedule is kept, except for the keys the
+  sweep sets on every layer (e.g. `attention`).
+  """
+  extra = dict(point.extra)
+  if point.variant == 'attendre':
+    overrides = dict(attention='attendre', memory_size=point.memory_size,
+                     q_memory_size=point.q_memory_size, memory_policy=point.policy)
+    if point.policy == 'sink':
+      overrides['num_sinks'] = extra.get('num_sinks', DEFAULT_SINKS)
+  elif point.variant == 'memorizing':
+    overrides = dict(attention='memorizing', knn_memory_size=point.memory_size,
+                     knn_gate='joint', mem_len=0)
+  elif point.variant == 'streaming_sinks':
+    sinks = extra.get('num_sinks', DEFAULT_SINKS)
+    overrides = dict(attention='streaming_sinks', num_sinks=sinks,
+                     sink_window=max(1, point.chunk + point.memory_size - sinks))
+  else:
+    overrides = dict(attention='vanilla', mem_len=point.memory_size)
+  overrides.update(extra)
+  schedule = trained_model.get('layer_schedule', None) or {}
+  overrides['layer_schedule'] = {k: v for k, v in schedule.items() if k not in overrides}
+  return overrides
+
+
+def cache_key(point: SweepPoint) -> tuple:
+  """Points with equal keys evaluate the same model: an empty memory has no policy."""
+  policy = 'fifo' if point.memory_size == 0 and point.variant == 'attendre' else point.policy
+  return (point.variant, policy, point.memory_size, point.q_memory_size, point.chunk, point.extra)
+
+
+def run_sweep(points: list[SweepPoint], evaluate_point) -> list[dict]:
+  """Rows of `point.describe()` plus `evaluate_point(point)`'s metrics, each model once."""
+  done, rows = {}, []
+  for point in points:
+    key = cache_key(point)
+    if key not in done:
+      done[key] = evaluate_point(point)
+    rows.append(dict(point.describe(), **done[key]))
+  return rows
+
+
+def line_label(row: dict) -> str:
+  """The plot line of a row: everything but the memory size and the metrics."""
+  fixed = ('variant', 'policy')
+  skipped = {'memory_size', 'bits_per_byte', 'loss', 'bits_per_token', 'perplexity', 'tokens',
+             'bytes'}
+  label = [row['variant'], row['policy']]
+  label += [f'{k}={v}' for k, v in row.items() if k not in skipped and k not in fixed
+            and not (k == 'q_memory_size' and v == 0)]
+  return ' '.join(str(part) for part in label)
+
+
+def markdown_table(rows: list[dict]) -> str:
+  """Rows as a Markdown table: one column per setting, then bits per byte and loss."""
+  metrics = ('bits_per_byte', 'bits_per_token', 'loss', 'tokens')
+  settings = [k for k in rows[0] if k not in metrics and k not in ('perplexity', 'bytes')]
+  header = settings + ['bits/byte', 'bits/token', 'loss (nats)', 'tokens']
+  lines = ['| ' + ' | '.join(header) + ' |',
+           '|' + '---|' * len(settings) + '---:|---:|---:|---:|']
+  for r in rows:
+    cells = [str(r[k]) for k in settings]
+    cells += [f"{r['bits_per_byte']:.4f}", f"{r['bits_per_token']:.4f}", f"{r['loss']:.4f}",
+              str(int(r['tokens']))]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def plot_sweep(rows: list[dict], path: str, title: str) -> None:
+  """Bits per byte against memory size, one line per `line_label`."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  lines = {}
+  for r in rows:
+    lines.setdefault(line_label(r), []).append((r['memory_size'], r['bits_per_byte']))
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for label, points in lines.items():
+    points.sort()
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker='o', label=label)
+  sizes = sorted({r['memory_size'] for r in rows})
+  if len(sizes) > 1 and sizes[0] > 0:
+    ax.set_xscale('log', base=2)
+  ax.set_xlabel('memory size (entries)')
+  ax.set_ylabel('bits per byte')
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write_sweep(rows: list[dict], out_dir: str, title: str, header: dict) -> dict:
+  """Writes memory_sweep.json (rows), memory_sweep.md and memory_sweep.png; returns paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {name: os.path.join(out_dir, f'memory_sweep.{name}') for name in ('json', 'md', 'png')}
+  with open(paths['json'], 'w') as f:
+    json.dump(rows, f, indent=2)
+  described = ', '.join(f'{k} {v}' for k, v in header.items())
+  with open(paths['md'], 'w') as f:
+    f.write(f'# Memory sweep: {title}\n\n{described}\n\n{markdown_table(rows)}\n')
+  plot_sweep(rows, paths['png'], title)
+  return paths

@@ -1,0 +1,361 @@
+"""Attendre attention and its time-shifted stack against independent float64 references.
+
+The reference (`reference_outputs`) knows nothing of memories: for a FIFO
+K/V memory of M entries and a Q memory of N, query i is answered at the step
+whose chunk holds stream index i + N (the flush step past the end), and may
+attend to the keys of the last M valid tokens before that chunk and of the
+chunk itself (same document, valid, not in the future when causal). Scores are
+`q_i . R(-clip(p_i - p_j, -L, L)) k_j / sqrt(d)` computed pair by pair.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from longformer_jax.attention.attendre import AttendreAttention
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.memory import policies
+from longformer_jax.models import attendre_delay
+from longformer_jax.models.block_stack import BlockStack
+
+B, D, H, HD, C = 2, 16, 2, 8, 8
+
+
+def numpy_rotate(x, angle_positions):
+  """RoPE of `x [..., d]` at `angle_positions [...]` (layers/positional.py's formula)."""
+  half = x.shape[-1] // 2
+  inv_freq = 1.0 / (10000.0 ** (np.arange(half) / half))
+  angles = np.asarray(angle_positions, np.float64)[..., None] * inv_freq
+  x1, x2 = x[..., :half], x[..., half:]
+  return np.concatenate([x1 * np.cos(angles) - x2 * np.sin(angles),
+                         x2 * np.cos(angles) + x1 * np.sin(angles)], axis=-1)
+
+
+def reference_outputs(params, x, positions, segments, valid, *, chunk, n, m, causal,
+                      cap=-1, top_k=0):
+  """Attendre with FIFO memories, one query at a time; float64 `[b, T, d_model]`."""
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))
+  q = np.einsum('btd,dhe->bthe', x, p['query']['kernel'])
+  k = np.einsum('btd,dhe->bthe', x, p['key']['kernel'])
+  v = np.einsum('btd,dhe->bthe', x, p['value']['kernel'])
+  total = x.shape[1]
+  out = np.zeros(q.shape)
+  for b in range(x.shape[0]):
+    for i in range(total):
+      if not valid[b, i]:
+        continue
+      # The step that evicts query i starts at `start` (past the end: the
+      # flush or drain steps, whose padding is never stored).
+      start = min((i + n) // chunk * chunk, total)
+      memory = [j for j in range(start) if valid[b, j]][-m:] if m else []
+      keys = [j for j in memory + list(range(start, min(start + chunk, total)))
+              if valid[b, j] and segments[b, j] == segments[b, i]
+              and (not causal or positions[b, j] <= positions[b, i])]
+      for h in range(H):
+        scores = {}
+        for j in keys:
+          distance = positions[b, i] - positions[b, j]
+          if cap >= 0:
+            distance = np.clip(distance, -cap, cap)
+          scores[j] = q[b, i, h] @ numpy_rotate(k[b, j, h], -distance) / np.sqrt(HD)
+        if top_k:
+          memory_keys = sorted((j for j in keys if j < start), key=lambda j: -scores[j])
+          dropped = set(memory_keys[top_k:])
+          scores = {j: s for j, s in scores.items() if j not in dropped}
+        w = np.exp(np.array(list(scores.values())) - max(scores.values()))
+        w /= w.sum()
+        out[b, i, h] = sum(wj * v[b, j, h] for wj, j in zip(w, scores))
+  return np.einsum('bthe,hed->btd', out, p['out']['kernel'])
+
+
+def model_config(**overrides) -> ml_collections.FrozenConfigDict:
+  values = dict(num_heads=H, head_dim=HD, d_model=D, memory_size=16, q_memory_size=0,
+                memory_policy='fifo', causal=True, rope_max_distance=-1, memory_top_k=0)
+  values.update(overrides)
+  return ml_collections.FrozenConfigDict(values)
+
+
+def stream(total, doc_len=0, seed=0, num_valid=None):
+  """`x [B, total, D]` and its positions, segment ids, valid flags (numpy)."""
+  x = np.asarray(jax.random.normal(jax.random.PRNGKey(seed), (B, total, D)))
+  positions = np.tile(np.arange(total, dtype=np.int32), (B, 1)) + 100
+  segments = (positions - 100) // doc_len if doc_len else np.zeros_like(positions)
+  valid = np.ones((B, total), bool)
+  if num_valid is not None:
+    valid[:, num_valid:] = False
+  return x, positions, segments.astype(np.int32), valid
+
+
+def context(positions, segments, valid, reset):
+  return AttentionContext(positions=jnp.asarray(positions), segment_ids=jnp.asarray(segments),
+                          reset=jnp.asarray(reset), valid=jnp.asarray(valid))
+
+
+_STEPS = {}
+
+
+def layer_step(config):
+  """A jitted `(params, x, state, ctx) -> (y, state)` for `config` (cached per config)."""
+  if config not in _STEPS:
+    module = AttendreAttention.from_config(config, jnp.float32)
+    _STEPS[config] = jax.jit(lambda params, x, state, ctx: module.apply({'params': params}, x,
+                                                                          state, ctx)[:2])
+  return _STEPS[config]
+
+
+def init_params(config, seed=1):
+  module = AttendreAttention.from_config(config, jnp.float32)
+  state = AttendreAttention.init_state(config, B)
+  x, positions, segments, valid = stream(C)
+  ctx = context(positions, segments, valid, np.ones(B, bool))
+  return jax.jit(module.init)(jax.random.PRNGKey(seed), jnp.asarray(x), state, ctx)['params']
+
+
+def padding(after_positions, after_segments, length):
+  """`length` padding tokens continuing a stream: zeros, invalid."""
+  last_p, last_s = after_positions[:, -1:], after_segments[:, -1:]
+  positions = last_p + 1 + np.arange(length, dtype=np.int32)[None]
+  return (np.zeros((B, length, D), np.float32), positions, np.repeat(last_s, length, 1),
+          np.zeros((B, length), bool))
+
+
+def run_stream(step, params, state, x, positions, segments, valid, *, chunk, finish, delay):
+  """Runs whole chunks, then `finish` ('flush': one step of `delay` padding tokens,
+  'drain': padding chunks, 'none'); returns (outputs aligned to stream indices, state)."""
+  total = x.shape[1]
+  outputs = []
+  for start in range(0, total, chunk):
+    part = slice(start, start + chunk)
+    reset = (segments[:, start] != segments[:, start - 1]) if start else np.ones(B, bool)
+    y, state = step(params, jnp.asarray(x[:, part]), state,
+                    context(positions[:, part], segments[:, part], valid[:, part], reset))
+    outputs.append(np.asarray(y))
+  if finish != 'none' and delay:
+    length = delay if finish == 'flush' else -(-delay // chunk) * chunk
+    for start in range(0, length, chunk if finish == 'drain' else length):
+      pad_x, pad_p, pad_s, pad_v = padding(positions if start == 0 else pad_p, segments,
+                                           chunk if finish == 'drain' else length)
+      y, state = step(params, jnp.asarray(pad_x), state,
+                      context(pad_p, pad_s, pad_v, np.zeros(B, bool)))
+      outputs.append(np.asarray(y))
+  stacked = np.concatenate(outputs, axis=1)
+  return stacked[:, delay:delay + total], state
+
+
+@pytest.mark.parametrize('cap', [-1, 5])
+def test_big_memories_after_flush_equal_full_bidirectional_attention(cap):
+  total = 32
+  config = model_config(q_memory_size=total, memory_size=total, causal=False,
+                        memory_policy='lra_max', rope_max_distance=cap)
+  params = init_params(config)
+  x, positions, segments, valid = stream(total)
+  y, _ = run_stream(layer_step(config), params, AttendreAttention.init_state(config, B), x,
+                    positions, segments, valid, chunk=C, finish='flush', delay=total)
+  expected = reference_outputs(params, x.astype(np.float64), positions, segments, valid,
+                               chunk=C, n=total, m=total, causal=False, cap=cap)
+  np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize('top_k,cap', [(0, -1), (3, -1), (0, 6)])
+def test_no_q_memory_equals_causal_memory_attention(top_k, cap):
+  total, m = 40, 12
+  config = model_config(q_memory_size=0, memory_size=m, causal=True, memory_top_k=top_k,
+                        rope_max_distance=cap)
+  params = init_params(config)
+  x, positions, segments, valid = stream(total)
+  y, _ = run_stream(layer_step(config), params, AttendreAttention.init_state(config, B), x,
+                    positions, segments, valid, chunk=C, finish='none', delay=0)
+  expected = reference_outputs(params, x.astype(np.float64), positions, segments, valid,
+                               chunk=C, n=0, m=m, causal=True, cap=cap, top_k=top_k)
+  np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-5)
+
+
+def test_delayed_queries_see_later_keys_in_the_fifo_window():
+  total, n, m = 40, 12, 12
+  config = model_config(q_memory_size=n, memory_size=m, causal=False)
+  params = init_params(config)
+  x, positions, segments, valid = stream(total, num_valid=36)   # a padded tail
+  y, _ = run_stream(layer_step(config), params, AttendreAttention.init_state(config, B), x,
+                    positions, segments, valid, chunk=C, finish='flush', delay=n)
+  expected = reference_outputs(params, x.astype(np.float64), positions, segments, valid,
+                               chunk=C, n=n, m=m, causal=False)
+  np.testing.assert_allclose(y[valid], expected[valid], rtol=2e-4, atol=2e-5)
+  np.testing.assert_array_equal(y[~valid], 0.0)
+
+
+@pytest.mark.parametrize('policy', ['lra_max', pytest.param('lfa', marks=pytest.mark.slow)])
+def test_drain_and_flush_give_the_same_outputs(policy):
+  total, n = 32, 12
+  config = model_config(q_memory_size=n, memory_size=12, causal=False, memory_policy=policy)
+  params = init_params(config)
+  x, positions, segments, valid = stream(total, doc_len=20)
+  runs = [run_stream(layer_step(config), params, AttendreAttention.init_state(config, B), x,
+                     positions, segments, valid, chunk=C, finish=finish, delay=n)
+          for finish in ('flush', 'drain')]
+  np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-5, atol=1e-6)
+  assert (np.abs(runs[0][0]).max(axis=-1) > 0).all()   # every position got an output
+
+
+@pytest.mark.parametrize('policy', ['lra_sum', 'lru', 'sink',
+                                    pytest.param('lfa', marks=pytest.mark.slow)])
+def test_layer_attends_exactly_to_the_entries_its_memory_holds(policy):
+  """Scored policies: each step's output equals attention over the positions the
+  state's K/V memory holds (keys recomputed from x) plus the causal chunk."""
+  total, m = 40, 12
+  config = model_config(memory_size=m, memory_policy=policy, memory_top_k=3 if policy == 'lru'
+                        else 0, num_sinks=2)
+  params = init_params(config)
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))
+  x, positions, segments, valid = stream(total, seed=3)
+  step = layer_step(config)
+  state = AttendreAttention.init_state(config, B)
+  held = []
+  for start in range(0, total, C):
+    memory = state.memory
+    held.append([set(np.asarray(memory.positions[b])[np.asarray(memory.valid[b])].tolist())
+                 for b in range(B)])
+    part = slice(start, start + C)
+    y, state = step(params, jnp.asarray(x[:, part]), state,
+                    context(positions[:, part], segments[:, part], valid[:, part],
+                            np.full(B, start == 0)))
+    q = np.einsum('btd,dhe->bthe', x[:, part], p['query']['kernel'])
+    k = np.einsum('btd,dhe->bthe', x, p['key']['kernel'])
+    v = np.einsum('btd,dhe->bthe', x, p['value']['kernel'])
+    for b in range(B):
+      for i in range(C):
+        keys = [j for j in range(total)
+                if positions[b, j] in held[-1][b] or start <= j <= start + i]
+        qi = q[b, i]
+        logits = np.stack([np.einsum('he,he->h', qi, numpy_rotate(k[b, j], (j - start - i)))
+                           for j in keys], -1) / np.sqrt(HD)          # [h, keys]
+        if config.memory_top_k:
+          in_memory = np.array([j < start for j in keys])
+          order = np.argsort(-np.where(in_memory, logits, -np.inf), axis=-1)
+          dropped = np.zeros_like(logits, bool)
+          np.put_along_axis(dropped, order[:, config.memory_top_k:], True, axis=-1)
+          logits = np.where(dropped & in_memory, -np.inf, logits)
+        w = np.exp(logits - logits.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        out = np.einsum('hk,khe->he', w, v[b, keys])
+        np.testing.assert_allclose(np.asarray(y[b, i]), np.einsum('he,hed->d', out,
+                                                                  p['out']['kernel']),
+                                   rtol=2e-4, atol=2e-5)
+  later = held[-1]
+  assert all(len(s) == m for s in later)
+  if policy == 'sink':
+    assert all({100, 101} <= s for s in later)          # the two sinks stay
+  else:
+    assert any(s != set(range(100 + total - C - m, 100 + total - C)) for s in later)
+
+
+@pytest.mark.parametrize('n', [0, 8])
+def test_document_outputs_do_not_depend_on_the_previous_document(n):
+  """Row stream: document A, (drain when N > 0), document B; B alone gives the same."""
+  config = model_config(q_memory_size=n, memory_size=8, causal=n == 0, memory_policy='lra_max')
+  params = init_params(config)
+  step = layer_step(config)
+  x, positions, _, _ = stream(48, seed=5)
+  doc_a, gap, doc_b = 16, n, 48 - 16 - n
+  segments = np.where(np.arange(48) < doc_a + gap, 0, 1)[None].repeat(B, 0).astype(np.int32)
+  valid = np.ones((B, 48), bool)
+  valid[:, doc_a:doc_a + gap] = False                 # drain padding between the documents
+  both, _ = run_stream(step, params, AttendreAttention.init_state(config, B), x, positions,
+                       segments, valid, chunk=C, finish='flush', delay=n)
+  b_part = slice(doc_a + gap, 48)
+  alone, _ = run_stream(step, params, AttendreAttention.init_state(config, B), x[:, b_part],
+                        positions[:, b_part], segments[:, b_part], valid[:, b_part], chunk=C,
+                        finish='flush', delay=n)
+  np.testing.assert_allclose(both[:, b_part], alone, rtol=1e-5, atol=1e-6)
+  # A has an influence while it is in the memory: the test is not vacuous.
+  x_other = x.copy()
+  x_other[:, :doc_a] += 1.0
+  other, _ = run_stream(step, params, AttendreAttention.init_state(config, B), x_other,
+                        positions, segments, valid, chunk=C, finish='flush', delay=n)
+  np.testing.assert_allclose(other[:, b_part], alone, rtol=1e-5, atol=1e-6)
+  assert not np.allclose(other[:, :doc_a], both[:, :doc_a])
+
+
+def test_bad_settings_name_their_key():
+  from longformer_jax.config_errors import ConfigError
+  with pytest.raises(ConfigError, match='model.q_memory_size'):
+    AttendreAttention.from_config(model_config(q_memory_size=-1), jnp.float32)
+  with pytest.raises(ConfigError, match='model.memory_policy'):
+    AttendreAttention.from_config(model_config(memory_policy='lifo'), jnp.float32)
+  with pytest.raises(ConfigError, match='model.per_head_scores'):
+    AttendreAttention.from_config(model_config(per_head_scores=True), jnp.float32)
+  assert policies.make_policy(model_config(memory_policy='lra_sum')).pooling == 'sum'
+
+
+def stack_config(**overrides) -> ml_collections.FrozenConfigDict:
+  values = dict(num_layers=2, d_model=D, num_heads=H, head_dim=HD, d_ff=32, dropout_rate=0.0,
+                remat_policy='none', scan_layers=False, block='pre_ln', attention='attendre',
+                q_memory_size=0, memory_size=16, memory_policy='fifo', causal=False,
+                rope_max_distance=-1, mem_len=0, layer_schedule={})
+  values.update(overrides)
+  return ml_collections.FrozenConfigDict(values)
+
+
+def stack_step(config):
+  """A jitted `(params, x, states, ctx) -> (y, states)` of the time-shifted stack (cached)."""
+  if config not in _STEPS:
+    stack = attendre_delay.TimeShiftedStack(config, jnp.float32)
+    _STEPS[config] = jax.jit(lambda p, x, s, ctx: stack.apply({'params': p}, x, s, ctx)[:2])
+  return _STEPS[config]
+
+
+def init_stack_params(config, seed, x, positions, segments, valid):
+  """Parameters of the time-shifted stack (named like the standard stack's)."""
+  stack = attendre_delay.TimeShiftedStack(config, jnp.float32)
+  ctx = context(positions[:, :C], segments[:, :C], valid[:, :C], np.ones(B, bool))
+  return jax.jit(stack.init)(jax.random.PRNGKey(seed), jnp.asarray(x[:, :C]),
+                             attendre_delay.TimeShiftedStack.init_state(config, B), ctx)['params']
+
+
+def run_stack(config, params, x, positions, segments, valid, finish):
+  """The time-shifted stack over whole chunks then `finish`; outputs aligned to the input."""
+  apply = stack_step(config)
+  states = attendre_delay.TimeShiftedStack.init_state(config, B)
+  outputs, total = [], x.shape[1]
+  for start in range(0, total, C):
+    part = slice(start, start + C)
+    ctx = context(positions[:, part], segments[:, part], valid[:, part], np.full(B, start == 0))
+    y, states = apply(params, jnp.asarray(x[:, part]), states, ctx)
+    outputs.append(np.asarray(y))
+  for length in attendre_delay.finishing_lengths(config, C, finish):
+    ctx = attendre_delay.padding_context(ctx, length)
+    y, states = apply(params, jnp.zeros((B, length, D)), states, ctx)
+    outputs.append(np.asarray(y))
+  delay = attendre_delay.total_delay(config)
+  return np.concatenate(outputs, axis=1)[:, delay:delay + total]
+
+
+def test_time_shifted_stack_with_big_memories_equals_a_bidirectional_encoder():
+  total = 16
+  config = stack_config(q_memory_size=total, memory_size=total)
+  x, positions, segments, valid = stream(total, seed=7)
+  params = init_stack_params(config, 2, x, positions, segments, valid)
+  y = run_stack(config, params, x, positions, segments, valid, 'flush')
+  # The reference: the standard stack, vanilla bidirectional attention over the whole input.
+  dense = ml_collections.FrozenConfigDict(dict(config.to_dict(), attention='vanilla'))
+  expected, _, _ = jax.jit(BlockStack(dense, jnp.float32).apply)(
+      {'params': params}, jnp.asarray(x), BlockStack.init_state(dense, B),
+      context(positions, segments, valid, np.ones(B, bool)))
+  np.testing.assert_allclose(y, np.asarray(expected), rtol=2e-4, atol=2e-5)
+
+
+def test_time_shifted_stack_drain_equals_flush_with_per_layer_delays():
+  total = 24
+  config = stack_config(q_memory_size=6, memory_size=8, memory_policy='lra_max',
+                        layer_schedule={'q_memory_size': '6,4'})
+  assert attendre_delay.total_delay(config) == 10
+  assert attendre_delay.finishing_lengths(config, C, 'drain') == [C, C]
+  x, positions, segments, valid = stream(total, seed=8, doc_len=10)
+  params = init_stack_params(config, 3, x, positions, segments, valid)
+  flushed = run_stack(config, params, x, positions, segments, valid, 'flush')
+  drained = run_stack(config, params, x, positions, segments, valid, 'drain')
+  np.testing.assert_allclose(flushed, drained, rtol=1e-5, atol=1e-6)
+  # Every output is a real token's: the skip path carried its input through.
+  assert (np.abs(flushed).max(axis=-1) > 0.1).all()
