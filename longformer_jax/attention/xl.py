@@ -15,6 +15,8 @@ or gathered from the entries' stored positions (`relative_impl='gather'`,
 valid for any memory layout).
 """
 
+from typing import Optional
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -62,11 +64,44 @@ class XLAttention(nn.Module):
     return projection((self.num_heads, self.head_dim), kernel_axes=('embed', 'heads', 'head_dim'),
                       name='relative_key', dtype=self.dtype)(r)
 
-  @nn.compact
-  def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
-    if self.relative_impl not in RELATIVE_IMPLS:
-      raise ValueError(f'relative_impl must be one of {RELATIVE_IMPLS}, got {self.relative_impl!r}')
-    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+  def position_scores(self, q_biased: jax.Array, q_positions: jax.Array,
+                      k_positions: jax.Array, num_distances: int) -> jax.Array:
+    """The (q_i + v)^T W_kR R_{i-j} term, gathered from stored positions.
+
+    Args:
+      q_biased: `[batch, q, heads, head_dim]`, the queries plus the bias v.
+      q_positions: `[batch, q]`; k_positions: `[batch, k]`.
+      num_distances: distances 0..num_distances-1 get their own R; larger
+        (and negative, i.e. masked) distances are clipped into that range.
+    Returns:
+      `[batch, heads, q, k]`.
+    """
+    if self.clamp_len > 0:
+      # Distances >= clamp_len share R_{clamp_len}: a shorter table is the same.
+      num_distances = min(num_distances, self.clamp_len + 1)
+    rel_keys = self._relative_keys(jnp.arange(num_distances))
+    per_distance = jnp.einsum('bqhd,khd->bhqk', q_biased, rel_keys)
+    distances = q_positions[:, :, None] - k_positions[:, None, :]
+    distances = jnp.clip(distances, 0, num_distances - 1)
+    return jnp.take_along_axis(per_distance, distances[:, None], axis=-1)
+
+  def attention_logits(self, x: jax.Array, context: fifo.FifoMemory, ctx: AttentionContext,
+                       max_distance: Optional[int] = None):
+    """Scores of the chunk's queries over the `context` entries.
+
+    Creates this layer's projections and biases (the variants built on XL
+    share them, and their parameter names).
+
+    Args:
+      x: `[batch, chunk, d_model]` the queries' source.
+      context: `[batch, k]` entries (values `[batch, k, d_model]`) with
+        positions, segment ids and valid bits.
+      max_distance: None for `[memory; chunk]` in `relative_impl`'s layout;
+        otherwise the largest query-key distance that needs its own R (any
+        memory layout: the gathered relative positions are used).
+    Returns:
+      `(logits [batch, heads, q, k], mask [batch, q, k], values [batch, k, heads, head_dim])`.
+    """
     q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
     k = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'key', self.dtype)
     v = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'value', self.dtype)
@@ -76,22 +111,28 @@ class XLAttention(nn.Module):
 
     content = jnp.einsum('bqhd,bkhd->bhqk', q + u.astype(self.dtype), k)
     klen = context.positions.shape[1]
-    if self.relative_impl == 'shift':
+    if max_distance is None and self.relative_impl == 'shift':
       # Column r of the raw scores is distance klen - 1 - r.
       rel_keys = self._relative_keys(jnp.arange(klen - 1, -1, -1))
       raw = jnp.einsum('bqhd,khd->bhqk', q + v_bias.astype(self.dtype), rel_keys)
       position = relative_shift(raw)
     else:
-      # Scores for every distance 0..klen-1, then pick each pair's distance.
-      rel_keys = self._relative_keys(jnp.arange(klen))
-      per_distance = jnp.einsum('bqhd,khd->bhqk', q + v_bias.astype(self.dtype), rel_keys)
-      distances = ctx.positions[:, :, None] - context.positions[:, None, :]
-      distances = jnp.clip(distances, 0, klen - 1)
-      position = jnp.take_along_axis(per_distance, distances[:, None], axis=-1)
+      # Scores for every distance 0..num_distances-1, then pick each pair's distance.
+      num_distances = klen if max_distance is None else max_distance + 1
+      position = self.position_scores(q + v_bias.astype(self.dtype), ctx.positions,
+                                      context.positions, num_distances)
 
     logits = (content + position) / jnp.sqrt(self.head_dim).astype(self.dtype)
     mask = causal_document_mask(ctx.positions, ctx.segment_ids, context.positions,
                                 context.segment_ids, context.valid, causal=True)
+    return logits, mask, v
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
+    if self.relative_impl not in RELATIVE_IMPLS:
+      raise ValueError(f'relative_impl must be one of {RELATIVE_IMPLS}, got {self.relative_impl!r}')
+    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+    logits, mask, v = self.attention_logits(x, context, ctx)
     out = attend(logits, mask, v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return cached_context.project_output(out, self.d_model, self.dtype), new_state, {}

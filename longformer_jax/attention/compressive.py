@@ -1,0 +1,176 @@
+"""Compressive Transformer attention (Rae et al., 2019).
+
+Transformer-XL attention (same projections, biases and relative positions,
+parameter names included) over `[compressed memory; memory; chunk]`:
+- memory: the last `mem_len` (n_m) hidden states of this layer's input, FIFO;
+- compressed memory: `compressed_mem_len` (n_cm) entries, FIFO; each chunk, the
+  n_s entries evicted from the memory are compressed by rate c
+  (`compression_rate`) into floor(n_s / c) entries (see
+  `longformer_jax/memory/compression.py`) that are pushed into it.
+
+A compressed entry sits at the position of the newest valid entry of its
+group (of its own position for `most_used`); relative positions are gathered
+from these stored positions, so the score of a query with a compressed entry
+uses the distance to the group's newest member.
+
+Attention-reconstruction loss (Rae et al., section 3.2, algorithm 2): the
+chunk's queries attend, by content only and with this layer's query/key/value
+weights, once over the evicted entries and once over their compressed form;
+the loss is the mean squared difference of the two outputs. The layer input,
+the evicted entries and the attention weights are stop-gradient in it, so it
+trains only the compression network; and the compressed memory is stored
+stop-gradient, so the language-model loss never reaches the compression
+network. Aux: `reconstruction_loss` (weight `model.aux_loss_weights.reconstruction_loss`)
+and the statistic `compressed_memory_occupancy` (fraction of valid compressed slots).
+
+Usage statistics for `most_used`: every memory entry accumulates, per chunk,
+the attention it received averaged over heads and the chunk's valid queries;
+its "average attention" is that sum divided by the number of chunks.
+"""
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention import cached_context
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.dot_product import masked_softmax
+from longformer_jax.attention.masking import causal_document_mask
+from longformer_jax.attention.xl import XLAttention
+from longformer_jax.config_errors import require
+from longformer_jax.memory import compression, fifo
+
+
+@flax.struct.dataclass
+class CompressiveMemory:
+  memory: fifo.FifoMemory      # [batch, n_m] hidden states, oldest first
+  compressed: fifo.FifoMemory  # [batch, n_cm] compressed hidden states, oldest first
+  usage: jax.Array             # [batch, n_m] float32: attention received, summed over chunks
+  usage_count: jax.Array       # [batch, n_m] float32: chunks the entry has been attended in
+
+  def logical_axes(self) -> 'CompressiveMemory':
+    return CompressiveMemory(memory=self.memory.logical_axes(),
+                             compressed=self.compressed.logical_axes(),
+                             usage=('batch', 'memory'), usage_count=('batch', 'memory'))
+
+
+def received_attention(weights: jax.Array, query_valid: jax.Array) -> jax.Array:
+  """`weights [b, h, q, k]` -> `[b, k]`: mean over heads and valid queries."""
+  per_query = jnp.mean(weights, axis=1)                                     # [b, q, k]
+  valid = query_valid.astype(jnp.float32)
+  total = jnp.einsum('bqk,bq->bk', per_query, valid)
+  return total / jnp.maximum(jnp.sum(valid, axis=1, keepdims=True), 1.0)
+
+
+def content_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
+  """Plain scaled dot-product attention `[b, q, h, d]` over `[b, k, h, d]`; float32 out."""
+  logits = jnp.einsum('bqhd,bkhd->bhqk', q, keys) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  weights = masked_softmax(logits, mask)
+  return jnp.einsum('bhqk,bkhd->bqhd', weights, values.astype(jnp.float32))
+
+
+class CompressiveAttention(XLAttention):
+  """`__call__(x [b, c, d_model], state: CompressiveMemory, ctx) -> (y, state, aux)`."""
+  compression: str = 'conv'
+  compression_rate: int = 3
+  compression_kernel: int = 3
+  compression_dilation: int = 2
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    rate = config.get('compression_rate', 3)
+    function = config.get('compression', 'conv')
+    require(function in compression.COMPRESSION_FUNCTIONS, 'model.compression',
+            f'unknown compression {function!r}; choose one of {list(compression.COMPRESSION_FUNCTIONS)}')
+    require(rate >= 1, 'model.compression_rate', f'must be >= 1, got {rate}')
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               clamp_len=config.get('clamp_len', -1), relative_impl='gather',
+               compression=function, compression_rate=rate,
+               compression_kernel=config.get('compression_kernel', rate),
+               compression_dilation=config.get('compression_dilation', 2),
+               dtype=dtype, name=name)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+    """Empty memory (`mem_len`) and compressed memory (`compressed_mem_len`)."""
+    n_cm = config.get('compressed_mem_len', 0)
+    require(n_cm >= 0, 'model.compressed_mem_len', f'must be >= 0, got {n_cm}')
+    require(config.get('compression_rate', 3) >= 1, 'model.compression_rate',
+            f"must be >= 1, got {config.get('compression_rate', 3)}")
+    zeros = jnp.zeros((batch_size, config.mem_len), jnp.float32)
+    return CompressiveMemory(
+        memory=fifo.create(batch_size, config.mem_len, (config.d_model,), dtype),
+        compressed=fifo.create(batch_size, n_cm, (config.d_model,), dtype),
+        usage=zeros, usage_count=zeros)
+
+  def _max_distance(self, chunk_len: int, mem_len: int, compressed_len: int) -> int:
+    """The largest query-key distance a valid entry can have (relative-position table size)."""
+    per_block = max(compression.num_compressed(chunk_len, self.compression_rate), 1)
+    blocks = -(-compressed_len // per_block)
+    return chunk_len - 1 + mem_len + blocks * chunk_len
+
+  def _frozen_kernel(self, name: str) -> jax.Array:
+    """This layer's projection kernel `name`, stop-gradient."""
+    kernel = nn.meta.unbox(self.variables['params'][name]['kernel'])
+    return jax.lax.stop_gradient(kernel).astype(self.dtype)
+
+  def reconstruction_loss(self, x: jax.Array, ctx: AttentionContext, old: fifo.FifoMemory,
+                          compressed: fifo.FifoMemory) -> jax.Array:
+    """Mean squared difference of content attention over `old` and over `compressed`.
+
+    Everything but `compressed.values` (the compression network's output) is
+    stop-gradient (Rae et al., 2019, algorithm 2).
+    """
+    wq, wk, wv = (self._frozen_kernel(name) for name in ('query', 'key', 'value'))
+    project = lambda h, w: jnp.einsum('bld,dhe->blhe', h.astype(self.dtype), w)
+    q = project(jax.lax.stop_gradient(x), wq)
+    old_values = jax.lax.stop_gradient(old.values)
+    target = content_attention(
+        q, project(old_values, wk), project(old_values, wv),
+        causal_document_mask(ctx.positions, ctx.segment_ids, old.positions, old.segment_ids,
+                             old.valid))
+    estimate = content_attention(
+        q, project(compressed.values, wk), project(compressed.values, wv),
+        causal_document_mask(ctx.positions, ctx.segment_ids, compressed.positions,
+                             compressed.segment_ids, compressed.valid))
+    squared = jnp.mean(jnp.square(estimate - jax.lax.stop_gradient(target)), axis=(2, 3))
+    valid = ctx.valid.astype(jnp.float32)
+    return jnp.sum(squared * valid) / jnp.maximum(jnp.sum(valid), 1.0)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state: CompressiveMemory, ctx: AttentionContext):
+    memory = fifo.clear_rows(state.memory, ctx.reset)
+    compressed = fifo.clear_rows(state.compressed, ctx.reset)
+    chunk = cached_context.chunk_entries(x, ctx)
+    context = fifo.concat(jax.lax.stop_gradient(fifo.concat(compressed, memory)), chunk)
+    max_distance = self._max_distance(x.shape[1], memory.capacity, compressed.capacity)
+    logits, mask, v = self.attention_logits(x, context, ctx, max_distance)
+    weights = masked_softmax(logits, mask)
+    out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
+    out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
+    y = cached_context.project_output(out, self.d_model, self.dtype)
+
+    # Memory: insert the chunk; the evicted entries carry their average usage.
+    received = jax.lax.stop_gradient(
+        received_attention(weights, ctx.valid)[:, compressed.capacity:])     # [b, n_m + c]
+    usage = jnp.concatenate([state.usage, jnp.zeros(ctx.valid.shape, jnp.float32)], axis=1)
+    count = jnp.concatenate([state.usage_count, jnp.zeros(ctx.valid.shape, jnp.float32)], axis=1)
+    usage, count = usage + received, count + 1.0
+    new_memory, evicted = fifo.insert(memory, jax.lax.stop_gradient(chunk))
+    n_s = evicted.capacity
+    average_usage = usage[:, :n_s] / count[:, :n_s]
+
+    compressor = compression.Compressor(
+        self.compression, self.compression_rate, self.d_model, self.compression_kernel,
+        self.compression_dilation, self.dtype, name='compression')
+    new_entries = compressor(evicted, average_usage)
+    loss = self.reconstruction_loss(x, ctx, evicted, new_entries)
+    new_compressed, _ = fifo.insert(compressed, jax.lax.stop_gradient(new_entries))
+    new_state = CompressiveMemory(memory=new_memory, compressed=new_compressed,
+                                  usage=usage[:, n_s:], usage_count=count[:, n_s:])
+    occupancy = jnp.mean(new_compressed.valid.astype(jnp.float32)) if new_compressed.capacity \
+        else jnp.zeros((), jnp.float32)
+    aux = {'reconstruction_loss': loss, 'compressed_memory_occupancy': occupancy}
+    return y, new_state, aux

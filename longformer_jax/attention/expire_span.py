@@ -1,0 +1,163 @@
+"""Expire-Span attention (Sukhbaatar et al., 2021, "Not All Memories are Created Equal").
+
+Transformer-XL attention (same projections, biases and gathered relative
+positions, parameter names included) over `[memory; chunk]`, where every
+entry i (a hidden state h_i of this layer's input, stored with its position)
+has an expire span (Sukhbaatar et al., 2021, section 4)
+
+  e_i = L * sigmoid(w . h_i + b),   r_ti = e_i - (t - i),
+  m_ti = clamp(1 + r_ti / R, 0, 1)
+
+and query t attends with the soft-masked, renormalised weights
+`a_ti = m_ti exp(s_ti) / sum_j m_tj exp(s_tj)`. Entries with m_ti = 0 are
+excluded from the softmax altogether, so they cannot change any output, not
+even by rounding. e_i is recomputed each chunk from the stored h_i (memory
+values are stop-gradient; the spans' parameters w, b get gradients through
+the masks of every chunk in which the entry lies within the ramp).
+
+Auxiliary loss (same section): `expire_span_loss` = the mean of e_i over the
+chunk's valid tokens (each token is counted once, in the chunk where it
+arrives), i.e. sum_i e_i / T; its weight alpha is
+`model.aux_loss_weights.expire_span_loss`. Statistic: `memory_occupancy`,
+the fraction of memory slots in use after the chunk.
+
+Memory: a fixed-capacity (`mem_len`, an upper bound) store of entries in a
+`FifoMemory` container. After each chunk, an entry is kept iff it is valid,
+belongs to the row's current document, and its mask is non-zero at the next
+position t_next (one past the chunk's last valid token): masks only shrink as
+t grows, so every dropped entry is masked for all later queries. Kept
+entries are compacted (oldest first, free slots in front) and the chunk's
+tokens fill the freed slots; if more than `mem_len` entries are alive, the
+oldest ones are dropped, as in an XL cache.
+
+Random memory shortening (the paper's regularisation, `expire_span_shorten`): in training,
+each chunk draws u ~ U(0, 1) from the 'dropout' stream and the masks use
+min(e_i, u * L); the loss and the keep/drop decisions use e_i.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention import cached_context
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.dot_product import soft_masked_softmax
+from longformer_jax.attention.xl import XLAttention
+from longformer_jax.config_errors import require
+from longformer_jax.layers.linear import projection
+from longformer_jax.memory import fifo
+
+
+def soft_expire_mask(spans: jax.Array, q_positions: jax.Array, k_positions: jax.Array,
+                     ramp: float) -> jax.Array:
+  """m_ti = clamp(1 + (e_i - (t - i)) / R, 0, 1): `[b, k]`, `[b, q]`, `[b, k]` -> `[b, q, k]` float32."""
+  elapsed = (q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)
+  remaining = spans.astype(jnp.float32)[:, None, :] - elapsed
+  return jnp.clip(1.0 + remaining / ramp, 0.0, 1.0)
+
+
+def next_query(ctx: AttentionContext) -> tuple[jax.Array, jax.Array]:
+  """Per row, the position after the chunk's last valid token and that token's segment: `[b]`, `[b]`.
+
+  The chunk's tokens are in stream order, so the last valid one is the last
+  valid slot (the last slot when none is valid).
+  """
+  chunk_len = ctx.valid.shape[1]
+  last = chunk_len - 1 - jnp.argmax(ctx.valid[:, ::-1], axis=1)
+  last_position = jnp.take_along_axis(ctx.positions, last[:, None], axis=1)[:, 0]
+  last_segment = jnp.take_along_axis(ctx.segment_ids, last[:, None], axis=1)[:, 0]
+  return last_position + 1, last_segment
+
+
+def keep_newest(entries: fifo.FifoMemory, keep: jax.Array, capacity: int) -> fifo.FifoMemory:
+  """The newest `capacity` entries among those with `keep [b, n]`, compacted oldest first.
+
+  Slots without a kept entry come first, invalid and zeroed. O(n log n) per row.
+  """
+  rank = jnp.where(keep, entries.positions, jnp.iinfo(jnp.int32).min)
+  _, chosen = jax.lax.top_k(rank, capacity)                                 # newest first
+  chosen = chosen[:, ::-1]
+  gather = lambda a: jnp.take_along_axis(
+      a, chosen.reshape(chosen.shape + (1,) * (a.ndim - 2)), axis=1)
+  kept = gather(keep)
+  # Free slots hold zeros: nothing of a dropped entry stays in the state.
+  clear = lambda a: jnp.where(kept.reshape(kept.shape + (1,) * (a.ndim - 2)), a, jnp.zeros((), a.dtype))
+  compacted = jax.tree_util.tree_map(lambda a: clear(gather(a)), entries)
+  return compacted.replace(valid=kept)
+
+
+class ExpireSpanAttention(XLAttention):
+  """`__call__(x [b, c, d_model], state: FifoMemory, ctx) -> (y, state, aux)`.
+
+  Attributes (besides XL's):
+    max_span: L, the largest span.
+    ramp: R, the length of the soft phase-out.
+    init_fraction: e_i / L at w = 0 (sets the initial b; w has the usual fan-in init).
+    shorten: random memory shortening in training.
+  """
+  max_span: int = 1024
+  ramp: int = 32
+  init_fraction: float = 0.5
+  shorten: bool = False
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    max_span = config.get('expire_span_max', config.mem_len)
+    ramp = config.get('expire_span_ramp', 32)
+    init_fraction = config.get('expire_span_init_fraction', 0.5)
+    require(max_span > 0, 'model.expire_span_max', f'must be > 0, got {max_span}')
+    require(ramp > 0, 'model.expire_span_ramp', f'must be > 0, got {ramp}')
+    require(0.0 < init_fraction < 1.0, 'model.expire_span_init_fraction',
+            f'must be in (0, 1), got {init_fraction}')
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               clamp_len=config.get('clamp_len', -1), relative_impl='gather',
+               max_span=max_span, ramp=ramp, init_fraction=init_fraction,
+               shorten=config.get('expire_span_shorten', False), dtype=dtype, name=name)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+    """An empty memory of at most `config.mem_len` hidden states per row."""
+    return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
+
+  def expire_spans(self, h: jax.Array) -> jax.Array:
+    """e_i = L * sigmoid(w . h_i + b): `[b, k, d_model]` -> float32 `[b, k]`."""
+    score = projection(1, kernel_axes=('embed', None), name='expire_span', dtype=self.dtype)(h)
+    bias_init = nn.initializers.constant(math.log(self.init_fraction / (1 - self.init_fraction)))
+    bias = self.param('expire_span_bias', bias_init, (), jnp.float32)
+    return self.max_span * jax.nn.sigmoid(score[..., 0].astype(jnp.float32) + bias)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
+    memory = fifo.clear_rows(state, ctx.reset)
+    chunk = cached_context.chunk_entries(x, ctx)
+    context = fifo.concat(jax.lax.stop_gradient(memory), chunk)
+    # Keys farther than L + R are masked (m = 0): their relative position is irrelevant.
+    logits, mask, v = self.attention_logits(x, context, ctx, self.max_span + self.ramp)
+
+    spans = self.expire_spans(context.values)                               # [b, mem + c]
+    mask_spans = spans
+    if self.shorten and not ctx.deterministic:
+      limit = jax.random.uniform(self.make_rng('dropout'), ()) * self.max_span
+      mask_spans = jnp.minimum(spans, limit)
+    soft = soft_expire_mask(mask_spans, ctx.positions, context.positions, self.ramp)
+    # Keys with m = 0 leave the softmax: a dropped entry cannot even change the rounding.
+    weights = soft_masked_softmax(logits, mask & (soft > 0), soft[:, None])
+    out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
+    out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
+    y = cached_context.project_output(out, self.d_model, self.dtype)
+
+    t_next, segment = next_query(ctx)
+    alive = (context.valid & (context.segment_ids == segment[:, None])
+             & (soft_expire_mask(jax.lax.stop_gradient(spans), t_next[:, None],
+                                 context.positions, self.ramp)[:, 0] > 0))
+    new_state = keep_newest(jax.lax.stop_gradient(context), alive, memory.capacity)
+
+    valid = ctx.valid.astype(jnp.float32)
+    chunk_spans = spans[:, memory.capacity:]
+    loss = jnp.sum(chunk_spans * valid) / jnp.maximum(jnp.sum(valid), 1.0)
+    occupancy = jnp.mean(new_state.valid.astype(jnp.float32)) if memory.capacity \
+        else jnp.zeros((), jnp.float32)
+    return y, new_state, {'expire_span_loss': loss, 'memory_occupancy': occupancy}
