@@ -39,9 +39,8 @@ from longformer_jax.config_validation import parse_int_list, validate_config, va
 from longformer_jax.data.corpus import load_corpus, make_tokenizer, tokenize_documents
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
-from longformer_jax.train import initialization
+from longformer_jax.train import initialization, memory_sweep, span_report
 from longformer_jax.train.checkpointing import Checkpointer
-from longformer_jax.train import memory_sweep
 from longformer_jax.train.evaluation import Evaluator
 from longformer_jax.train.optimizer import make_optimizer
 from longformer_jax.train.quiet_logs import show_own_info_only
@@ -127,6 +126,9 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   result = dict(rows[0], checkpoint_step=step, split=config.eval.split,
                 attention=config.model.attention, corpus=config.data.corpus,
                 tokenizer=config.data.tokenizer, by_mem_len=rows)
+  spans = span_report.learned_spans(params, lm_model_config(config.model, tokenizer.vocab_size))
+  if spans:
+    result['learned_spans'] = spans
   if jax.process_index() == 0:
     out_dir = os.path.join(workdir, 'eval')
     os.makedirs(out_dir, exist_ok=True)
@@ -138,7 +140,18 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
     print(f'{config.eval.split} split, checkpoint step {step}, '
           f'{config.model.attention} attention:')
     print(markdown_table(rows))
+    if spans:
+      write_span_report(spans, out_dir, f'learned spans, step {step}')
   return result
+
+
+def write_span_report(spans: list, out_dir: str, title: str) -> None:
+  """Adaptive-Span runs: each head's learned span, as `spans.json`, a table and `spans.png`."""
+  with open(os.path.join(out_dir, 'spans.json'), 'w') as f:
+    json.dump(spans, f, indent=2)
+  span_report.plot_spans(spans, os.path.join(out_dir, 'spans.png'), title)
+  print('learned attention spans (tokens):')
+  print(span_report.markdown_spans(spans))
 
 
 def sweep_model_config(config, tokenizer, point) -> ml_collections.FrozenConfigDict:

@@ -15,7 +15,9 @@ from configs import xl_small
 def get_config():
   config = xl_small.get_config()
   config.model.attention = 'adaptive_span'
-  config.model.mem_len = 256             # S, the largest span
+  config.model.mem_len = 256             # memory kept per layer
+  config.model.span_max = 256            # S, the largest span (fixed, so eval-time mem_len
+                                         # changes do not rescale the learned spans)
   config.model.span_init = 0.5           # z / S at initialisation
   config.model.span_ramp = 32.0          # R, the soft mask's ramp
   config.model.span_block = 64           # trimming granularity

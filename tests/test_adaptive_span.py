@@ -136,13 +136,21 @@ def test_dynamic_span_shapes_and_penalty():
   assert 0.0 < float(aux['span_loss']) < M
 
 
-def test_adaptive_span_model_trains(tmp_path):
+def test_adaptive_span_model_trains_and_eval_reports_spans(tmp_path):
+  import json
+  from eval import evaluate_run
   from train import train
   config = tiny_config(attention='adaptive_span', span_ramp=4.0, span_block=4, span_init=0.5)
   config.model.aux_loss_weights.span_loss = 1e-3
   config.train.update(num_steps=2, checkpoint_every=2)
   _, metrics = train(config, str(tmp_path))
   assert np.isfinite(metrics['loss']) and 'aux/span_loss' in metrics
+  config.eval.max_tokens = 256
+  result = evaluate_run(config, str(tmp_path))
+  spans = json.loads((tmp_path / 'eval' / 'spans.json').read_text())
+  assert spans == result['learned_spans'] and [r['layer'] for r in spans] == [0, 1]
+  assert all(0.0 <= z <= 16.0 for r in spans for z in r['spans'])
+  assert (tmp_path / 'eval' / 'spans.png').exists()
 
 
 def test_span_report_reads_each_heads_span(tmp_path):
