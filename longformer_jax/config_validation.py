@@ -55,6 +55,9 @@ def validate_model(model: ml_collections.ConfigDict) -> None:
     require(isinstance(value, (int, np.integer)) and value > 0, f'model.{name}',
             f'must be a positive integer, got {value!r}')
   require(model.mem_len >= 0, 'model.mem_len', f'must be >= 0, got {model.mem_len}')
+  ff_chunk = model.get('ff_chunk_size', 0)
+  require(isinstance(ff_chunk, int) and ff_chunk >= 0, 'model.ff_chunk_size',
+          f'must be an integer >= 0 (0: no chunking), got {ff_chunk!r}')
   require(model.head_dim % 2 == 0, 'model.head_dim',
           f'must be even (rotary and sinusoid features come in pairs), got {model.head_dim}')
   require(model.d_model % 2 == 0, 'model.d_model', f'must be even, got {model.d_model}')

@@ -3,11 +3,31 @@
 A new variant is one file in this folder plus one line here.
 """
 
+from longformer_jax.attention.adaptive_span import AdaptiveSpanAttention
+from longformer_jax.attention.attendre import AttendreAttention
+from longformer_jax.attention.bigbird import BigBirdAttention
+from longformer_jax.attention.compressive import CompressiveAttention
+from longformer_jax.attention.expire_span import ExpireSpanAttention
+from longformer_jax.attention.longformer import LongformerAttention
+from longformer_jax.attention.lsh import LSHAttention
+from longformer_jax.attention.memorizing import MemorizingAttention
+from longformer_jax.attention.sparse_transformer import SparseTransformerAttention
+from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
 from longformer_jax.attention.vanilla import VanillaAttention
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config_errors import ConfigError
 
 ATTENTION_VARIANTS = {
+    'adaptive_span': AdaptiveSpanAttention,
+    'attendre': AttendreAttention,
+    'bigbird': BigBirdAttention,
+    'compressive': CompressiveAttention,
+    'expire_span': ExpireSpanAttention,
+    'longformer': LongformerAttention,
+    'lsh': LSHAttention,
+    'memorizing': MemorizingAttention,
+    'sparse_transformer': SparseTransformerAttention,
+    'streaming_sinks': StreamingSinkAttention,
     'vanilla': VanillaAttention,
     'xl': XLAttention,
 }

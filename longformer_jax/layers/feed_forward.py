@@ -1,4 +1,15 @@
-"""Position-wise feed-forward network (Vaswani et al., 2017, eq. 2; GELU)."""
+"""Position-wise feed-forward network (Vaswani et al., 2017, eq. 2; GELU), optionally chunked.
+
+With `chunk_size > 0` the sequence is processed `chunk_size` positions at a
+time (Reformer, Kitaev et al., 2020, sec. 4 "Chunking"): an `nn.scan` over
+chunks of a rematerialised body, so that the backward pass keeps only the
+chunks' inputs and recomputes one chunk's `[batch, chunk_size, d_ff]` hidden
+activations at a time instead of storing them for the whole sequence. The
+result is the same function with the same parameters (`wi`, `wo`); a length
+that is not a multiple of `chunk_size` ends with one shorter chunk. With
+dropout, chunks draw independent masks, so the masks (not their
+distribution) differ from the unchunked layer's.
+"""
 
 import flax.linen as nn
 import jax
@@ -8,18 +19,54 @@ from longformer_jax.layers.linear import projection
 
 
 class FeedForward(nn.Module):
-  """`[batch, length, d_model] -> [batch, length, d_model]` through `d_ff`."""
+  """`[batch, length, d_model] -> [batch, length, d_model]` through `d_ff`.
+
+  `chunk_size`: 0 (default) processes the whole length at once; > 0 scans
+  over chunks of that many positions (module docstring).
+  """
   d_model: int
   d_ff: int
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
+  chunk_size: int = 0
 
-  @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
-    h = projection(self.d_ff, kernel_axes=('embed', 'mlp'), name='wi',
-                   dtype=self.dtype, use_bias=True, bias_axes=('mlp',))(x)
-    h = nn.gelu(h)
+  def setup(self):
+    # Assigned in setup (the attribute is the parameter scope name) so that the
+    # chunked path's `nn.scan` can reach them through the module it lifts.
+    self.wi = projection(self.d_ff, kernel_axes=('embed', 'mlp'), name=None, dtype=self.dtype,
+                         use_bias=True, bias_axes=('mlp',))
+    self.wo = projection(self.d_model, kernel_axes=('mlp', 'embed'), name=None, dtype=self.dtype,
+                         use_bias=True, bias_axes=('embed',))
+    self.dropout = nn.Dropout(self.dropout_rate)
+
+  def position_wise(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    """The network itself on `[batch, length, d_model]`."""
+    h = nn.gelu(self.wi(x))
     h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
-    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    return projection(self.d_model, kernel_axes=('mlp', 'embed'), name='wo',
-                      dtype=self.dtype, use_bias=True, bias_axes=('embed',))(h)
+    h = self.dropout(h, deterministic=deterministic)
+    return self.wo(h)
+
+  def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+    batch, length, d_model = x.shape
+    size = self.chunk_size
+    if size <= 0 or length <= size:
+      return self.position_wise(x, deterministic)
+    whole = length - length % size
+    chunks = jnp.swapaxes(x[:, :whole].reshape(batch, whole // size, size, d_model), 0, 1)
+
+    def one_chunk(module, carry, chunk):  # chunk [batch, size, d_model]
+      return carry, module.position_wise(chunk, deterministic)
+
+    scan = nn.scan(nn.remat(one_chunk), variable_broadcast='params',
+                   split_rngs={'params': False, 'dropout': True})
+    _, outputs = scan(self, None, chunks)
+    y = jnp.swapaxes(outputs, 0, 1).reshape(batch, whole, d_model)
+    if whole < length:
+      y = jnp.concatenate([y, self.position_wise(x[:, whole:], deterministic)], axis=1)
+    return y
+
+
+def feed_forward_from_config(cfg, dtype, name: str = 'feed_forward') -> FeedForward:
+  """The blocks' feed-forward: `d_model`, `d_ff`, `dropout_rate`, `ff_chunk_size` (0: off)."""
+  return FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout_rate, dtype,
+                     cfg.get('ff_chunk_size', 0), name=name)

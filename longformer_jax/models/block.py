@@ -7,7 +7,7 @@ import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
-from longformer_jax.layers.feed_forward import FeedForward
+from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.norms import layer_norm
 
 
@@ -27,7 +27,7 @@ class DecoderBlock(nn.Module):
     h, state, aux = attention(layer_norm('attention_norm', self.dtype)(x), state, ctx)
     x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    h = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout_rate, self.dtype, name='feed_forward')(
+    h = feed_forward_from_config(cfg, self.dtype)(
         layer_norm('feed_forward_norm', self.dtype)(x), deterministic=ctx.deterministic)
     x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))

@@ -17,7 +17,7 @@ import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
-from longformer_jax.layers.feed_forward import FeedForward
+from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.gating import Gate
 from longformer_jax.layers.norms import layer_norm
 
@@ -39,7 +39,7 @@ class GatedBlock(nn.Module):
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=ctx.deterministic)
     x = Gate(kind, bias, self.dtype, name='attention_gate')(x, self._activate(y))
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    z = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout_rate, self.dtype, name='feed_forward')(
+    z = feed_forward_from_config(cfg, self.dtype)(
         layer_norm('feed_forward_norm', self.dtype)(x), deterministic=ctx.deterministic)
     z = nn.Dropout(cfg.dropout_rate)(z, deterministic=ctx.deterministic)
     x = Gate(kind, bias, self.dtype, name='feed_forward_gate')(x, self._activate(z))

@@ -54,13 +54,14 @@ def has_schedule(config) -> bool:
 
 
 def layer_config(config, index: int) -> ml_collections.FrozenConfigDict:
-  """The model config of layer `index`: scheduled keys replaced by their i-th value."""
-  if not has_schedule(config):
-    return config
+  """The model config of layer `index`: scheduled keys replaced by their i-th value,
+  and `layer_index = index` (e.g. BigBird seeds its random blocks with it)."""
   values = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-  for name in config.layer_schedule.keys():
-    values[name] = scheduled_values(config, name)[index]
+  if has_schedule(config):
+    for name in config.layer_schedule.keys():
+      values[name] = scheduled_values(config, name)[index]
   values['layer_schedule'] = {}
+  values['layer_index'] = index
   return ml_collections.FrozenConfigDict(values)
 
 
