@@ -1,0 +1,232 @@
+"""Longformer attention (Beltagy et al., 2020): sliding window, dilation, global tokens.
+
+Every path costs O(n·w) (plus O(n·g) for g global tokens); no n x n array is
+ever built.
+
+Window convention: `model.window` is ONE-SIDED (the original code's
+`attention_window`; Hugging Face's `attention_window` is twice this): with
+dilation d a query at position i attends to keys at i - j in {0, d, ..., w·d}
+(causal: w + 1 keys) or |i - j| in {0, d, ..., w·d} (two-sided: 2w + 1 keys).
+
+Config keys (`model.*`, all optional):
+  window             one-sided window w (default 256).
+  dilation           dilation of every head (default 1), or
+  head_dilations     one per head, e.g. '1,1,2,2' (',', ':' or spaces), as in
+                     the paper's LM setup (a few heads dilated in upper layers).
+  causal             decoder (True, default) or encoder (False).
+  block_size         queries per block of the blocked kernel (0: automatic).
+  global_tokens      the most global tokens per row and chunk (0: no global attention).
+  global_projections separate Q_g, K_g, V_g for global rows (default True).
+  window_cache       keep a FIFO cache of the last w·max(d) hidden states so that
+                     windows cross chunk boundaries (default: True when causal; the
+                     chunked stream is then processed exactly as one long sequence).
+  rotary             RoPE on queries and keys (default True); False for models that
+                     add absolute position embeddings themselves.
+Per-layer windows and dilations come from `model.layer_schedule` (the model
+builds layer i from its own config), so this module reads `window` only.
+
+Positions: RoPE (as attention/vanilla.py), rotated relative to the chunk's
+first position; the cache holds hidden states (keys are re-made and rotated at
+their stored positions), which keeps it exact. The cache is stop-gradient.
+"""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention import cached_context, global_tokens
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.dilated_window import dilated_window_attention
+from longformer_jax.attention.masking import causal_document_mask
+from longformer_jax.attention.partial_softmax import merge_parts, softmax_part
+from longformer_jax.attention.sliding_window import auto_block_size
+from longformer_jax.config_errors import ConfigError, require
+from longformer_jax.layers.linear import projection
+from longformer_jax.layers.positional import apply_rotary
+from longformer_jax.memory import fifo
+
+KERNEL_AXES = ('embed', 'heads', 'head_dim')
+
+
+def parse_head_dilations(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+  """`head_dilations` ('1,1,2,2', '1:1:2:2' or a sequence), else `dilation` for every head."""
+  num_heads = config.num_heads
+  spec = config.get('head_dilations', '')
+  if isinstance(spec, str):
+    parts = [p for p in re.split(r'[,:\s]+', spec.strip()) if p]
+    try:
+      dilations = tuple(int(p) for p in parts)
+    except ValueError:
+      raise ConfigError('model.head_dilations', f'expected integers, got {spec!r}') from None
+  else:
+    dilations = tuple(int(d) for d in spec or ())
+  if not dilations:
+    dilation = config.get('dilation', 1)
+    require(isinstance(dilation, int) and dilation >= 1, 'model.dilation',
+            f'must be an integer >= 1, got {dilation!r}')
+    return (dilation,) * num_heads
+  require(len(dilations) == num_heads, 'model.head_dilations',
+          f'needs one value per head ({num_heads}), got {len(dilations)}: {spec!r}')
+  require(all(d >= 1 for d in dilations), 'model.head_dilations',
+          f'dilations must be >= 1, got {spec!r}')
+  return dilations
+
+
+class LongformerAttention(nn.Module):
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
+  num_heads: int
+  head_dim: int
+  d_model: int
+  window: int = 256
+  head_dilations: tuple = ()
+  causal: bool = True
+  block_size: int = 0
+  global_tokens: int = 0
+  global_projections: bool = True
+  window_cache: bool = True
+  rotary: bool = True
+  dtype: jnp.dtype = jnp.float32
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    return cls(dtype=dtype, name=name, **cls.settings(config))
+
+  @staticmethod
+  def settings(config: ml_collections.ConfigDict) -> dict:
+    """The module's fields from the (per-layer) model config, validated."""
+    window = config.get('window', 256)
+    require(isinstance(window, int) and window >= 1, 'model.window',
+            f'the one-sided window must be an integer >= 1, got {window!r}')
+    causal = config.get('causal', True)
+    block_size = config.get('block_size', 0)
+    require(isinstance(block_size, int) and block_size >= 0, 'model.block_size',
+            f'must be an integer >= 0 (0: automatic), got {block_size!r}')
+    num_global = config.get('global_tokens', 0)
+    require(isinstance(num_global, int) and num_global >= 0, 'model.global_tokens',
+            f'must be an integer >= 0, got {num_global!r}')
+    window_cache = config.get('window_cache', causal)
+    require(causal or not window_cache, 'model.window_cache',
+            'a two-sided (causal=False) window needs keys of the next chunk; set it False')
+    rotary = config.get('rotary', True)
+    require(not rotary or config.head_dim % 2 == 0, 'model.head_dim',
+            f'rotary positions need an even head_dim, got {config.head_dim}')
+    return dict(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+                window=window, head_dilations=parse_head_dilations(config), causal=causal,
+                block_size=block_size, global_tokens=num_global,
+                global_projections=config.get('global_projections', True),
+                window_cache=window_cache, rotary=rotary)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+    """A FIFO cache of the last `window * max(dilation)` hidden states (empty without cache)."""
+    settings = LongformerAttention.settings(config)
+    capacity = cache_length(settings['window'], settings['head_dilations'],
+                            settings['window_cache'])
+    return fifo.create(batch_size, capacity, (config.d_model,), dtype)
+
+  def _rotate(self, x: jax.Array, positions: jax.Array, origin: jax.Array) -> jax.Array:
+    return apply_rotary(x, positions - origin) if self.rotary else x
+
+  def _window_part(self, q, k, v, ctx: AttentionContext, context: fifo.FifoMemory,
+                   key_valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Sliding-window attention, heads grouped by dilation -> `(out, lse)`."""
+    key_offset = context.positions.shape[1] - ctx.positions.shape[1]
+    block_size = self.block_size or auto_block_size(self.window)
+    outs, lses, order = [], [], []
+    for dilation in sorted(set(self.head_dilations)):
+      heads = [h for h, d in enumerate(self.head_dilations) if d == dilation]
+      pick = (lambda a: a) if len(heads) == self.num_heads else (lambda a: a[:, :, heads])
+      out, lse = dilated_window_attention(
+          pick(q), pick(k), pick(v), ctx.positions, ctx.segment_ids, context.positions,
+          context.segment_ids, key_valid, window=self.window, dilation=dilation,
+          block_size=block_size, causal=self.causal, key_offset=key_offset,
+          scale=self.head_dim ** -0.5)
+      outs.append(out)
+      lses.append(lse)
+      order += heads
+    if len(outs) == 1:
+      return outs[0], lses[0]
+    inverse = [order.index(h) for h in range(self.num_heads)]
+    return (jnp.concatenate(outs, axis=2)[:, :, inverse],
+            jnp.concatenate(lses, axis=2)[:, :, inverse])
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
+    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+    chunk_len = x.shape[1]
+    key_offset = context.positions.shape[1] - chunk_len
+    make = lambda name: projection((self.num_heads, self.head_dim), kernel_axes=KERNEL_AXES,
+                                   name=name, dtype=self.dtype)
+    query, key, value = make('query'), make('key'), make('value')
+    origin = ctx.positions[:, :1]
+    q = self._rotate(query(x), ctx.positions, origin)
+    k = self._rotate(key(context.values), context.positions, origin)
+    v = value(context.values)
+
+    aux = {}
+    key_valid = context.valid
+    if self.global_tokens:
+      flags = (jnp.zeros_like(ctx.valid) if ctx.global_flags is None
+               else ctx.global_flags & ctx.valid)
+      slots, found = global_tokens.first_global_slots(flags, self.global_tokens)
+      aux['global_tokens_dropped'] = jnp.mean(
+          jnp.sum(flags, axis=1) - jnp.sum(found, axis=1)).astype(jnp.float32)
+      is_global = global_tokens.global_key_flags(slots, chunk_len)
+      # Global keys are attended through the global part only (counted once).
+      key_valid = key_valid & ~jnp.pad(is_global, ((0, 0), (key_offset, 0)))
+
+    out, lse = self._window_part(q, k, v, ctx, context, key_valid)
+    if self.global_tokens:
+      to_global, to_global_lse = self._attend_global_keys(q, k, v, ctx, slots, found, key_offset)
+      out = merge_parts([out, to_global], [lse, to_global_lse])
+      rows = self._global_rows(x, q, k, v, context, ctx, slots, found, origin,
+                               (query, key, value))
+      out = global_tokens.scatter_slots(out, slots, rows.astype(out.dtype))
+    out = out.astype(self.dtype)
+    out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
+    return cached_context.project_output(out, self.d_model, self.dtype), new_state, aux
+
+  def _attend_global_keys(self, q, k, v, ctx: AttentionContext, slots, found, key_offset):
+    """Every query over the chunk's global tokens (local K_s, V_s) -> `(out, lse [b, c, h])`."""
+    chunk_k, chunk_v = k[:, key_offset:], v[:, key_offset:]
+    k_g, v_g = global_tokens.gather_slots(chunk_k, slots), global_tokens.gather_slots(chunk_v, slots)
+    mask = causal_document_mask(ctx.positions, ctx.segment_ids,
+                                global_tokens.gather_slots(ctx.positions, slots),
+                                global_tokens.gather_slots(ctx.segment_ids, slots), found,
+                                causal=self.causal)                       # [b, c, g]
+    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k_g,
+                        preferred_element_type=jnp.float32) * self.head_dim ** -0.5
+    weights, lse = softmax_part(logits, mask[:, None])
+    out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v_g)
+    return out, jnp.swapaxes(lse, 1, 2)
+
+  def _global_rows(self, x, q, k, v, context: fifo.FifoMemory, ctx: AttentionContext,
+                   slots, found, origin, local_projections):
+    """The global tokens' rows: each attends to all of `[cache; chunk]` -> `[b, g, h, d]`."""
+    g_positions = global_tokens.gather_slots(ctx.positions, slots)
+    g_segments = global_tokens.gather_slots(ctx.segment_ids, slots)
+    if self.global_projections:
+      kernels = [nn.unbox(p.variables['params']['kernel']) for p in local_projections]
+      make = lambda name: global_tokens.InitialisedFromProjection(KERNEL_AXES, self.dtype,
+                                                                  name=name)
+      q_g = make('query_global')(global_tokens.gather_slots(x, slots), kernels[0])
+      k_g = make('key_global')(context.values, kernels[1])
+      v_g = make('value_global')(context.values, kernels[2])
+      q_g = self._rotate(q_g, g_positions, origin)
+      k_g = self._rotate(k_g, context.positions, origin)
+    else:
+      q_g, k_g, v_g = global_tokens.gather_slots(q, slots), k, v
+    mask = causal_document_mask(g_positions, g_segments, context.positions, context.segment_ids,
+                                context.valid, causal=self.causal) & found[:, :, None]
+    logits = jnp.einsum('bqhd,bkhd->bhqk', q_g, k_g,
+                        preferred_element_type=jnp.float32) * self.head_dim ** -0.5
+    weights, _ = softmax_part(logits, mask[:, None])
+    return jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v_g.dtype), v_g)
+
+
+def cache_length(window: int, head_dilations: tuple, window_cache: bool) -> int:
+  """Hidden states one layer needs from before the chunk: w * max(d), or 0."""
+  return window * max(head_dilations) if window_cache else 0
