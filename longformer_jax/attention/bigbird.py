@@ -1,0 +1,223 @@
+"""BigBird block-sparse attention (Zaheer et al., 2020): window + global + random blocks.
+
+Within the chunk (stateless), rotary positions as in vanilla.py. The chunk is
+cut into blocks of `b` slots (block_sparse.py); with blk(t) = t // b on
+positions relative to the chunk's first token, query i may attend to key j
+(same document, real key, and j <= i when causal) iff
+
+  window   |blk(i) - blk(j)| <= w                       (w blocks on each side)
+  random   blk(j) in R[blk(i)]                          (r random blocks per query block)
+  global   i or j is a global token                     (attends to / is attended by all)
+
+Global tokens (section 2, "BigBird-ITC"): every token of the first g blocks,
+plus tokens flagged in `ctx.global_flags` (e.g. [CLS] or a question), at most
+`max_global_tokens` of them, the earliest first; padded tokens are never
+global. Encoder (bidirectional) by default in an encoder model; the LM
+configs set `causal` (read from `config.causal`, default True as in
+vanilla.py), which applies the causal rule to the same block pattern and
+draws random blocks among past blocks only.
+
+The random pattern R `[num_blocks, r]` is drawn from an explicit key,
+`fold_in(PRNGKey(bigbird_seed), layer_index)` (`layer_index` is the layer's
+number, set by `models/layer_schedule.layer_config`; 0 outside a stack), by `random_block_pattern`: it
+depends only on (key, number of blocks), so train and eval see the same
+pattern for the same key and chunk length (a different eval chunk length
+gives a different number of blocks, hence a different pattern). It is the
+same for every row and every chunk. Each query block draws r distinct blocks
+outside its window and the ITC blocks (and, causal, in the past); when fewer
+than r such blocks exist, the rest of its draws repeat window or global
+blocks, whose keys the random set then masks.
+
+Blocked implementation, O(n * (2w + 1 + r) * b + n * G) for G global slots:
+per query block one softmax over three disjoint key sets, the window blocks
+(sliced), the random blocks (gathered; window keys and global keys masked,
+they are in the other sets), and the G gathered global tokens (window keys
+masked); the G global queries then attend to the whole chunk, O(n * G), and
+their rows replace the sparse ones.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention import block_sparse, cached_context
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.dot_product import attend
+from longformer_jax.config_errors import require
+from longformer_jax.layers.positional import apply_rotary
+
+
+def random_block_pattern(key: jax.Array, num_blocks: int, num_random: int, window_blocks: int,
+                         global_blocks: int, causal: bool) -> jax.Array:
+  """R: `[num_blocks, min(num_random, num_blocks)]` int32, distinct key blocks per query block.
+
+  Candidates for query block I are the blocks J with |I - J| > window_blocks,
+  J >= global_blocks and (causal) J < I; they are drawn first, uniformly
+  without replacement; non-candidates fill any remaining draws.
+  """
+  query, key_block = jnp.arange(num_blocks)[:, None], jnp.arange(num_blocks)[None, :]
+  candidate = (jnp.abs(query - key_block) > window_blocks) & (key_block >= global_blocks)
+  if causal:
+    candidate &= key_block < query
+  scores = jax.random.uniform(key, (num_blocks, num_blocks))
+  scores = jnp.where(candidate, scores, scores - 2.0)
+  _, index = jax.lax.top_k(scores, min(num_random, num_blocks))
+  return index.astype(jnp.int32)
+
+
+def pattern_key(seed: int, layer_index: int) -> jax.Array:
+  """The explicit PRNG key of a layer's random blocks."""
+  return jax.random.fold_in(jax.random.PRNGKey(seed), layer_index)
+
+
+def effective_global_flags(rel: jax.Array, valid: jax.Array, flags: jax.Array, block: int,
+                           global_blocks: int, max_global_tokens: int) -> jax.Array:
+  """`[batch, n]`: the ITC blocks plus the first `max_global_tokens` flagged tokens, if real."""
+  itc = rel // block < global_blocks
+  flagged = flags & valid & ~itc
+  flagged &= jnp.cumsum(flagged, axis=1) <= max_global_tokens
+  return (itc | flagged) & valid
+
+
+def take_slots(x: jax.Array, index: jax.Array) -> jax.Array:
+  """`x [batch, n, ...]` at `index [batch, m]` -> `[batch, m, ...]`."""
+  return jax.vmap(lambda row, i: row[i])(x, index)
+
+
+def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
+                      segment_ids: jax.Array, valid: jax.Array, global_flags, random_blocks,
+                      *, block: int, window_blocks: int, global_blocks: int,
+                      max_global_tokens: int, causal: bool) -> jax.Array:
+  """Blocked BigBird attention.
+
+  Args:
+    q, k, v: `[batch, n, heads, head_dim]`, q already scaled by 1/sqrt(head_dim).
+    positions, segment_ids, valid: `[batch, n]`; positions consecutive along the chunk.
+    global_flags: `[batch, n]` bool or None.
+    random_blocks: R `[num_blocks, r]` int32 (random_block_pattern), num_blocks = ceil(n / block).
+  Returns:
+    `[batch, n, heads, head_dim]`.
+  """
+  n = q.shape[1]
+  context = block_sparse.blocked_context(positions, segment_ids, valid, block)
+  padded = context.rel.shape[1]
+  q, k, v = (block_sparse.pad_length(a, padded) for a in (q, k, v))
+  flags = jnp.zeros_like(context.valid) if global_flags is None else global_flags
+  is_global = effective_global_flags(context.rel, context.valid,
+                                     block_sparse.pad_length(flags, padded, False), block,
+                                     global_blocks, max_global_tokens)
+  q_blocks, k_blocks, v_blocks = (block_sparse.to_blocks(a, block) for a in (q, k, v))
+
+  def in_window(q_rel, k_rel):
+    return jnp.abs(q_rel // block - k_rel // block) <= window_blocks
+
+  def causal_rule(q_rel, k_rel):
+    if causal:
+      return k_rel <= q_rel
+    return jnp.ones(jnp.broadcast_shapes(q_rel.shape, k_rel.shape), bool)
+
+  offsets = range(-window_blocks, 1 if causal else window_blocks + 1)
+  key_sets = [block_sparse.neighbour_key_set(
+      q_blocks, k_blocks, v_blocks, context, block, offsets,
+      lambda q_rel, k_rel: in_window(q_rel, k_rel) & causal_rule(q_rel, k_rel))]
+  outside_window = lambda q_rel, k_rel: ~in_window(q_rel, k_rel) & causal_rule(q_rel, k_rel)
+
+  num_globals = min(global_blocks * block + max_global_tokens, padded)
+  if num_globals:
+    slot = jnp.arange(padded)
+    # Global slots first (earliest first), then the earliest others, which are masked.
+    _, global_index = jax.lax.top_k(jnp.where(is_global, padded - slot, -slot), num_globals)
+    global_flag = take_slots(is_global, global_index)
+    g_rel, g_seg, g_valid = (take_slots(a, global_index) for a in context)
+    key_sets.append(block_sparse.gathered_key_set(
+        q_blocks, take_slots(k, global_index), take_slots(v, global_index), g_rel, g_seg,
+        g_valid & global_flag, context, block, outside_window))
+  if random_blocks.shape[1]:
+    non_global = context._replace(valid=context.valid & ~is_global)
+    key_sets.append(block_sparse.gathered_blocks_key_set(
+        q_blocks, k_blocks, v_blocks, non_global, block, random_blocks, outside_window))
+  out = block_sparse.from_blocks(block_sparse.attend_key_sets(key_sets, v.dtype))
+
+  if num_globals:
+    # Global queries attend to the whole chunk: [batch, G] x [batch, padded].
+    logits = jnp.einsum('bghd,bkhd->bhgk', take_slots(q, global_index), k)
+    mask = (block_sparse.document_mask(g_seg[:, :, None], context.segments[:, None, :],
+                                       context.valid[:, None, :])
+            & causal_rule(g_rel[:, :, None], context.rel[:, None, :]))
+    global_out = attend(logits, mask, v)
+    rows = jnp.arange(q.shape[0])[:, None]
+    sparse_rows = out[rows, global_index]
+    out = out.at[rows, global_index].set(
+        jnp.where(global_flag[..., None, None], global_out, sparse_rows))
+  return out[:, :n]
+
+
+def check_settings(block: int, window_blocks: int, random_blocks: int, global_blocks: int,
+                   max_global_tokens: int) -> None:
+  """Raises ConfigError naming the model key of a bad setting."""
+  require(isinstance(block, int) and block > 0, 'model.bigbird_block',
+          f'must be a positive integer, got {block!r}')
+  for key, value in (('bigbird_window_blocks', window_blocks),
+                     ('bigbird_random_blocks', random_blocks),
+                     ('bigbird_global_blocks', global_blocks),
+                     ('bigbird_max_global_tokens', max_global_tokens)):
+    require(isinstance(value, int) and value >= 0, f'model.{key}',
+            f'must be a non-negative integer, got {value!r}')
+
+
+class BigBirdAttention(nn.Module):
+  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  num_heads: int
+  head_dim: int
+  d_model: int
+  block: int = 16
+  window_blocks: int = 1
+  random_blocks: int = 2
+  global_blocks: int = 1
+  max_global_tokens: int = 0
+  seed: int = 0
+  layer_index: int = 0
+  causal: bool = False
+  dtype: jnp.dtype = jnp.float32
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    """Keys: bigbird_block, bigbird_window_blocks, bigbird_random_blocks,
+    bigbird_global_blocks, bigbird_max_global_tokens, bigbird_seed; causal; layer_index."""
+    settings = dict(block=config.get('bigbird_block', 16),
+                    window_blocks=config.get('bigbird_window_blocks', 1),
+                    random_blocks=config.get('bigbird_random_blocks', 2),
+                    global_blocks=config.get('bigbird_global_blocks', 1),
+                    max_global_tokens=config.get('bigbird_max_global_tokens', 0))
+    check_settings(**settings)
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               seed=config.get('bigbird_seed', 0), layer_index=config.get('layer_index', 0),
+               causal=config.get('causal', True), dtype=dtype, name=name, **settings)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+    """Stateless: attends within the chunk."""
+    return {}
+
+  def pattern(self, chunk_len: int) -> jax.Array:
+    """This layer's random blocks R for a chunk of `chunk_len` tokens."""
+    return random_block_pattern(pattern_key(self.seed, self.layer_index),
+                                block_sparse.num_blocks_for(chunk_len, self.block),
+                                self.random_blocks, self.window_blocks, self.global_blocks,
+                                self.causal)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state, ctx: AttentionContext):
+    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    k = cached_context.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
+    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
+    rel = ctx.positions - ctx.positions[:, :1]
+    q = apply_rotary(q, rel) / jnp.sqrt(self.head_dim).astype(self.dtype)
+    k = apply_rotary(k, rel)
+    out = bigbird_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, ctx.global_flags,
+                            self.pattern(x.shape[1]), block=self.block,
+                            window_blocks=self.window_blocks, global_blocks=self.global_blocks,
+                            max_global_tokens=self.max_global_tokens, causal=self.causal)
+    out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
+    return cached_context.project_output(out, self.d_model, self.dtype), state, {}

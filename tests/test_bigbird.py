@@ -1,0 +1,216 @@
+"""BigBird block-sparse attention against a float64 dense-mask reference.
+
+The reference decides every (query, key) pair with loops from the rule of
+Zaheer et al. (2020): window blocks, the layer's random blocks R, global
+tokens (first g blocks, plus the first flagged tokens), on positions relative
+to the chunk start; softmax in numpy float64 (helpers shared with
+test_sparse_transformer.py). Inputs have a document boundary, padding, random
+global flags, and lengths that are and are not multiples of the block.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import train as train_script
+from longformer_jax.attention.bigbird import (BigBirdAttention, bigbird_attention, pattern_key,
+                                              random_block_pattern)
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.models.decoder_lm import DecoderLM
+from tests.test_sparse_transformer import (B, D, H, HD, chunk_facts, context_for,
+                                           dense_jax_attention, largest_intermediate,
+                                           reference_layer)
+from tests.tiny_models import tiny_config, tiny_model_config
+
+BLOCK, WINDOW, RANDOM = 4, 1, 2
+
+
+def reference_globals(positions, valid, flags, global_blocks, max_flagged) -> np.ndarray:
+  """`[batch, n]`: real tokens of the first g blocks, then the first `max_flagged` flagged ones."""
+  is_global = np.zeros(positions.shape, bool)
+  for row in range(positions.shape[0]):
+    flagged = 0
+    for t in range(positions.shape[1]):
+      if not valid[row, t]:
+        continue
+      if (positions[row, t] - positions[row, 0]) // BLOCK < global_blocks:
+        is_global[row, t] = True
+      elif flags[row, t] and flagged < max_flagged:
+        is_global[row, t] = True
+        flagged += 1
+  return is_global
+
+
+def reference_mask(positions, segments, valid, is_global, pattern, causal) -> np.ndarray:
+  """`[batch, 1, n, n]` bool, one (query, key) pair at a time."""
+  b, n = positions.shape
+  allowed = np.zeros((b, 1, n, n), bool)
+  for row in range(b):
+    rel = positions[row] - positions[row, 0]
+    for i in range(n):
+      for j in range(n):
+        qb, kb = rel[i] // BLOCK, rel[j] // BLOCK
+        sparse = (abs(qb - kb) <= WINDOW or kb in pattern[qb]
+                  or is_global[row, i] or is_global[row, j])
+        allowed[row, 0, i, j] = (sparse and valid[row, j] and segments[row, i] == segments[row, j]
+                                 and (not causal or rel[j] <= rel[i]))
+  return allowed
+
+
+def random_flags(n: int) -> np.ndarray:
+  return np.random.default_rng(n).random((B, n)) < 0.25
+
+
+@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('n,global_blocks,max_flagged', [(24, 1, 0), (22, 0, 3)])
+def test_layer_matches_dense_reference(n, global_blocks, max_flagged, causal):
+  module = BigBirdAttention(num_heads=H, head_dim=HD, d_model=D, block=BLOCK,
+                            window_blocks=WINDOW, random_blocks=RANDOM,
+                            global_blocks=global_blocks, max_global_tokens=max_flagged, seed=3,
+                            layer_index=1, causal=causal)
+  positions, segments, valid = chunk_facts(n)
+  flags = random_flags(n)
+  ctx = context_for(positions, segments, valid).replace(global_flags=jnp.asarray(flags))
+  x = jax.random.normal(jax.random.PRNGKey(n), (B, n, D))
+  params = jax.jit(module.init)(jax.random.PRNGKey(0), x, {}, ctx)['params']
+  y, state, aux = jax.jit(module.apply)({'params': params}, x, {}, ctx)
+  assert state == {} and aux == {}
+  pattern = np.asarray(module.pattern(n))
+  is_global = reference_globals(positions, valid, flags, global_blocks, max_flagged)
+  allowed = reference_mask(positions, segments, valid, is_global, pattern, causal)
+  # The case must exercise random keys that neither window nor globals cover.
+  assert (allowed & ~reference_mask(positions, segments, valid, is_global,
+                                    np.zeros((pattern.shape[0], 0), int), causal)).any()
+  expected = reference_layer(params, x, positions, allowed)
+  np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_gradients_match_dense_reference(causal):
+  n, global_blocks, max_flagged = 21, 1, 2
+  positions, segments, valid = chunk_facts(n)
+  flags = random_flags(n)
+  pattern = random_block_pattern(pattern_key(5, 0), 6, RANDOM, WINDOW, global_blocks, causal)
+  is_global = reference_globals(positions, valid, flags, global_blocks, max_flagged)
+  allowed = reference_mask(positions, segments, valid, is_global, np.asarray(pattern), causal)
+  q, k, v, cotangent = (jax.random.normal(jax.random.PRNGKey(i), (B, n, H, HD)) for i in range(4))
+
+  def blocked_loss(q, k, v):
+    out = bigbird_attention(q, k, v, jnp.asarray(positions), jnp.asarray(segments),
+                            jnp.asarray(valid), jnp.asarray(flags), pattern, block=BLOCK,
+                            window_blocks=WINDOW, global_blocks=global_blocks,
+                            max_global_tokens=max_flagged, causal=causal)
+    return jnp.sum(out * cotangent)
+
+  dense_loss = lambda q, k, v: jnp.sum(dense_jax_attention(q, k, v, allowed) * cotangent)
+  got = jax.jit(jax.grad(blocked_loss, argnums=(0, 1, 2)))(q, k, v)
+  expected = jax.grad(dense_loss, argnums=(0, 1, 2))(q, k, v)
+  for g, e in zip(got, expected):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_forward_and_backward_never_build_an_n_by_n_array(causal):
+  n, block = 1024, 32
+  positions = jnp.arange(n, dtype=jnp.int32)[None]
+  flags = (positions % 100 == 7)
+  pattern = random_block_pattern(pattern_key(0, 0), n // block, 3, 1, 1, causal)
+  q = jnp.ones((1, n, 1, 8))
+
+  def loss(q, k, v):
+    return jnp.sum(bigbird_attention(q, k, v, positions, jnp.zeros_like(positions),
+                                     jnp.ones((1, n), bool), flags, pattern, block=block,
+                                     window_blocks=1, global_blocks=1, max_global_tokens=8,
+                                     causal=causal))
+  largest = largest_intermediate(jax.grad(loss, argnums=(0, 1, 2)), q, q, q)
+  # The concatenated scores: window, random and global keys of every query.
+  keys_per_query = (2 + (0 if causal else 1) + 3) * block + block + 8
+  assert largest <= n * keys_per_query < n * n // 4, largest
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_random_pattern_is_a_function_of_its_key(causal):
+  num_blocks, num_random, window, global_blocks = 16, 3, 1, 1
+  draw = lambda seed, layer: np.asarray(random_block_pattern(
+      pattern_key(seed, layer), num_blocks, num_random, window, global_blocks, causal))
+  pattern = draw(0, 2)
+  np.testing.assert_array_equal(pattern, draw(0, 2))
+  assert (pattern != draw(1, 2)).any() and (pattern != draw(0, 3)).any()
+  assert pattern.shape == (num_blocks, num_random)
+  for query_block, row in enumerate(pattern):
+    assert len(set(row.tolist())) == num_random
+    candidates = [j for j in range(global_blocks, num_blocks) if abs(query_block - j) > window
+                  and (not causal or j < query_block)]
+    # Candidates are drawn first; only blocks short of candidates repeat others.
+    assert set(row[:min(num_random, len(candidates))].tolist()) <= set(candidates)
+
+
+def test_train_and_eval_see_the_same_pattern():
+  """No hidden randomness: a training call (dropout rng, not deterministic) equals an eval call."""
+  module = BigBirdAttention(num_heads=H, head_dim=HD, d_model=D, block=BLOCK,
+                            window_blocks=WINDOW, random_blocks=RANDOM, seed=7)
+  n = 48
+  positions, segments, valid = chunk_facts(n)
+  ctx = context_for(positions, segments, valid)
+  x = jax.random.normal(jax.random.PRNGKey(0), (B, n, D))
+  params = jax.jit(module.init)(jax.random.PRNGKey(0), x, {}, ctx)
+  apply = jax.jit(lambda ctx, rngs: module.apply(params, x, {}, ctx, rngs=rngs)[0])
+  evaluated = apply(ctx, {})
+  trained = apply(ctx.replace(deterministic=False), {'dropout': jax.random.PRNGKey(9)})
+  np.testing.assert_array_equal(np.asarray(trained), np.asarray(evaluated))
+  assert (np.asarray(module.clone(seed=8).pattern(n)) != np.asarray(module.pattern(n))).any()
+
+
+@pytest.mark.parametrize('key,overrides', [
+    ('model.bigbird_block', dict(bigbird_block=0)),
+    ('model.bigbird_window_blocks', dict(bigbird_window_blocks=-1)),
+    ('model.bigbird_random_blocks', dict(bigbird_random_blocks=1.5)),
+    ('model.bigbird_global_blocks', dict(bigbird_global_blocks=-2)),
+    ('model.bigbird_max_global_tokens', dict(bigbird_max_global_tokens=-1)),
+])
+def test_bad_settings_name_their_key(key, overrides):
+  cfg = tiny_model_config(attention='bigbird', mem_len=0, **overrides)
+  with pytest.raises(ConfigError) as error:
+    BigBirdAttention.from_config(cfg, jnp.float32)
+  assert error.value.key == key
+
+
+def test_layers_draw_their_own_pattern_in_the_model():
+  """The stack gives each layer its index, folded into its key: layers draw different patterns."""
+  n = 24
+  cfg = tiny_model_config(attention='bigbird', mem_len=0, causal=False, bigbird_block=BLOCK,
+                          bigbird_window_blocks=WINDOW, bigbird_random_blocks=RANDOM,
+                          bigbird_global_blocks=0, bigbird_seed=4)
+  positions, segments, valid = chunk_facts(n)
+  ctx = context_for(positions, segments, valid)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (B, n)), jnp.int32)
+  model = DecoderLM(cfg)
+  states = DecoderLM.init_state(cfg, B)
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens, states, ctx)['params']
+  _, captured = jax.jit(functools.partial(model.apply, capture_intermediates=True,
+                                          mutable=['intermediates']))(
+      {'params': params}, tokens, states, ctx)
+  patterns = [np.asarray(random_block_pattern(pattern_key(4, i), n // BLOCK, RANDOM, WINDOW, 0,
+                                              False)) for i in range(2)]
+  assert (patterns[0] != patterns[1]).any()
+  no_globals = np.zeros((B, n), bool)
+  for i, pattern in enumerate(patterns):
+    layer = captured['intermediates']['blocks'][f'layer_{i}']
+    allowed = reference_mask(positions, segments, valid, no_globals, pattern, causal=False)
+    expected = reference_layer(params['blocks'][f'layer_{i}']['attention'],
+                               layer['attention_norm']['__call__'][0], positions, allowed)
+    np.testing.assert_allclose(np.asarray(layer['attention']['__call__'][0][0]), expected,
+                               rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.slow
+def test_trains_as_a_causal_language_model(tmp_path):
+  config = tiny_config(attention='bigbird', mem_len=0, causal=True, bigbird_block=4,
+                       bigbird_random_blocks=1, bigbird_global_blocks=1)
+  config.data.chunk_len = 16
+  config.train.update(num_steps=3, log_every=1, checkpoint_every=3)
+  state, metrics = train_script.train(config, str(tmp_path))
+  assert int(state.step) == 3 and np.isfinite(metrics['loss'])

@@ -1,0 +1,248 @@
+"""Sparse Transformer attention (blocked) against a float64 dense-mask reference.
+
+The reference writes each pattern straight from Child et al. (2019), section
+4.3, as a Python rule on a (query, key) pair of positions relative to the
+chunk start, builds the whole n x n mask with loops, and takes a plain
+softmax in numpy float64. Inputs have a document boundary and padding, and
+lengths that are and are not multiples of the stride.
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import train as train_script
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.sparse_transformer import (SparseTransformerAttention,
+                                                         sparse_transformer_attention)
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.models.decoder_lm import DecoderLM
+from tests.tiny_models import context_of, stream_batch, tiny_config, tiny_model_config
+
+B, D, H, HD = 2, 32, 2, 16
+STRIDE, SUMMARY = 4, 2
+START = 40     # stream position of the chunk's first token
+
+
+def paper_rule(component: str, i: int, j: int, l: int, c: int) -> bool:
+  """Section 4.3 of the paper, on relative positions (strided local: the released code's l)."""
+  if component == 'strided_local':
+    return max(0, i - l + 1) <= j <= i
+  if component == 'strided_summary':
+    return j <= i and (i - j) % l == 0
+  if component == 'fixed_local':
+    return j <= i and j // l == i // l
+  if component == 'fixed_summary':
+    return j <= i and j % l in range(l - c, l)
+  raise ValueError(component)
+
+
+def components_per_head(pattern: str, integration: str, num_heads: int) -> list:
+  union = {'strided': ['strided_local', 'strided_summary'],
+           'fixed': ['fixed_local', 'fixed_summary']}.get(pattern, [pattern])
+  if integration == 'multihead':
+    return [[union[0]]] * (num_heads // 2) + [[union[1]]] * (num_heads - num_heads // 2)
+  return [union] * num_heads
+
+
+def reference_mask(pattern, integration, positions, segments, valid, num_heads=H,
+                   l=STRIDE, c=SUMMARY) -> np.ndarray:
+  """`[batch, heads, n, n]` bool, one (query, key) pair at a time."""
+  b, n = positions.shape
+  heads = components_per_head(pattern, integration, num_heads)
+  allowed = np.zeros((b, num_heads, n, n), bool)
+  for row in range(b):
+    rel = positions[row] - positions[row, 0]
+    for h in range(num_heads):
+      for i in range(n):
+        for j in range(n):
+          allowed[row, h, i, j] = (valid[row, j] and segments[row, i] == segments[row, j]
+                                   and any(paper_rule(comp, rel[i], rel[j], l, c)
+                                           for comp in heads[h]))
+  return allowed
+
+
+def numpy_rotate(x, positions):
+  """RoPE from Su et al. (2021), eq. 34, pairs (i, i + HD/2); float64."""
+  half = x.shape[-1] // 2
+  angles = positions[:, :, None, None] * (1.0 / (10000.0 ** (np.arange(half) / half)))
+  a, c = x[..., :half], x[..., half:]
+  return np.concatenate([a * np.cos(angles) - c * np.sin(angles),
+                         c * np.cos(angles) + a * np.sin(angles)], axis=-1)
+
+
+def numpy_attention(q, k, v, allowed):
+  """float64 softmax attention under `allowed [b, h, q, k]`; rows with no key give 0."""
+  scores = np.where(allowed, np.einsum('bqhe,bkhe->bhqk', q, k), -np.inf)
+  row_max = scores.max(-1, keepdims=True)
+  weights = np.exp(scores - np.where(np.isfinite(row_max), row_max, 0.0))
+  weights /= np.maximum(weights.sum(-1, keepdims=True), 1e-300)
+  return np.einsum('bhqk,bkhe->bqhe', weights, v)
+
+
+def reference_layer(params, x, positions, allowed):
+  """The attention layer in float64: projections, RoPE (relative to the chunk), masked softmax."""
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))
+  x = np.asarray(x, np.float64)
+  rel = positions - positions[:, :1]
+  head_dim = p['query']['kernel'].shape[-1]
+  q = numpy_rotate(np.einsum('bqd,dhe->bqhe', x, p['query']['kernel']), rel) / np.sqrt(head_dim)
+  k = numpy_rotate(np.einsum('bkd,dhe->bkhe', x, p['key']['kernel']), rel)
+  v = np.einsum('bkd,dhe->bkhe', x, p['value']['kernel'])
+  return np.einsum('bqhe,hed->bqd', numpy_attention(q, k, v, allowed), p['out']['kernel'])
+
+
+def chunk_facts(n: int):
+  """Row 0: one document; row 1: a new document at slot 6 and its last 3 slots padding."""
+  positions = np.tile(np.arange(START, START + n, dtype=np.int32), (B, 1))
+  segments = np.zeros((B, n), np.int32)
+  segments[1, 6:] = 1
+  valid = np.ones((B, n), bool)
+  valid[1, -3:] = False
+  return positions, segments, valid
+
+
+def context_for(positions, segments, valid) -> AttentionContext:
+  return AttentionContext(positions=jnp.asarray(positions), segment_ids=jnp.asarray(segments),
+                          reset=jnp.zeros((B,), bool), valid=jnp.asarray(valid))
+
+
+# Merged unions at a multiple of the stride and not; multihead and single
+# components (interleaved layers) not.
+CASES = ([(pattern, 'merged', n) for pattern in ('strided', 'fixed') for n in (16, 13)]
+         + [(pattern, 'multihead', 13) for pattern in ('strided', 'fixed')]
+         + [(component, 'merged', 13) for component in
+            ('strided_local', 'strided_summary', 'fixed_local', 'fixed_summary')])
+
+
+@pytest.mark.parametrize('pattern,integration,n', CASES)
+def test_layer_matches_dense_reference(pattern, integration, n):
+  module = SparseTransformerAttention(num_heads=H, head_dim=HD, d_model=D, pattern=pattern,
+                                      stride=STRIDE, summary_len=SUMMARY, integration=integration)
+  positions, segments, valid = chunk_facts(n)
+  ctx = context_for(positions, segments, valid)
+  x = jax.random.normal(jax.random.PRNGKey(n), (B, n, D))
+  params = jax.jit(module.init)(jax.random.PRNGKey(0), x, {}, ctx)['params']
+  y, state, aux = jax.jit(module.apply)({'params': params}, x, {}, ctx)
+  assert state == {} and aux == {}
+  allowed = reference_mask(pattern, integration, positions, segments, valid)
+  expected = reference_layer(params, x, positions, allowed)
+  np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
+
+
+def dense_jax_attention(q, k, v, allowed):
+  """Differentiable dense reference (float32) under a constant numpy mask."""
+  scores = jnp.where(allowed, jnp.einsum('bqhe,bkhe->bhqk', q, k), -1e30)
+  weights = jax.nn.softmax(scores, axis=-1) * allowed.any(-1, keepdims=True)
+  return jnp.einsum('bhqk,bkhe->bqhe', weights, v)
+
+
+@pytest.mark.parametrize('pattern,integration,n', [('strided', 'merged', 13),
+                                                   ('fixed', 'multihead', 15)])
+def test_gradients_match_dense_reference(pattern, integration, n):
+  positions, segments, valid = chunk_facts(n)
+  allowed = reference_mask(pattern, integration, positions, segments, valid)
+  q, k, v, cotangent = (jax.random.normal(jax.random.PRNGKey(i), (B, n, H, HD)) for i in range(4))
+
+  def blocked_loss(q, k, v):
+    out = sparse_transformer_attention(q, k, v, jnp.asarray(positions), jnp.asarray(segments),
+                                       jnp.asarray(valid), pattern=pattern, stride=STRIDE,
+                                       summary_len=SUMMARY, integration=integration)
+    return jnp.sum(out * cotangent)
+
+  dense_loss = lambda q, k, v: jnp.sum(dense_jax_attention(q, k, v, allowed) * cotangent)
+  got = jax.jit(jax.grad(blocked_loss, argnums=(0, 1, 2)))(q, k, v)
+  expected = jax.grad(dense_loss, argnums=(0, 1, 2))(q, k, v)
+  for g, e in zip(got, expected):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-4, atol=1e-5)
+
+
+def largest_intermediate(fn, *args) -> int:
+  """Elements of the largest array any step of `fn`'s program (sub-programs included) makes."""
+  def walk(jaxpr) -> int:
+    biggest = 0
+    for eqn in jaxpr.eqns:
+      for var in eqn.outvars:
+        biggest = max(biggest, int(np.prod(var.aval.shape)))
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, (tuple, list)) else (param,):
+          if isinstance(sub, jax.extend.core.ClosedJaxpr):
+            biggest = max(biggest, walk(sub.jaxpr))
+          elif isinstance(sub, jax.extend.core.Jaxpr):
+            biggest = max(biggest, walk(sub))
+    return biggest
+  return walk(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+@pytest.mark.parametrize('pattern', ['strided', 'fixed'])
+def test_forward_and_backward_never_build_an_n_by_n_array(pattern):
+  n, stride = 1024, 32
+  positions = jnp.arange(n, dtype=jnp.int32)[None]
+  q = jnp.ones((1, n, 1, 8))
+
+  def loss(q, k, v):
+    return jnp.sum(sparse_transformer_attention(q, k, v, positions, jnp.zeros_like(positions),
+                                                jnp.ones((1, n), bool), pattern=pattern,
+                                                stride=stride))
+  largest = largest_intermediate(jax.grad(loss, argnums=(0, 1, 2)), q, q, q)
+  # Local keys (two blocks strided, one fixed) plus the summary keys (one or c per block).
+  keys_per_query = (2 if pattern == 'strided' else 1) * stride + n // stride
+  assert largest <= n * keys_per_query < n * n // 4, largest
+
+
+def test_interleaved_layers_follow_the_layer_schedule():
+  """layer_schedule.sparse_pattern gives layer 0 the local and layer 1 the summary component."""
+  cfg = tiny_model_config(attention='sparse_transformer', mem_len=0, sparse_stride=STRIDE,
+                          layer_schedule={'sparse_pattern': 'strided_local,strided_summary'})
+  n = 16
+  batch = stream_batch(B, n, seed=1)
+  batch['positions'] = batch['positions'] + START
+  ctx = context_of(batch)
+  model = DecoderLM(cfg)
+  states = DecoderLM.init_state(cfg, B)
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), batch['inputs'], states, ctx)['params']
+  _, captured = jax.jit(functools.partial(model.apply, capture_intermediates=True,
+                                          mutable=['intermediates']))(
+      {'params': params}, batch['inputs'], states, ctx)
+  positions = np.asarray(batch['positions'])
+  segments, valid = np.asarray(batch['segment_ids']), np.asarray(batch['input_mask'])
+  for i, component in enumerate(['strided_local', 'strided_summary']):
+    layer = captured['intermediates']['blocks'][f'layer_{i}']
+    attention_in = layer['attention_norm']['__call__'][0]
+    attention_out = layer['attention']['__call__'][0][0]
+    allowed = reference_mask(component, 'merged', positions, segments, valid, num_heads=2)
+    expected = reference_layer(params['blocks'][f'layer_{i}']['attention'], attention_in,
+                               positions, allowed)
+    np.testing.assert_allclose(np.asarray(attention_out), expected, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize('key,overrides', [
+    ('model.sparse_pattern', dict(sparse_pattern='dilated')),
+    ('model.sparse_integration', dict(sparse_integration='interleaved')),
+    ('model.sparse_integration', dict(sparse_pattern='strided_local',
+                                      sparse_integration='multihead')),
+    ('model.num_heads', dict(num_heads=1, sparse_integration='multihead')),
+    ('model.sparse_stride', dict(sparse_stride=0)),
+    ('model.sparse_summary_len', dict(sparse_pattern='fixed', sparse_stride=4,
+                                      sparse_summary_len=5)),
+    ('model.causal', dict(causal=False)),
+])
+def test_bad_settings_name_their_key(key, overrides):
+  cfg = tiny_model_config(attention='sparse_transformer', mem_len=0, **overrides)
+  with pytest.raises(ConfigError) as error:
+    SparseTransformerAttention.from_config(cfg, jnp.float32)
+  assert error.value.key == key
+
+
+@pytest.mark.slow
+def test_trains_as_a_language_model(tmp_path):
+  config = tiny_config(attention='sparse_transformer', mem_len=0, sparse_pattern='fixed',
+                       sparse_stride=4, sparse_summary_len=1)
+  config.data.chunk_len = 16
+  config.train.update(num_steps=3, log_every=1, checkpoint_every=3)
+  state, metrics = train_script.train(config, str(tmp_path))
+  assert int(state.step) == 3 and np.isfinite(metrics['loss'])
