@@ -35,11 +35,12 @@ import jax
 import ml_collections
 
 from longformer_jax.command_line import define_flags
+from longformer_jax.config_errors import ConfigError
 from longformer_jax.config_validation import parse_int_list, validate_config, validate_model
 from longformer_jax.data.corpus import load_corpus, make_tokenizer, tokenize_documents
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
-from longformer_jax.train import initialization, memory_sweep, span_report
+from longformer_jax.train import initialization, memory_sweep, phases, span_report
 from longformer_jax.train.checkpointing import Checkpointer
 from longformer_jax.train.evaluation import Evaluator
 from longformer_jax.train.optimizer import make_optimizer
@@ -54,8 +55,26 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
   with open(path) as f:
     saved = json.load(f)
   config = ml_collections.ConfigDict(saved)
+  if config.get('task', 'lm') != 'lm':
+    raise ConfigError('task', f'eval.py evaluates language models; {workdir!r} is a {config.task!r} '
+                      'run, whose validation metrics train.py writes to metrics.jsonl')
   config.eval = cli_config.eval
   config.parallel = cli_config.parallel
+  return config
+
+
+def at_checkpoint_phase(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
+  """A phased run's config with the chunk length and window of the evaluated checkpoint's phase."""
+  if phases.num_phases(config) == 1:
+    return config
+  with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
+    step = checkpointer.latest_step() if config.eval.step < 0 else config.eval.step
+  if step is None:
+    return config
+  phase = phases.phase_of_state(phases.training_phases(config), step)
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model = phases.phase_model_config(config.model, phase)
+  config.data.chunk_len = phase.chunk_len
   return config
 
 
@@ -100,7 +119,7 @@ def plot_bits_per_byte(rows: list[dict], path: str, title: str) -> None:
 
 def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Evaluates the run in `workdir`; returns what it writes to metrics.json."""
-  config = training_config(cli_config, workdir)
+  config = at_checkpoint_phase(training_config(cli_config, workdir), workdir)
   validate_config(config, jax.device_count())
   mem_lens = parse_int_list(config.eval.mem_lens, 'eval.mem_lens') or [config.model.mem_len]
   chunk_len = config.eval.chunk_len or config.data.chunk_len

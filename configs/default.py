@@ -10,6 +10,7 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  c.task = 'lm'                      # lm | classification | qa | seq2seq (encoder tasks: configs/longformer_*.py, led.py)
 
   # ---- data -----------------------------------------------------------
   c.data = ml_collections.ConfigDict()
@@ -25,7 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---- model ----------------------------------------------------------
   c.model = ml_collections.ConfigDict()
-  c.model.attention = 'xl'           # vanilla | xl
+  c.model.attention = 'xl'           # any name in longformer_jax/attention/registry.py
   c.model.num_layers = 4
   c.model.d_model = 256
   c.model.num_heads = 4
@@ -69,6 +70,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 300
   c.train.keep_checkpoints = 3
   c.train.async_checkpointing = True
+  # Phased training (Longformer, sec. 4.2): each phase multiplies the chunk length and the
+  # window by these factors and the learning rate by phase_lr_factor.
+  c.train.phases = 1
+  c.train.phase_steps = ''           # comma list adding up to num_steps; '' = equal phases
+  c.train.phase_length_factor = 2
+  c.train.phase_window_factor = 2
+  c.train.phase_lr_factor = 0.5
 
   # ---- parallelism ----------------------------------------------------
   c.parallel = ml_collections.ConfigDict()

@@ -1,0 +1,104 @@
+"""Sequence classification data: examples, the built-in tasks, and fixed-size arrays.
+
+An example is `[CLS] + tokens` (the tokenizer's BOS serves as [CLS]), cut to
+`data.seq_len` and padded; [CLS] is the one global token (Longformer, sec.
+6.1) and the classifier reads its final state.
+
+Sources (`data.corpus`):
+  * `stdlib` (built in, no download): excerpts of the standard library's
+    source files, `data.seq_len - 1` bytes each (consecutive, non-overlapping
+    pieces of every file); label 1 iff the excerpt contains a top-level class
+    statement (a line starting with `class `). Negatives are subsampled
+    (deterministically) to the number of positives, so chance is 50%.
+  * `synthetic`: random lowercase letters; label 1 iff the letter `z` occurs
+    (exactly once, at a random place). For tests: tiny and learnable.
+  * `imdb_reviews` (tensorflow-datasets, prepared under `data.tfds_data_dir`):
+    review text, label 1 = positive; 'valid' reads tfds' test split.
+"""
+
+import dataclasses
+import re
+
+import ml_collections
+import numpy as np
+
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.data import stdlib_corpus, tfds_tasks
+from longformer_jax.data.task_text import stable_hash
+
+CORPORA = ('stdlib', 'synthetic', 'imdb_reviews')
+NUM_CLASSES = 2
+_TOP_LEVEL_CLASS = re.compile(rb'^class \w', re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationExample:
+  tokens: np.ndarray   # int32 [n], without [CLS]
+  label: int
+
+
+def stdlib_has_class_texts(split: str, excerpt_len: int) -> list[tuple[bytes, int]]:
+  """`(excerpt, label)` pairs of the built-in task, positives and negatives balanced."""
+  positives, negatives = [], []
+  for document in stdlib_corpus.load_documents(split):
+    for begin in range(0, len(document.data), excerpt_len):
+      excerpt = document.data[begin:begin + excerpt_len]
+      label = int(bool(_TOP_LEVEL_CLASS.search(excerpt)))
+      (positives if label else negatives).append((excerpt, label))
+  negatives.sort(key=lambda pair: stable_hash(pair[0]))
+  pairs = positives + negatives[:len(positives)]
+  # Another hash for the order (the kept negatives have the smallest hashes of the first).
+  pairs.sort(key=lambda pair: stable_hash(b'order:' + pair[0]))
+  return pairs
+
+
+def synthetic_texts(count: int, length: int, seed: int) -> list[tuple[bytes, int]]:
+  """`count` random lowercase texts of `length` letters; label 1 iff one `z` was planted."""
+  rng = np.random.default_rng(seed)
+  pairs = []
+  for _ in range(count):
+    letters = rng.integers(ord('a'), ord('z'), length).astype(np.uint8)   # never 'z'
+    label = int(rng.integers(0, 2))
+    if label:
+      letters[rng.integers(0, length)] = ord('z')
+    pairs.append((letters.tobytes(), label))
+  return pairs
+
+
+def load_texts(data: ml_collections.ConfigDict, split: str, seed: int) -> list[tuple[bytes, int]]:
+  """The `(text, label)` pairs of `split` ('train' | 'valid') of `data.corpus`."""
+  if data.corpus == 'stdlib':
+    return stdlib_has_class_texts(split, data.seq_len - 1)
+  if data.corpus == 'synthetic':
+    count = data.max_examples or 1024
+    return synthetic_texts(count, data.seq_len - 1, seed + (split == 'valid'))
+  if data.corpus == 'imdb_reviews':
+    return tfds_tasks.imdb_reviews(split, data.tfds_data_dir)
+  raise ConfigError('data.corpus', f'unknown classification corpus {data.corpus!r}; '
+                    f'expected one of {CORPORA}')
+
+
+def classification_arrays(examples: list[ClassificationExample], seq_len: int, cls_id: int,
+                          pad_id: int) -> dict[str, np.ndarray]:
+  """Fixed-size arrays: `inputs`, `input_mask`, `global_flags` `[n, seq_len]`; `label`, `weight` `[n]`."""
+  n = len(examples)
+  inputs = np.full((n, seq_len), pad_id, np.int32)
+  for row, example in enumerate(examples):
+    tokens = np.concatenate([[cls_id], example.tokens[:seq_len - 1]])
+    inputs[row, :tokens.size] = tokens
+  global_flags = np.zeros((n, seq_len), bool)
+  global_flags[:, 0] = True
+  return dict(inputs=inputs, input_mask=inputs != pad_id, global_flags=global_flags,
+              label=np.array([e.label for e in examples], np.int32),
+              weight=np.ones((n,), np.float32))
+
+
+def load_arrays(config: ml_collections.ConfigDict, split: str, tokenizer) -> dict[str, np.ndarray]:
+  """The arrays of `split` for `config` (its `data` section), at most `data.max_examples`."""
+  data = config.data
+  texts = load_texts(data, split, config.seed)
+  if data.max_examples:
+    texts = texts[:data.max_examples]
+  examples = [ClassificationExample(tokenizer.encode(text)[:data.seq_len - 1], label)
+              for text, label in texts]
+  return classification_arrays(examples, data.seq_len, tokenizer.bos_id, tokenizer.pad_id)

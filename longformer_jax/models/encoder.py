@@ -1,0 +1,118 @@
+"""Bidirectional encoder and its task heads: sequence classification and span QA.
+
+The encoder is the layer stack of the decoder LM run with `causal=False` on a
+whole example at once (one chunk, fresh memory, every row reset), as the
+Longformer encoder of Beltagy et al. (2020, sec. 6): with
+`model.attention='longformer'` each token sees a sliding window, and tokens
+flagged in `ctx.global_flags` ([CLS] for classification, the question for QA)
+attend to all tokens and are attended by all.
+
+Heads (sec. 6.1 of the paper, as in BERT/RoBERTa):
+  * `SequenceClassifier`: the [CLS] (first) token's final state through a tanh
+    pooler, then a linear layer to `num_classes` logits.
+  * `SpanExtractor`: one linear layer to start and end logits per token.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.layers.embeddings import TokenEmbedding
+from longformer_jax.layers.linear import projection
+from longformer_jax.layers.norms import layer_norm
+from longformer_jax.models.decoder_lm import compute_dtype, padded_vocab_size
+from longformer_jax.models.stacks import stack_class
+
+
+def encoder_model_config(model_config: ml_collections.ConfigDict, tokenizer_vocab_size: int,
+                         **overrides) -> ml_collections.FrozenConfigDict:
+  """`config.model` made bidirectional (`causal=False`) with `vocab_size` (padded) set, frozen."""
+  cfg = ml_collections.ConfigDict(model_config.to_dict())
+  cfg.vocab_size = padded_vocab_size(tokenizer_vocab_size, model_config.vocab_multiple)
+  cfg.causal = False
+  for name, value in overrides.items():
+    cfg[name] = value
+  return ml_collections.FrozenConfigDict(cfg)
+
+
+def encoder_context(input_mask: jax.Array, global_flags: jax.Array,
+                    deterministic: bool) -> AttentionContext:
+  """The context of whole examples `[batch, length]`: one document per row, positions 0..L-1.
+
+  Every row is reset (no memory carries over between examples); padding
+  (`input_mask` False) is never attended to.
+  """
+  batch, length = input_mask.shape
+  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  return AttentionContext(positions=positions, segment_ids=jnp.zeros_like(positions),
+                          reset=jnp.ones((batch,), bool), valid=input_mask.astype(bool),
+                          global_flags=global_flags.astype(bool), deterministic=deterministic)
+
+
+def fresh_states(config: ml_collections.FrozenConfigDict, batch_size: int):
+  """Every layer's empty memory (the encoder never carries memory across examples)."""
+  stack = stack_class(config.get('stack', 'standard'))
+  return stack.init_state(config, batch_size, compute_dtype(config.dtype))
+
+
+class Encoder(nn.Module):
+  """`(x [batch, length, d_model] embedded, ctx) -> (h [batch, length, d_model], aux per layer)`.
+
+  `config.causal` must be False (see `encoder_model_config`); `h` is after the
+  final layer norm.
+  """
+  config: ml_collections.FrozenConfigDict
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, ctx: AttentionContext):
+    cfg = self.config
+    states = fresh_states(cfg, x.shape[0])
+    stack = stack_class(cfg.get('stack', 'standard'))(cfg, self.dtype, name='blocks')
+    x, _, aux = stack(x, states, ctx)
+    return layer_norm('final_norm', self.dtype)(x), aux
+
+
+def embed_tokens(cfg, tokens: jax.Array, deterministic: bool, dtype) -> jax.Array:
+  """Token embedding (scope `embedding`) with dropout: `[b, L]` -> `[b, L, d_model]`."""
+  x = TokenEmbedding(cfg.vocab_size, cfg.d_model, True, dtype, name='embedding').embed(tokens)
+  x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+  return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+class SequenceClassifier(nn.Module):
+  """`(tokens [b, L], ctx) -> (logits [b, num_classes] float32, aux)`; token 0 is [CLS].
+
+  `config.num_classes` sets the output size.
+  """
+  config: ml_collections.FrozenConfigDict
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, ctx: AttentionContext):
+    cfg = self.config
+    dtype = compute_dtype(cfg.dtype)
+    x = embed_tokens(cfg, tokens, ctx.deterministic, dtype)
+    h, aux = Encoder(cfg, dtype, name='encoder')(x, ctx)
+    pooled = projection(cfg.d_model, kernel_axes=('embed', 'mlp'), name='pooler', dtype=dtype,
+                        use_bias=True, bias_axes=('mlp',))(h[:, 0])
+    pooled = nn.Dropout(cfg.dropout_rate)(jnp.tanh(pooled), deterministic=ctx.deterministic)
+    logits = projection(cfg.num_classes, kernel_axes=('mlp', None), name='classifier',
+                        dtype=dtype, use_bias=True, bias_axes=(None,))(pooled)
+    return logits.astype(jnp.float32), aux
+
+
+class SpanExtractor(nn.Module):
+  """`(tokens [b, L], ctx) -> (start_logits [b, L], end_logits [b, L], aux)`, float32."""
+  config: ml_collections.FrozenConfigDict
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, ctx: AttentionContext):
+    cfg = self.config
+    dtype = compute_dtype(cfg.dtype)
+    x = embed_tokens(cfg, tokens, ctx.deterministic, dtype)
+    h, aux = Encoder(cfg, dtype, name='encoder')(x, ctx)
+    logits = projection(2, kernel_axes=('embed', None), name='span', dtype=dtype,
+                        use_bias=True, bias_axes=(None,))(h).astype(jnp.float32)
+    return logits[..., 0], logits[..., 1], aux
