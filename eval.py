@@ -81,7 +81,9 @@ def at_checkpoint_phase(config: ml_collections.ConfigDict, workdir: str) -> ml_c
 def restore_params(config, tokenizer, workdir: str, mesh, rules):
   """`(params, param_shardings, step)` of the requested (or latest) checkpoint."""
   model = DecoderLM(lm_model_config(config.model, tokenizer.vocab_size))
-  optimizer = make_optimizer(config.optimizer, config.train.num_steps)
+  # The optimizer train.py built (a phased run chains a phase scale): same state layout.
+  optimizer = phases.phased_optimizer(make_optimizer(config.optimizer, config.train.num_steps),
+                                      phases.training_phases(config))
   abstract, shardings = initialization.abstract_train_state(
       model, optimizer, config.seed, config.data.batch_size, config.data.chunk_len, mesh, rules)
   step = None if config.eval.step < 0 else config.eval.step
