@@ -230,6 +230,7 @@ def test_bad_settings_name_their_config_key(key, value):
     ExpireSpanAttention.from_config(config, jnp.float32)
 
 
+@pytest.mark.slow  # a train.py smoke run; the layer tests cover the variant
 def test_tiny_training_reports_expire_span_loss(tmp_path):
   config = tiny_config(attention='expire_span', expire_span_max=32, expire_span_ramp=4,
                        expire_span_shorten=True)

@@ -69,6 +69,7 @@ def test_large_gate_bias_starts_the_block_at_the_identity(kind):
   np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=1e-5)
 
 
+@pytest.mark.slow  # a train.py smoke run; the layer tests cover the variant
 def test_gtrxl_model_trains(tmp_path):
   from train import train
   config = tiny_config(block='gtrxl')

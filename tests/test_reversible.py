@@ -163,6 +163,7 @@ def test_reversible_stack_config_errors(key, value):
                                  ctx)
 
 
+@pytest.mark.slow  # a train.py smoke run; the layer tests cover the variant
 def test_reformer_config_trains(tmp_path):
   config = reformer.get_config()
   config.model.update(num_layers=2, d_model=32, num_heads=2, head_dim=16, d_ff=64,

@@ -138,6 +138,7 @@ def test_bad_config_values_name_their_key():
       StreamingSinkAttention.from_config(config, jnp.float32)
 
 
+@pytest.mark.slow  # a train.py smoke run; the layer tests cover the variant
 def test_tiny_training_run(tmp_path):
   config = tiny_config(attention='streaming_sinks', num_sinks=2, sink_window=6)
   config.train.update(num_steps=2, log_every=1, checkpoint_every=2)
