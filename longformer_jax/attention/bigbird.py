@@ -45,7 +45,6 @@ from longformer_jax.attention import block_sparse, cached_context
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.dot_product import attend
 from longformer_jax.config_errors import require
-from longformer_jax.layers.positional import apply_rotary
 
 
 def random_block_pattern(key: jax.Array, num_blocks: int, num_random: int, window_blocks: int,
@@ -209,12 +208,7 @@ class BigBirdAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
-    rel = ctx.positions - ctx.positions[:, :1]
-    q = apply_rotary(q, rel) / jnp.sqrt(self.head_dim).astype(self.dtype)
-    k = apply_rotary(k, rel)
+    q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
     out = bigbird_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, ctx.global_flags,
                             self.pattern(x.shape[1]), block=self.block,
                             window_blocks=self.window_blocks, global_blocks=self.global_blocks,

@@ -1,9 +1,11 @@
 """Pieces shared by variants that attend over [memory of past hidden states; chunk]."""
 
 import jax
+import jax.numpy as jnp
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.layers.linear import projection
+from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
 
 
@@ -41,3 +43,18 @@ def project_output(x: jax.Array, d_model: int, dtype) -> jax.Array:
   """`[batch, length, heads, head_dim] -> [batch, length, d_model]`."""
   return projection(d_model, num_in=2, kernel_axes=('heads', 'head_dim', 'embed'),
                     name='out', dtype=dtype)(x)
+
+
+def chunk_rotary_qkv(x: jax.Array, ctx: AttentionContext, num_heads: int, head_dim: int, dtype):
+  """Vanilla's projections of a chunk, RoPE-rotated relative to its first position.
+
+  For stateless variants that attend within the chunk. Returns `(q, k, v)`,
+  each `[batch, chunk, heads, head_dim]`, with q already scaled by
+  1/sqrt(head_dim).
+  """
+  q = project_heads(x, num_heads, head_dim, 'query', dtype)
+  k = project_heads(x, num_heads, head_dim, 'key', dtype)
+  v = project_heads(x, num_heads, head_dim, 'value', dtype)
+  relative = ctx.positions - ctx.positions[:, :1]
+  q = apply_rotary(q, relative) / jnp.sqrt(head_dim).astype(dtype)
+  return q, apply_rotary(k, relative), v

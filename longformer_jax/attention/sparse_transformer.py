@@ -44,7 +44,6 @@ import ml_collections
 from longformer_jax.attention import block_sparse, cached_context
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config_errors import require
-from longformer_jax.layers.positional import apply_rotary
 
 COMPONENTS = ('strided_local', 'strided_summary', 'fixed_local', 'fixed_summary')
 UNIONS = {'strided': ('strided_local', 'strided_summary'),
@@ -218,12 +217,7 @@ class SparseTransformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
-    rel = ctx.positions - ctx.positions[:, :1]
-    q = apply_rotary(q, rel) / jnp.sqrt(self.head_dim).astype(self.dtype)
-    k = apply_rotary(k, rel)
+    q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
     out = sparse_transformer_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid,
                                        pattern=self.pattern, stride=self.stride,
                                        summary_len=self.summary_len,
