@@ -43,6 +43,7 @@ from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import initialization, memory_sweep, phases, span_report
 from longformer_jax.train.checkpointing import Checkpointer
 from longformer_jax.train.evaluation import Evaluator
+from longformer_jax.train.line_plots import save_line_plot
 from longformer_jax.train.optimizer import make_optimizer
 from longformer_jax.train.quiet_logs import show_own_info_only
 
@@ -105,18 +106,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def plot_bits_per_byte(rows: list[dict], path: str, title: str) -> None:
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  ax.plot([r['mem_len'] for r in rows], [r['bits_per_byte'] for r in rows], marker='o')
-  ax.set_xlabel('evaluation mem_len')
-  ax.set_ylabel('bits per byte')
-  ax.set_title(title)
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  series = [([r['mem_len'] for r in rows], [r['bits_per_byte'] for r in rows], None)]
+  save_line_plot(series, path, xlabel='evaluation mem_len', ylabel='bits per byte', title=title)
 
 
 def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:

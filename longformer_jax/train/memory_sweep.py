@@ -44,6 +44,7 @@ import json
 import os
 
 from longformer_jax.config_errors import ConfigError, require
+from longformer_jax.train.line_plots import save_line_plot
 
 SWEEP_KEY = 'eval.memory_sweep'
 VARIANTS = ('attendre', 'memorizing', 'streaming_sinks', 'vanilla')
@@ -204,27 +205,14 @@ def markdown_table(rows: list[dict]) -> str:
 
 def plot_sweep(rows: list[dict], path: str, title: str) -> None:
   """Bits per byte against memory size, one line per `line_label`."""
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
   lines = {}
   for r in rows:
     lines.setdefault(line_label(r), []).append((r['memory_size'], r['bits_per_byte']))
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for label, points in lines.items():
-    points.sort()
-    ax.plot([p[0] for p in points], [p[1] for p in points], marker='o', label=label)
+  series = [([x for x, _ in sorted(points)], [y for _, y in sorted(points)], label)
+            for label, points in lines.items()]
   sizes = sorted({r['memory_size'] for r in rows})
-  if len(sizes) > 1 and sizes[0] > 0:
-    ax.set_xscale('log', base=2)
-  ax.set_xlabel('memory size (entries)')
-  ax.set_ylabel('bits per byte')
-  ax.set_title(title)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  save_line_plot(series, path, xlabel='memory size (entries)', ylabel='bits per byte',
+                 title=title, log2_x=len(sizes) > 1 and sizes[0] > 0, size=(6, 4))
 
 
 def write_sweep(rows: list[dict], out_dir: str, title: str, header: dict) -> dict:

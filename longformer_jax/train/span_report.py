@@ -10,6 +10,7 @@ import numpy as np
 
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.models.param_layout import unrolled_layout
+from longformer_jax.train.line_plots import save_line_plot
 
 
 def learned_spans(params, model_config) -> list:
@@ -40,18 +41,6 @@ def markdown_spans(rows: list) -> str:
 
 
 def plot_spans(rows: list, path: str, title: str) -> None:
-  """Span per head (x) for each layer (one marker series per layer)."""
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  for r in rows:
-    ax.plot(range(len(r['spans'])), r['spans'], marker='o', label=f"layer {r['layer']}")
-  ax.set_xlabel('head')
-  ax.set_ylabel('learned span (tokens)')
-  ax.set_title(title)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  """Span per head (x) for each layer (one line per layer)."""
+  series = [(list(range(len(r['spans']))), r['spans'], f"layer {r['layer']}") for r in rows]
+  save_line_plot(series, path, xlabel='head', ylabel='learned span (tokens)', title=title)

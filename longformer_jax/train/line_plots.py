@@ -1,0 +1,25 @@
+"""One small PNG line plot, shared by eval.py's reports (memory lengths, sweeps, spans)."""
+
+from typing import Sequence
+
+
+def save_line_plot(series: Sequence[tuple], path: str, *, xlabel: str, ylabel: str, title: str,
+                   log2_x: bool = False, size=(5, 3.5)) -> None:
+  """`series`: `(xs, ys, label)` triples (label None: no legend); writes `path`."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=size)
+  for xs, ys, label in series:
+    ax.plot(xs, ys, marker='o', label=label)
+  if log2_x:
+    ax.set_xscale('log', base=2)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  if any(label for _, _, label in series):
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
