@@ -41,6 +41,7 @@ from longformer_jax.config_errors import require
 from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.norms import layer_norm
 from longformer_jax.memory import fifo
+from longformer_jax.models.block_stack import BlockStack
 from longformer_jax.models.layer_schedule import layer_config
 
 
@@ -127,11 +128,12 @@ class TimeShiftedStack(nn.Module):
   @staticmethod
   def init_state(config, batch_size: int, dtype=jnp.float32) -> tuple:
     states = []
+    attention_states = BlockStack.init_state(config, batch_size, dtype)
     for i in range(config.num_layers):
       cfg = layer_config(config, i)
       delay = layer_delay(cfg)
       states.append({
-          'attention': attention_class(cfg.attention).init_state(cfg, batch_size, dtype),
+          'attention': attention_states[i],
           'residual': fifo.create(batch_size, delay, (cfg.d_model,), dtype),
           'starts': fifo.create(batch_size, delay, (), bool)})
     return tuple(states)
