@@ -8,7 +8,10 @@ keys per query (plus the query itself):
 - `longformer_blocked_two_sided`: encoder form, one-sided w = 256 (513 keys),
   i.e. Hugging Face's `attention_window = 512`.
 - `longformer_dense_mask`: the same causal window as an n x n mask over
-  dense masked attention (attention/dot_product.py); up to 8k.
+  dense masked attention (attention/dot_product.py); up to 8k (at 8k its
+  forward + backward needs more than 24 GiB).
+- `longformer_dense_mask_by_head`: the same, one head at a time (`lax.map`),
+  so that the 8k forward + backward fits: the n x n work is unchanged.
 - `full_causal`: dense causal attention without a window; up to 8k.
 - `longformer_layer_two_sided`: Q, K, V projections of x [1, n, 512] plus the
   two-sided kernel: the same work as Hugging Face's LongformerSelfAttention,
@@ -60,9 +63,13 @@ def blocked(window: int, causal: bool):
   return forward
 
 
-def dense(window):
-  """Dense masked attention, the n x n mask from positions (window None: plain causal)."""
-  def forward(q, k, v):
+def dense(window, head_by_head: bool = False):
+  """Dense masked attention, the n x n mask from positions (window None: plain causal).
+
+  `head_by_head` runs the heads one after another (`lax.map`): the same n x n
+  work, with the `[n, n]` arrays of one head alive at a time instead of eight.
+  """
+  def one_pass(q, k, v):
     positions = jnp.arange(q.shape[1], dtype=jnp.int32)
     distance_ok = positions[None, :] <= positions[:, None]
     if window is not None:
@@ -70,6 +77,13 @@ def dense(window):
                                    dilation=1, causal=True)
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) * HEAD_DIM ** -0.5
     return attend(logits, distance_ok[None], v)
+
+  def forward(q, k, v):
+    if not head_by_head:
+      return one_pass(q, k, v)
+    per_head = lambda x: jnp.moveaxis(x, 2, 0)[:, :, :, None]          # [h, b, n, 1, d]
+    out = jax.lax.map(lambda qkv: one_pass(*qkv), (per_head(q), per_head(k), per_head(v)))
+    return jnp.moveaxis(out[:, :, :, 0], 0, 2)
   return forward
 
 
@@ -88,6 +102,9 @@ CASES = [
     AttentionCase('longformer_blocked_two_sided', qkv_inputs, blocked(TWO_SIDED_WINDOW, False),
                   lambda n: pair_flops(band_pairs(n, TWO_SIDED_WINDOW, False))),
     AttentionCase('longformer_dense_mask', qkv_inputs, dense(CAUSAL_WINDOW),
+                  lambda n: pair_flops(band_pairs(n, CAUSAL_WINDOW, True)), max_seq_len=DENSE_MAX),
+    AttentionCase('longformer_dense_mask_by_head', qkv_inputs,
+                  dense(CAUSAL_WINDOW, head_by_head=True),
                   lambda n: pair_flops(band_pairs(n, CAUSAL_WINDOW, True)), max_seq_len=DENSE_MAX),
     AttentionCase('full_causal', qkv_inputs, dense(None),
                   lambda n: pair_flops(n * (n + 1) // 2), max_seq_len=DENSE_MAX),

@@ -14,11 +14,12 @@ Hugging Face's `LongformerConfig.attention_window` is the TOTAL span, i.e.
 The kernel never builds an n x n array. Queries are cut into blocks of
 `block_size`; block j attends to one key "slab", the `before + block + after`
 key slots around it (`before = after = window` rounded up to whole blocks;
-`after = 0` when causal). The slabs of all blocks are stacked and every
-block's scores come from one batched einsum `[blocks, block, slab]`, which
-XLA runs as large matmuls (no scan over blocks). Cost: n * (block + 2w) * h * d
+`after = 0` when causal). A `lax.scan` walks the query blocks (a few per
+iteration) and slices each block's slab out of the padded keys, so the
+`[heads, block, slab]` scores of one block stay in cache; the backward pass
+recomputes them (FlashAttention-style). Cost: n * (block + 2w) * h * d
 multiply-adds per matmul (block + w causal), i.e. (1 + block / 2w) times the
-band itself.
+band itself; memory O(n * h * d) beyond one block's scores.
 
 Slots and positions: the slab picks candidate keys by slot (query i sits at
 key slot `key_offset + i`, as in `[cache; chunk]`); which candidates are
@@ -27,6 +28,8 @@ It equals the dense-mask computation whenever slot distance equals position
 distance, as in a chunk and its FIFO cache of a continuous stream.
 """
 
+import dataclasses
+import functools
 import math
 
 import jax
@@ -34,70 +37,128 @@ import jax.numpy as jnp
 
 
 
-def _finite_or_zero(x: jax.Array) -> jax.Array:
-  return jnp.where(jnp.isfinite(x), x, 0.0)
+@dataclasses.dataclass(frozen=True)
+class SlabGeometry:
+  """Where each query block's key slab lies in the padded key axis (static)."""
+  block: int          # queries per block
+  slab: int           # keys per slab: before + block + after
+  first_block: int    # slab j starts at key slot (first_block + j) * block
+  window: int
+  dilation: int
+  causal: bool
+  unroll: int = 4     # query blocks per loop iteration (lax.scan unroll)
+
+  def slab_start(self, j: jax.Array) -> jax.Array:
+    return (self.first_block + j) * self.block
 
 
-def _slab_attention_forward(q, k, v, mask):
-  """Shapes: q `[b, h, n, block, d]`, k/v `[b, h, n, slab, d]`, mask `[b, 1, n, block, slab]`."""
-  logits = jnp.einsum('bhnqd,bhnkd->bhnqk', q, k, preferred_element_type=jnp.float32)
-  logits = jnp.where(mask, logits, -jnp.inf)
-  # Float32 softmax; shift fully masked rows by 0 so that exp(-inf) = 0, no NaN.
-  row_max = jax.lax.stop_gradient(_finite_or_zero(jnp.max(logits, axis=-1, keepdims=True)))
-  unnormalised = jnp.exp(logits - row_max)
-  total = jnp.sum(unnormalised, axis=-1, keepdims=True)
-  safe_total = jnp.where(total > 0, total, 1.0)
-  # Normalise after the value matmul ([block, d] instead of [block, slab] divisions).
-  out = jnp.einsum('bhnqk,bhnkd->bhnqd', unnormalised.astype(v.dtype), v,
-                   preferred_element_type=jnp.float32) / safe_total
-  lse = jnp.where(total > 0, row_max + jnp.log(safe_total), -jnp.inf)[..., 0]
-  return out.astype(v.dtype), lse, unnormalised, safe_total
+def _slab_mask(geometry: SlabGeometry, j: jax.Array, metadata: tuple) -> jax.Array:
+  """`[b, 1, block, slab]` bool: which slab keys query block j attends to."""
+  q_positions, q_segments, k_positions, k_segments, k_valid = metadata
+  take = lambda x: jax.lax.dynamic_slice_in_dim(x, geometry.slab_start(j), geometry.slab, axis=1)
+  k_pos, k_seg, k_ok = take(k_positions), take(k_segments), take(k_valid)
+  q_pos, q_seg = q_positions[j], q_segments[j]                       # [b, block]
+  mask = (k_ok[:, None, :] & (q_seg[:, :, None] == k_seg[:, None, :])
+          & window_allowed(q_pos[:, :, None], k_pos[:, None, :], window=geometry.window,
+                           dilation=geometry.dilation, causal=geometry.causal))
+  return mask[:, None]
 
 
-@jax.custom_vjp
-def slab_attention(q: jax.Array, k: jax.Array, v: jax.Array,
-                   mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Softmax attention of each query block over its key slab.
+def _slab_keys(geometry: SlabGeometry, j: jax.Array, x: jax.Array) -> jax.Array:
+  """Slab j of heads-major keys or values `[b, h, L, d]` -> `[b, h, slab, d]`."""
+  return jax.lax.dynamic_slice_in_dim(x, geometry.slab_start(j), geometry.slab, axis=2)
 
-  Args:
-    q: `[b, h, blocks, block, d]` (already scaled).
-    k, v: `[b, h, blocks, slab, d]`.
-    mask: `[b, 1, blocks, block, slab]` bool.
-  Returns:
-    `(out [b, h, blocks, block, d] in v's dtype, lse [b, h, blocks, block] float32)`.
 
-  The backward pass is written out (as in FlashAttention's, without
-  recomputation): with W the weights, dO the output's cotangent and g the
-  lse's, dL = W * (dO V^T - rowsum(dO * O) + g). It keeps only the
-  unnormalised exponentials of the forward pass and touches each
-  `[block, slab]` array a minimum number of times, which is what the time
-  on CPU depends on beyond the four matmuls.
-  """
-  out, lse, _, _ = _slab_attention_forward(q, k, v, mask)
+def _block_logits(geometry, j, q_blocks, k, metadata):
+  """`[b, h, block, slab]` float32 logits of query block j, -inf where masked."""
+  logits = jnp.einsum('bhqd,bhkd->bhqk', q_blocks[j], _slab_keys(geometry, j, k),
+                      preferred_element_type=jnp.float32)
+  return jnp.where(_slab_mask(geometry, j, metadata), logits, -jnp.inf)
+
+
+def _scan_blocks(geometry: SlabGeometry, body, carry, num_blocks: int):
+  return jax.lax.scan(body, carry, jnp.arange(num_blocks), unroll=min(geometry.unroll, num_blocks))
+
+
+def _window_forward(geometry, q_blocks, k, v, metadata):
+  """Per query block: float32 softmax over its slab; returns `(out, lse)` stacked over blocks."""
+  def block_step(_, j):
+    logits = _block_logits(geometry, j, q_blocks, k, metadata)
+    # Shift fully masked rows by 0 so that exp(-inf) = 0, no NaN.
+    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    unnormalised = jnp.exp(logits - row_max)
+    total = jnp.sum(unnormalised, axis=-1, keepdims=True)
+    safe_total = jnp.where(total > 0, total, 1.0)
+    # Normalise after the value matmul ([block, d] instead of [block, slab] divisions).
+    out = jnp.einsum('bhqk,bhkd->bhqd', unnormalised.astype(v.dtype), _slab_keys(geometry, j, v),
+                     preferred_element_type=jnp.float32) / safe_total
+    lse = jnp.where(total > 0, row_max + jnp.log(safe_total), -jnp.inf)[..., 0]
+    return None, (out.astype(v.dtype), lse)
+  _, (out, lse) = _scan_blocks(geometry, block_step, None, q_blocks.shape[0])
   return out, lse
 
 
-def _slab_attention_fwd(q, k, v, mask):
-  out, lse, unnormalised, safe_total = _slab_attention_forward(q, k, v, mask)
-  return (out, lse), (q, k, v, out, unnormalised, safe_total)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def slab_attention(geometry: SlabGeometry, q_blocks: jax.Array, k: jax.Array, v: jax.Array,
+                   metadata: tuple) -> tuple[jax.Array, jax.Array]:
+  """Softmax attention of each query block over its key slab, one block at a time.
+
+  Args:
+    geometry: the static slab layout.
+    q_blocks: `[blocks, b, h, block, d]` (already scaled).
+    k, v: heads-major padded keys and values `[b, h, L, d]`.
+    metadata: `(q_positions [blocks, b, block], q_segments [blocks, b, block],
+      k_positions [b, L], k_segments [b, L], k_valid [b, L])`.
+  Returns:
+    `(out [blocks, b, h, block, d] in v's dtype, lse [blocks, b, h, block] float32)`.
+
+  A `lax.scan` over query blocks keeps every `[block, slab]` array of one
+  block in cache instead of materialising `[n, block, slab]` arrays (memory
+  traffic, not FLOPs, bounds this kernel on CPU). The backward pass is
+  FlashAttention's (Dao et al., 2022, alg. 2): it recomputes the logits from
+  q, k and the saved lse, then with P the weights, dO the output's cotangent
+  and g the lse's, dS = P * (dO V^T - rowsum(dO * O) + g).
+  """
+  return _window_forward(geometry, q_blocks, k, v, metadata)
 
 
-def _slab_attention_bwd(residuals, cotangents):
-  q, k, v, out, unnormalised, safe_total = residuals
+def _slab_attention_fwd(geometry, q_blocks, k, v, metadata):
+  out, lse = _window_forward(geometry, q_blocks, k, v, metadata)
+  return (out, lse), (q_blocks, k, v, metadata, out, lse)
+
+
+def _slab_attention_bwd(geometry, residuals, cotangents):
+  q_blocks, k, v, metadata, out, lse = residuals
   d_out, d_lse = cotangents
   d_out = d_out.astype(jnp.float32)
-  # rowsum(dO * O) equals rowsum(dW * W) (O = W V): a [block, d] reduction.
-  row_dot = jnp.sum(d_out * out.astype(jnp.float32), axis=-1, keepdims=True)
-  d_weights = jnp.einsum('bhnqd,bhnkd->bhnqk', d_out.astype(v.dtype), v,
-                         preferred_element_type=jnp.float32)
-  # W = E / total: fold 1/total into the [block]-sized factors instead of forming W.
-  d_logits = unnormalised * ((d_weights - row_dot + d_lse[..., None]) / safe_total)
-  d_v = jnp.einsum('bhnqk,bhnqd->bhnkd', unnormalised.astype(v.dtype),
-                   (d_out / safe_total).astype(v.dtype), preferred_element_type=jnp.float32)
-  d_logits = d_logits.astype(q.dtype)
-  d_q = jnp.einsum('bhnqk,bhnkd->bhnqd', d_logits, k, preferred_element_type=jnp.float32)
-  d_k = jnp.einsum('bhnqk,bhnqd->bhnkd', d_logits, q, preferred_element_type=jnp.float32)
-  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+  # rowsum(dO * O) equals rowsum(dP * P) (O = P V): a [block, d] reduction.
+  row_dot = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)          # [blocks, b, h, block]
+
+  def block_step(carry, j):
+    d_k, d_v = carry
+    logits = _block_logits(geometry, j, q_blocks, k, metadata)
+    block_lse = lse[j][..., None]
+    finite = jnp.isfinite(block_lse)
+    weights = jnp.where(finite, jnp.exp(logits - jnp.where(finite, block_lse, 0.0)), 0.0)
+    k_j, v_j, d_out_j = _slab_keys(geometry, j, k), _slab_keys(geometry, j, v), d_out[j]
+    d_weights = jnp.einsum('bhqd,bhkd->bhqk', d_out_j.astype(v.dtype), v_j,
+                           preferred_element_type=jnp.float32)
+    d_logits = weights * (d_weights - row_dot[j][..., None] + d_lse[j][..., None])
+    d_logits = d_logits.astype(q_blocks.dtype)
+    d_q = jnp.einsum('bhqk,bhkd->bhqd', d_logits, k_j, preferred_element_type=jnp.float32)
+    d_k_j = jnp.einsum('bhqk,bhqd->bhkd', d_logits, q_blocks[j], preferred_element_type=jnp.float32)
+    d_v_j = jnp.einsum('bhqk,bhqd->bhkd', weights.astype(v.dtype), d_out_j.astype(v.dtype),
+                       preferred_element_type=jnp.float32)
+    start = geometry.slab_start(j)
+    accumulate = lambda total, part: jax.lax.dynamic_update_slice_in_dim(
+        total, jax.lax.dynamic_slice_in_dim(total, start, geometry.slab, axis=2) + part, start,
+        axis=2)
+    return (accumulate(d_k, d_k_j), accumulate(d_v, d_v_j)), d_q.astype(q_blocks.dtype)
+
+  zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
+  (d_k, d_v), d_q = _scan_blocks(geometry, block_step, (zeros(k), zeros(v)), q_blocks.shape[0])
+  return d_q, d_k.astype(k.dtype), d_v.astype(v.dtype), None
 
 
 slab_attention.defvjp(_slab_attention_fwd, _slab_attention_bwd)
@@ -119,23 +180,6 @@ def _pad_axis1(x: jax.Array, front: int, back: int, value=0) -> jax.Array:
   widths = [(0, 0)] * x.ndim
   widths[1] = (front, back)
   return jnp.pad(x, widths, constant_values=value)
-
-
-def _slabs(x: jax.Array, first_block: int, num_blocks: int, blocks_per_slab: int,
-           block_size: int) -> jax.Array:
-  """`[*lead, L, ...]` -> `[*lead, num_blocks, slab, ...]` along the sequence axis.
-
-  The sequence axis is axis 1 for `[b, L]` metadata and axis 2 for heads-major
-  `[b, h, L, d]` features (L a multiple of block_size). Slab j is the key
-  blocks `first_block + j ... first_block + j + blocks_per_slab - 1`.
-  """
-  axis = 1 if x.ndim == 2 else 2
-  lead, length, rest = x.shape[:axis], x.shape[axis], x.shape[axis + 1:]
-  blocks = x.reshape(*lead, length // block_size, block_size, *rest)
-  shifted = [jax.lax.slice_in_dim(blocks, first_block + t, first_block + t + num_blocks, axis=axis)
-             for t in range(blocks_per_slab)]
-  stacked = jnp.stack(shifted, axis=axis + 1)  # [*lead, num_blocks, blocks_per_slab, block, ...]
-  return stacked.reshape(*lead, num_blocks, blocks_per_slab * block_size, *rest)
 
 
 def blocked_window_attention(q: jax.Array, k: jax.Array, v: jax.Array,
@@ -167,7 +211,6 @@ def blocked_window_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   blocks_per_side = -(-window // block_size)
   before = blocks_per_side * block_size
   after = 0 if causal else before
-  blocks_per_slab = blocks_per_side + 1 + (0 if causal else blocks_per_side)
 
   # Pad keys so that every slab starts on a block boundary at slot >= 0.
   start = key_offset - before
@@ -178,29 +221,23 @@ def blocked_window_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   if back < 0:
     raise ValueError(f'{lk} keys extend past the last query block ({key_offset=}, {lq=})')
   pad = lambda x, value=0: _pad_axis1(x, front, back, value)
-  slab = lambda x: _slabs(x, first_block, num_blocks, blocks_per_slab, block_size)
-  # Heads-major layout [b, h, L, d]: the einsums below are then plain batched
-  # matmuls over (b, h, block) with the contraction on the minor axis.
+  # Heads-major layout [b, h, L, d]: the einsums are then plain batched
+  # matmuls over (b, h) with the contraction on the minor axis.
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)
-  k_slab, v_slab = slab(heads_major(pad(k))), slab(heads_major(pad(v)))
-  kpos_slab, kseg_slab = slab(pad(k_positions)), slab(pad(k_segments))
-  kvalid_slab = slab(pad(k_valid, False))
-
   q_back = num_blocks * block_size - lq
   blocked = lambda x: _pad_axis1(x, 0, q_back).reshape(x.shape[0], num_blocks, block_size,
                                                        *x.shape[2:])
-  q_blocks = jnp.transpose(blocked(q * jnp.asarray(scale, q.dtype)), (0, 3, 1, 2, 4))  # [b, h, n, block, d]
-  qpos_blocks, qseg_blocks = blocked(q_positions), blocked(q_segments)
-
-  # [b, blocks, block, slab]: shared by all heads.
-  mask = (kvalid_slab[:, :, None, :]
-          & (qseg_blocks[:, :, :, None] == kseg_slab[:, :, None, :])
-          & window_allowed(qpos_blocks[:, :, :, None], kpos_slab[:, :, None, :],
-                           window=window, dilation=dilation, causal=causal))
-  out, lse = slab_attention(q_blocks, k_slab, v_slab, mask[:, None])
-  out = jnp.swapaxes(out.reshape(batch, heads, num_blocks * block_size, head_dim)[:, :, :lq], 1, 2)
-  lse = jnp.swapaxes(lse.reshape(batch, heads, num_blocks * block_size)[:, :, :lq], 1, 2)
-  return out, lse
+  blocks_first = lambda x: jnp.swapaxes(blocked(x), 0, 1)               # [n, b, block, ...]
+  q_blocks = jnp.transpose(blocked(q * jnp.asarray(scale, q.dtype)), (1, 0, 3, 2, 4))
+  metadata = (blocks_first(q_positions), blocks_first(q_segments), pad(k_positions),
+              pad(k_segments), pad(k_valid, False))
+  geometry = SlabGeometry(block=block_size, slab=before + block_size + after,
+                          first_block=first_block, window=window, dilation=dilation, causal=causal)
+  out, lse = slab_attention(geometry, q_blocks, heads_major(pad(k)), heads_major(pad(v)), metadata)
+  # [n, b, h, block, d] -> [b, n * block, h, d]
+  out = jnp.transpose(out, (1, 0, 3, 2, 4)).reshape(batch, num_blocks * block_size, heads, head_dim)
+  lse = jnp.transpose(lse, (1, 0, 3, 2)).reshape(batch, num_blocks * block_size, heads)
+  return out[:, :lq], lse[:, :lq]
 
 
 def band_pairs(seq_len: int, window: int, causal: bool) -> int:
