@@ -138,13 +138,13 @@ def _slab_attention_bwd(geometry, residuals, cotangents):
   def block_step(carry, j):
     d_k, d_v = carry
     logits = _block_logits(geometry, j, q_blocks, k, metadata)
-    block_lse = lse[j][..., None]
-    finite = jnp.isfinite(block_lse)
-    weights = jnp.where(finite, jnp.exp(logits - jnp.where(finite, block_lse, 0.0)), 0.0)
+    # A fully masked row has lse -inf and logits -inf: shift it by 0, exp gives 0.
+    block_lse = lse[j]
+    weights = jnp.exp(logits - jnp.where(jnp.isfinite(block_lse), block_lse, 0.0)[..., None])
     k_j, v_j, d_out_j = _slab_keys(geometry, j, k), _slab_keys(geometry, j, v), d_out[j]
     d_weights = jnp.einsum('bhqd,bhkd->bhqk', d_out_j.astype(v.dtype), v_j,
                            preferred_element_type=jnp.float32)
-    d_logits = weights * (d_weights - row_dot[j][..., None] + d_lse[j][..., None])
+    d_logits = weights * (d_weights - (row_dot[j] - d_lse[j])[..., None])
     d_logits = d_logits.astype(q_blocks.dtype)
     d_q = jnp.einsum('bhqk,bhkd->bhqd', d_logits, k_j, preferred_element_type=jnp.float32)
     d_k_j = jnp.einsum('bhqk,bhqd->bhkd', d_logits, q_blocks[j], preferred_element_type=jnp.float32)
