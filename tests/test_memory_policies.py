@@ -45,10 +45,13 @@ class ReferenceMemory:
       candidates[i] = [p, init, True]
     by_position = sorted(candidates, key=lambda i: candidates[i][0])
     sinks = set(by_position[:self.policy.num_sinks]) if self.policy.name == 'sink' else set()
+    window = self.policy.recent_window
+    recent = set(by_position[len(by_position) - window:]) if window else set()
 
     def keep_priority(i):
       position, score, is_new = candidates[i]
-      return (i in sinks, is_new, score if self.policy.uses_scores else 0.0, position)
+      protected = i in sinks or i in recent
+      return (protected, is_new, score if self.policy.uses_scores else 0.0, position)
     ranked = sorted(candidates, key=keep_priority)
     overflow = max(0, len(candidates) - self.capacity)
     evicted = ranked[:overflow]
@@ -181,6 +184,9 @@ POLICIES = {
     'lfa_decay': policies.EvictionPolicy('lfa', gamma=0.9, init_std_multiplier=2.0),
     'lra_max_per_head': policies.EvictionPolicy('lra', pooling='max', per_head=True),
     'lfu_per_head': policies.EvictionPolicy('lfu', per_head=True),
+    'lra_max_recent': policies.EvictionPolicy('lra', pooling='max', recent_window=6),
+    'lfa_decay_recent': policies.EvictionPolicy('lfa', gamma=0.9, recent_window=7),
+    'sink_recent': policies.EvictionPolicy('sink', num_sinks=2, recent_window=7),
 }
 
 
@@ -254,11 +260,14 @@ def test_make_policy_from_config_and_errors():
   assert policies.make_policy(config) == policies.EvictionPolicy('lfa', gamma=0.5, init_std_multiplier=2.0)
   assert policies.make_policy(ConfigDict(dict(memory_policy='lra_sum'))).pooling == 'sum'
   assert policies.make_policy(ConfigDict()).name == 'fifo'
+  assert policies.make_policy(ConfigDict(dict(memory_policy='lra', recent_window=16))).recent_window == 16
   bad = [(dict(memory_policy='lifo'), 'model.memory_policy'),
          (dict(memory_policy='lra', lra_pooling='mean'), 'model.lra_pooling'),
          (dict(memory_policy='lfa', lfa_gamma=1.5), 'model.lfa_gamma'),
          (dict(memory_policy='sink', num_sinks=-1), 'model.num_sinks'),
-         (dict(memory_policy='lra', init_std_multiplier=-1.0), 'model.init_std_multiplier')]
+         (dict(memory_policy='lra', init_std_multiplier=-1.0), 'model.init_std_multiplier'),
+         (dict(memory_policy='lra', recent_window=-2), 'model.recent_window'),
+         (dict(memory_policy='lra', recent_window=1.5), 'model.recent_window')]
   for settings, key in bad:
     with pytest.raises(ConfigError) as error:
       policies.make_policy(ConfigDict(settings))

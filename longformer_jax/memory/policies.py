@@ -7,9 +7,11 @@ Two pure functions do the work:
   query_valid)`: after a chunk's queries attended to (or retrieved from) the
   memory, fold what they gave each entry into its score.
 - `eviction_keys` / `eviction_order`: the ranking of entries, first evicted
-  first. Invalid entries go first; then (sink policy) non-sinks before
-  sinks; then (during an insert) existing entries before the new ones; then
-  the lowest score; ties broken by the oldest position.
+  first. Invalid entries go first; then unprotected entries before protected
+  ones (the sink policy's sinks, and with `recent_window = r` the r valid
+  entries with the largest positions); then (during an insert) existing
+  entries before the new ones; then the lowest score; ties broken by the
+  oldest position.
 
 Score semantics (higher = keep), with `a[b, h, q, m]` the attention weight
 query q gave memory slot m in head h, only valid queries counted. Unless
@@ -35,6 +37,11 @@ heads evict the same entries), `A[b, q, m] = sum_h a[b, h, q, m]`:
   so that with contiguous positions the score is sum_i gamma^(T - i) A_i over
   every query i seen so far (pairwise decay and decay between steps agree).
   gamma = 1 is LFA-0 (plain accumulation).
+
+A recent window (`recent_window = r`, any policy) keeps the r most recent
+entries whatever their score and lets the policy choose among the rest: a
+scored policy then keeps "heavy hitters" beside a window of recent tokens,
+as H2O does (Zhang et al., 2023). With FIFO it changes nothing.
 
 New entries get the initial score `mean - k * std` of the memory's current
 valid scores in that row (k = `init_std_multiplier`, population std; 0 when
@@ -66,6 +73,7 @@ class EvictionPolicy:
   num_sinks: int = 0                 # sink: keep the first num_sinks positions
   init_std_multiplier: float = 1.0   # new entries score mean - k * std
   per_head: bool = False             # one memory row per (batch, head)
+  recent_window: int = 0             # keep the recent_window most recent entries
 
   def __post_init__(self):
     require(self.name in POLICY_NAMES, 'model.memory_policy',
@@ -75,6 +83,8 @@ class EvictionPolicy:
     require(0.0 < self.gamma <= 1.0, 'model.lfa_gamma', f'must be in (0, 1], got {self.gamma}')
     require(int(self.num_sinks) == self.num_sinks and self.num_sinks >= 0, 'model.num_sinks',
             f'must be a non-negative integer, got {self.num_sinks}')
+    require(int(self.recent_window) == self.recent_window and self.recent_window >= 0,
+            'model.recent_window', f'must be a non-negative integer, got {self.recent_window}')
     require(self.init_std_multiplier >= 0.0, 'model.init_std_multiplier',
             f'must be >= 0, got {self.init_std_multiplier}')
 
@@ -95,7 +105,7 @@ def make_policy(config_like) -> EvictionPolicy:
 
   Keys (all optional): `memory_policy` (or `policy`; default 'fifo'),
   `lra_pooling` ('max'), `lfa_gamma` (1.0), `num_sinks` (0),
-  `init_std_multiplier` (1.0), `per_head_scores` (False).
+  `init_std_multiplier` (1.0), `per_head_scores` (False), `recent_window` (0).
   """
   name = config_like.get('memory_policy', config_like.get('policy', 'fifo'))
   if not isinstance(name, str):
@@ -103,7 +113,8 @@ def make_policy(config_like) -> EvictionPolicy:
   settings = dict(gamma=float(config_like.get('lfa_gamma', 1.0)),
                   num_sinks=config_like.get('num_sinks', 0),
                   init_std_multiplier=float(config_like.get('init_std_multiplier', 1.0)),
-                  per_head=bool(config_like.get('per_head_scores', False)))
+                  per_head=bool(config_like.get('per_head_scores', False)),
+                  recent_window=config_like.get('recent_window', 0))
   if not name.startswith('lra_'):
     settings['pooling'] = config_like.get('lra_pooling', 'max')
   return policy_from_name(name, **settings)
@@ -238,16 +249,27 @@ def initial_scores(policy: EvictionPolicy, entries: MemoryEntries) -> jax.Array:
 # ---------------------------------------------------------------- ranking
 
 
+def _position_ranks(positions: jax.Array, valid: jax.Array, newest_first: bool) -> jax.Array:
+  """`[rows, n]` rank of each valid entry by position (oldest or newest first; invalid last)."""
+  big = jnp.iinfo(jnp.int32).max
+  keyed = jnp.where(valid, -positions if newest_first else positions, big)
+  slots = jnp.broadcast_to(jnp.arange(positions.shape[1]), positions.shape)
+  _, order = jax.lax.sort((keyed, slots), dimension=1, num_keys=1)
+  return jnp.zeros_like(order).at[jnp.arange(order.shape[0])[:, None], order].set(slots)
+
+
 def sink_flags(policy: EvictionPolicy, positions: jax.Array, valid: jax.Array) -> jax.Array:
   """`[rows, n]` bool: the `num_sinks` valid entries with the smallest positions."""
   if policy.name != 'sink' or policy.num_sinks == 0:
     return jnp.zeros(positions.shape, bool)
-  big = jnp.iinfo(jnp.int32).max
-  keyed = jnp.where(valid, positions, big)
-  slots = jnp.broadcast_to(jnp.arange(positions.shape[1]), positions.shape)
-  _, order = jax.lax.sort((keyed, slots), dimension=1, num_keys=1)
-  rank = jnp.zeros_like(order).at[jnp.arange(order.shape[0])[:, None], order].set(slots)
-  return valid & (rank < policy.num_sinks)
+  return valid & (_position_ranks(positions, valid, newest_first=False) < policy.num_sinks)
+
+
+def recent_flags(policy: EvictionPolicy, positions: jax.Array, valid: jax.Array) -> jax.Array:
+  """`[rows, n]` bool: the `recent_window` valid entries with the largest positions."""
+  if policy.recent_window == 0:
+    return jnp.zeros(positions.shape, bool)
+  return valid & (_position_ranks(positions, valid, newest_first=True) < policy.recent_window)
 
 
 def eviction_keys(policy: EvictionPolicy, entries: MemoryEntries,
@@ -256,8 +278,10 @@ def eviction_keys(policy: EvictionPolicy, entries: MemoryEntries,
   if is_new is None:
     is_new = jnp.zeros(entries.positions.shape, bool)
   scores = entries.scores if policy.uses_scores else jnp.zeros_like(entries.scores)
+  protected = (sink_flags(policy, entries.positions, entries.valid)
+               | recent_flags(policy, entries.positions, entries.valid))
   return (entries.valid.astype(jnp.int32),
-          sink_flags(policy, entries.positions, entries.valid).astype(jnp.int32),
+          protected.astype(jnp.int32),
           is_new.astype(jnp.int32),
           scores.astype(jnp.float32),
           entries.positions)
