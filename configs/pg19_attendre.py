@@ -1,0 +1,30 @@
+"""Attendre's context-length-extension experiment at PG-19 scale, for a TPU pod slice.
+
+The paper's setting (Yang & Hua et al., 2024): a model trained with a short
+context and no memory is given, at evaluation time only, a K/V memory with
+an eviction policy. Train a RoPE decoder on 512-token chunks without memory
+(the model of configs/pg19_xl.py with vanilla attention), then sweep
+memories of 256-2048 entries and their policies over test documents in
+chunks of 512, RoPE distances capped at the training context (LM-Infinite).
+configs/short_context.py is the same experiment in miniature on a CPU.
+
+Prepare the data and a tokenizer first (see configs/pg19_xl.py), then
+  python train.py --config=configs/pg19_attendre.py --workdir=$WORKDIR \\
+      --config.data.tfds_data_dir=$DATA --config.data.sentencepiece_model=$DATA/spm32k.model
+  python eval.py --workdir=$WORKDIR --config.eval.split=test --config.eval.memory_sweep=\\
+      'policy=fifo,sink,lra_max,lfa;memory_size=256,512,1024,2048;rope_max_distance=511;lfa_gamma=0.9'
+"""
+
+from configs import pg19_xl
+
+
+def get_config():
+  config = pg19_xl.get_config()
+  config.model.attention = 'vanilla'
+  config.model.mem_len = 0                  # trained without any memory
+  config.eval.mem_lens = ''
+  config.eval.chunk_len = 512
+  config.eval.max_tokens = 4_000_000
+  # 'policy=...;memory_size=...' (longformer_jax/train/memory_sweep.py); '' = off.
+  config.eval.memory_sweep = ''
+  return config
