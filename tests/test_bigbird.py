@@ -23,6 +23,7 @@ from longformer_jax.models.decoder_lm import DecoderLM
 from tests.test_sparse_transformer import (B, D, H, HD, chunk_facts, context_for,
                                            dense_jax_attention, largest_intermediate,
                                            reference_layer)
+from tests.gradient_checks import assert_gradients_match
 from tests.tiny_models import tiny_config, tiny_model_config
 
 BLOCK, WINDOW, RANDOM = 4, 1, 2
@@ -106,10 +107,7 @@ def test_gradients_match_dense_reference(causal):
     return jnp.sum(out * cotangent)
 
   dense_loss = lambda q, k, v: jnp.sum(dense_jax_attention(q, k, v, allowed) * cotangent)
-  got = jax.jit(jax.grad(blocked_loss, argnums=(0, 1, 2)))(q, k, v)
-  expected = jax.grad(dense_loss, argnums=(0, 1, 2))(q, k, v)
-  for g, e in zip(got, expected):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-4, atol=1e-5)
+  assert_gradients_match(blocked_loss, dense_loss, (q, k, v))
 
 
 @pytest.mark.parametrize('causal', [False, True])

@@ -21,6 +21,7 @@ from longformer_jax.attention.sparse_transformer import (SparseTransformerAttent
                                                          sparse_transformer_attention)
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.models.decoder_lm import DecoderLM
+from tests.gradient_checks import assert_gradients_match
 from tests.tiny_models import context_of, stream_batch, tiny_config, tiny_model_config
 
 B, D, H, HD = 2, 32, 2, 16
@@ -155,10 +156,7 @@ def test_gradients_match_dense_reference(pattern, integration, n):
     return jnp.sum(out * cotangent)
 
   dense_loss = lambda q, k, v: jnp.sum(dense_jax_attention(q, k, v, allowed) * cotangent)
-  got = jax.jit(jax.grad(blocked_loss, argnums=(0, 1, 2)))(q, k, v)
-  expected = jax.grad(dense_loss, argnums=(0, 1, 2))(q, k, v)
-  for g, e in zip(got, expected):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-4, atol=1e-5)
+  assert_gradients_match(blocked_loss, dense_loss, (q, k, v))
 
 
 def largest_intermediate(fn, *args) -> int:
