@@ -51,7 +51,9 @@ class ReferenceMemory:
     def keep_priority(i):
       position, score, is_new = candidates[i]
       protected = i in sinks or i in recent
-      return (protected, is_new, score if self.policy.uses_scores else 0.0, position)
+      competes = self.policy.admission == 'score'
+      return (protected, is_new and not competes,
+              score if self.policy.uses_scores else 0.0, position)
     ranked = sorted(candidates, key=keep_priority)
     overflow = max(0, len(candidates) - self.capacity)
     evicted = ranked[:overflow]
@@ -187,6 +189,11 @@ POLICIES = {
     'lra_max_recent': policies.EvictionPolicy('lra', pooling='max', recent_window=6),
     'lfa_decay_recent': policies.EvictionPolicy('lfa', gamma=0.9, recent_window=7),
     'sink_recent': policies.EvictionPolicy('sink', num_sinks=2, recent_window=7),
+    'lra_max_by_score': policies.EvictionPolicy('lra', pooling='max', admission='score',
+                                                init_std_multiplier=0.5),
+    'lfa_decay_by_score': policies.EvictionPolicy('lfa', gamma=0.9, admission='score'),
+    'lru_by_score': policies.EvictionPolicy('lru', admission='score', recent_window=3),
+    'fifo_by_score': policies.EvictionPolicy('fifo', admission='score'),
 }
 
 
@@ -195,7 +202,7 @@ def test_policy_keeps_what_the_python_reference_keeps(name):
   run_stream(POLICIES[name], capacity=8, chunk=5, seed=1)
 
 
-@pytest.mark.parametrize('name', ['fifo', 'sink', 'lfa_decay'])
+@pytest.mark.parametrize('name', ['fifo', 'sink', 'lfa_decay', 'lra_max_by_score'])
 def test_chunk_longer_than_capacity(name):
   run_stream(POLICIES[name], capacity=4, chunk=6, steps=5, seed=2)
 
@@ -235,6 +242,25 @@ def test_sinks_keep_the_first_positions_of_each_document():
   assert kept == [0, 1, 9, 10, 11]
 
 
+@pytest.mark.parametrize('admission, kept_positions', [('always', [4, 5, 6, 7]),
+                                                       ('score', [0, 2, 3, 7])])
+def test_admission_when_a_chunk_fills_the_memory(admission, kept_positions):
+  """M = n = 4. LRA scores [0.9, 0, 0.05, 0.8] at positions 0-3: new entries score
+  mean - std = 0.4375 - 0.4144 = 0.0231. 'always' keeps the chunk; 'score' evicts the
+  entry scoring 0 and the three oldest new entries (ties: oldest first)."""
+  insert, _ = _jitted(policies.EvictionPolicy('lra', admission=admission))
+  positions = jnp.arange(4, dtype=jnp.int32)[None]
+  memory = data_only.create(1, 4, (), jnp.float32).replace(
+      data=positions.astype(jnp.float32), positions=positions, valid=jnp.ones((1, 4), bool),
+      scores=jnp.array([[0.9, 0.0, 0.05, 0.8]]))
+  new = entries.entries_from_chunk((positions + 4).astype(jnp.float32), positions + 4,
+                                   jnp.zeros_like(positions), jnp.ones((1, 4), bool))
+  memory, evicted = insert(memory, new)
+  assert sorted(int(p) for p in np.asarray(memory.positions)[0]) == kept_positions
+  assert sorted(int(p) for p in np.asarray(evicted.positions)[0]) == sorted(
+      set(range(8)) - set(kept_positions))
+
+
 def test_initial_score_is_mean_minus_k_std_of_valid_scores():
   policy = policies.EvictionPolicy('lfa', init_std_multiplier=1.5)
   memory = data_only.create(2, 4, (), jnp.float32)
@@ -261,13 +287,15 @@ def test_make_policy_from_config_and_errors():
   assert policies.make_policy(ConfigDict(dict(memory_policy='lra_sum'))).pooling == 'sum'
   assert policies.make_policy(ConfigDict()).name == 'fifo'
   assert policies.make_policy(ConfigDict(dict(memory_policy='lra', recent_window=16))).recent_window == 16
+  assert policies.make_policy(ConfigDict(dict(memory_policy='lfa', admission='score'))).admission == 'score'
   bad = [(dict(memory_policy='lifo'), 'model.memory_policy'),
          (dict(memory_policy='lra', lra_pooling='mean'), 'model.lra_pooling'),
          (dict(memory_policy='lfa', lfa_gamma=1.5), 'model.lfa_gamma'),
          (dict(memory_policy='sink', num_sinks=-1), 'model.num_sinks'),
          (dict(memory_policy='lra', init_std_multiplier=-1.0), 'model.init_std_multiplier'),
          (dict(memory_policy='lra', recent_window=-2), 'model.recent_window'),
-         (dict(memory_policy='lra', recent_window=1.5), 'model.recent_window')]
+         (dict(memory_policy='lra', recent_window=1.5), 'model.recent_window'),
+         (dict(memory_policy='lra', admission='never'), 'model.admission')]
   for settings, key in bad:
     with pytest.raises(ConfigError) as error:
       policies.make_policy(ConfigDict(settings))

@@ -25,7 +25,8 @@ Each step (a chunk of C tokens):
  4. the policy folds the attention weights on the memory into its scores
     (LRA/LFA use the weights, LRU/LFU a used-or-not mask), then the chunk's
     keys and values are inserted (new entries score mean - k*std, the paper's
-    initial score) and the victims are evicted.
+    initial score; with `admission='score'` they compete with the memory's
+    entries on it, else they always go in) and the victims are evicted.
 
 Delay: the output of a step is the attention output of the *evicted* queries,
 so `y[:, j]` belongs to position `ctx.positions[:, j] - N` (a continuous

@@ -5,10 +5,12 @@ capacity M of each row and returns exactly n evicted entries:
 
 - Free (invalid) slots are filled first; the evicted output then holds
   invalid entries for them.
-- Otherwise the policy's ranking (policies.eviction_keys) picks the victims
-  among the existing entries: lowest score, oldest position on ties, sinks
-  last. New entries always go in, except when n > M: then the oldest new
-  entries (by the same ranking) are evicted as well.
+- Otherwise the policy's ranking (policies.eviction_keys) picks the victims:
+  lowest score, oldest position on ties, sinks and the recent window last.
+  With `admission='always'` the victims are existing entries and new
+  entries always go in, except when n > M: then the oldest new entries (by
+  the same ranking) are evicted as well. With `admission='score'` new
+  entries compete on their initial score, and may be evicted at once.
 - New entries get the policy's initial score (mean - k * std of the
   memory's valid scores); their own `scores` field is ignored.
 

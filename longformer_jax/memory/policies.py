@@ -9,9 +9,9 @@ Two pure functions do the work:
 - `eviction_keys` / `eviction_order`: the ranking of entries, first evicted
   first. Invalid entries go first; then unprotected entries before protected
   ones (the sink policy's sinks, and with `recent_window = r` the r valid
-  entries with the largest positions); then (during an insert) existing
-  entries before the new ones; then the lowest score; ties broken by the
-  oldest position.
+  entries with the largest positions); then, during an insert with
+  `admission='always'`, existing entries before the new ones; then the
+  lowest score; ties broken by the oldest position.
 
 Score semantics (higher = keep), with `a[b, h, q, m]` the attention weight
 query q gave memory slot m in head h, only valid queries counted. Unless
@@ -47,6 +47,17 @@ New entries get the initial score `mean - k * std` of the memory's current
 valid scores in that row (k = `init_std_multiplier`, population std; 0 when
 the row holds no valid entry), as in Attendre (Yang & Hua et al., 2024).
 
+Admission (`admission`), for the scored policies:
+- 'always' (default): new entries always go in; the policy evicts among
+  the existing entries (as a KV cache with heavy hitters does). With a
+  chunk as long as the memory, every policy then keeps the same entries.
+- 'score': new entries compete with the existing ones on their initial
+  score, so a new entry is kept only if mean - k * std beats some existing
+  entry's score (ties: the newest new entries are kept). A memory as small
+  as one chunk can then hold on to much-attended old entries, which is how
+  Attendre's policies differ from FIFO at M = chunk (its Table 1, M = 128).
+FIFO and sinks rank by position alone, so admission changes nothing for them.
+
 Per-head scores (`per_head=True`): the memory has one row per (batch, head)
 (row b * heads + h; see entries.heads_to_rows) and each row is scored with
 its own head's weights only.
@@ -62,6 +73,7 @@ from longformer_jax.memory.entries import MemoryEntries
 
 POLICY_NAMES = ('fifo', 'lru', 'lfu', 'lra', 'lfa', 'sink')
 LRA_POOLINGS = ('last', 'max', 'sum')
+ADMISSIONS = ('always', 'score')
 SCORED_POLICIES = ('lru', 'lfu', 'lra', 'lfa')
 
 
@@ -74,6 +86,7 @@ class EvictionPolicy:
   init_std_multiplier: float = 1.0   # new entries score mean - k * std
   per_head: bool = False             # one memory row per (batch, head)
   recent_window: int = 0             # keep the recent_window most recent entries
+  admission: str = 'always'          # new entries: 'always' go in | compete on 'score'
 
   def __post_init__(self):
     require(self.name in POLICY_NAMES, 'model.memory_policy',
@@ -85,6 +98,8 @@ class EvictionPolicy:
             f'must be a non-negative integer, got {self.num_sinks}')
     require(int(self.recent_window) == self.recent_window and self.recent_window >= 0,
             'model.recent_window', f'must be a non-negative integer, got {self.recent_window}')
+    require(self.admission in ADMISSIONS, 'model.admission',
+            f'unknown admission {self.admission!r}; choose one of {ADMISSIONS}')
     require(self.init_std_multiplier >= 0.0, 'model.init_std_multiplier',
             f'must be >= 0, got {self.init_std_multiplier}')
 
@@ -105,7 +120,8 @@ def make_policy(config_like) -> EvictionPolicy:
 
   Keys (all optional): `memory_policy` (or `policy`; default 'fifo'),
   `lra_pooling` ('max'), `lfa_gamma` (1.0), `num_sinks` (0),
-  `init_std_multiplier` (1.0), `per_head_scores` (False), `recent_window` (0).
+  `init_std_multiplier` (1.0), `per_head_scores` (False), `recent_window` (0),
+  `admission` ('always').
   """
   name = config_like.get('memory_policy', config_like.get('policy', 'fifo'))
   if not isinstance(name, str):
@@ -114,7 +130,8 @@ def make_policy(config_like) -> EvictionPolicy:
                   num_sinks=config_like.get('num_sinks', 0),
                   init_std_multiplier=float(config_like.get('init_std_multiplier', 1.0)),
                   per_head=bool(config_like.get('per_head_scores', False)),
-                  recent_window=config_like.get('recent_window', 0))
+                  recent_window=config_like.get('recent_window', 0),
+                  admission=config_like.get('admission', 'always'))
   if not name.startswith('lra_'):
     settings['pooling'] = config_like.get('lra_pooling', 'max')
   return policy_from_name(name, **settings)
@@ -275,7 +292,7 @@ def recent_flags(policy: EvictionPolicy, positions: jax.Array, valid: jax.Array)
 def eviction_keys(policy: EvictionPolicy, entries: MemoryEntries,
                   is_new: jax.Array | None = None) -> tuple:
   """Sort keys `[rows, n]` (lexicographic, ascending = evicted first)."""
-  if is_new is None:
+  if is_new is None or policy.admission == 'score':
     is_new = jnp.zeros(entries.positions.shape, bool)
   scores = entries.scores if policy.uses_scores else jnp.zeros_like(entries.scores)
   protected = (sink_flags(policy, entries.positions, entries.valid)

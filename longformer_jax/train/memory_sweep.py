@@ -28,8 +28,8 @@ sweep evaluates every combination (the cartesian product). Settings:
   training one).
 - any other key is a model config key set on every layer, e.g.
   `rope_max_distance=63` (LM-Infinite cap), `memory_top_k=32`,
-  `lfa_gamma=0.9`, `init_std_multiplier=1`, `num_sinks=4`, `recent_window=48`
-  (memory/policies.py); values are read as
+  `lfa_gamma=0.9`, `init_std_multiplier=1`, `num_sinks=4`, `recent_window=48`,
+  `admission=score` (memory/policies.py); values are read as
   int, then float, then bool ('true'/'false'), then str.
 
 Results: one row per point with `variant`, `policy`, `memory_size`,
