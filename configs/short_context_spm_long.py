@@ -1,0 +1,23 @@
+"""configs/short_context_spm.py trained 10,000 steps instead of 3,000.
+
+At 3,000 steps (12M tokens) the subword model uses only about the last 256
+tokens (README, "Eval-time memories"), and between steps 2,000 and 3,000
+that reach was still growing (128 -> 256 tokens). This run asks whether a
+longer-trained model uses enough context for Attendre's chunk-128 setting
+(memories of 128-512 entries) to separate the eviction policies. On two CPU
+cores it takes about 3 hours; `train.stop_after_steps` splits it:
+
+  python train.py --config=configs/short_context_spm_long.py \\
+      --workdir=runs/short_context_spm_long --config.train.stop_after_steps=3000
+  (the same command without stop_after_steps resumes and finishes)
+"""
+
+from configs import short_context_spm
+
+
+def get_config():
+  config = short_context_spm.get_config()
+  config.train.num_steps = 10000
+  config.train.eval_every = 2000
+  config.train.checkpoint_every = 500
+  return config
