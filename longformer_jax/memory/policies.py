@@ -54,8 +54,10 @@ Admission (`admission`), for the scored policies:
 - 'score': new entries compete with the existing ones on their initial
   score, so a new entry is kept only if mean - k * std beats some existing
   entry's score (ties: the newest new entries are kept). A memory as small
-  as one chunk can then hold on to much-attended old entries, which is how
-  Attendre's policies differ from FIFO at M = chunk (its Table 1, M = 128).
+  as one chunk can then hold on to much-attended old entries: the reading
+  under which Attendre's policies differ from FIFO at M = chunk (its
+  TriviaQA results at M = 128 with chunks of 128). On the small models of
+  configs/short_context*.py it loses to 'always' (README).
 FIFO and sinks rank by position alone, so admission changes nothing for them.
 
 Per-head scores (`per_head=True`): the memory has one row per (batch, head)
