@@ -1,8 +1,9 @@
 """configs/short_context_spm.py trained 10,000 steps instead of 3,000.
 
-At 3,000 steps (12M tokens) the subword model uses only about the last 256
-tokens (README, "Eval-time memories"), and between steps 2,000 and 3,000
-that reach was still growing (128 -> 256 tokens). This run asks whether a
+At 3,000 steps (12M tokens) the subword model uses only about the last 380
+tokens (FIFO is best with 256 entries beside a 128-token chunk; README,
+"Eval-time memories"), and between steps 2,000 and 3,000 that reach was
+still growing (FIFO 256 first beat FIFO 128 there). This run asks whether a
 longer-trained model uses enough context for Attendre's chunk-128 setting
 (memories of 128-512 entries) to separate the eviction policies. On two CPU
 cores it takes about 3 hours; `train.stop_after_steps` splits it:

@@ -47,12 +47,12 @@ class ReferenceMemory:
     sinks = set(by_position[:self.policy.num_sinks]) if self.policy.name == 'sink' else set()
     window = self.policy.recent_window
     recent = set(by_position[len(by_position) - window:]) if window else set()
+    new_entries_compete = self.policy.admission == 'score'
 
     def keep_priority(i):
       position, score, is_new = candidates[i]
       protected = i in sinks or i in recent
-      competes = self.policy.admission == 'score'
-      return (protected, is_new and not competes,
+      return (protected, is_new and not new_entries_compete,
               score if self.policy.uses_scores else 0.0, position)
     ranked = sorted(candidates, key=keep_priority)
     overflow = max(0, len(candidates) - self.capacity)
