@@ -251,6 +251,65 @@ def test_layer_attends_exactly_to_the_entries_its_memory_holds(policy):
     assert any(s != set(range(100 + total - C - m, 100 + total - C)) for s in later)
 
 
+def test_per_head_memories_keep_each_heads_own_most_attended_entries():
+  """Per-head LRA-sum against a float64 simulation: every head keeps its own M
+  entries, evicting those its own queries attended least, and attends to them."""
+  total, m = 40, 12
+  config = model_config(memory_size=m, memory_policy='lra_sum', per_head_scores=True)
+  params = init_params(config)
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))
+  x, positions, segments, valid = stream(total, seed=4)
+  q = np.einsum('btd,dhe->bthe', x, p['query']['kernel'])
+  k = np.einsum('btd,dhe->bthe', x, p['key']['kernel'])
+  v = np.einsum('btd,dhe->bthe', x, p['value']['kernel'])
+  step = layer_step(config)
+  state = AttendreAttention.init_state(config, B)
+  held = {(b, h): [] for b in range(B) for h in range(H)}   # stream indices, oldest first
+  for start in range(0, total, C):
+    part = slice(start, start + C)
+    y, state = step(params, jnp.asarray(x[:, part]), state,
+                    context(positions[:, part], segments[:, part], valid[:, part],
+                            np.full(B, start == 0)))
+    for b in range(B):
+      out = np.zeros((C, H, HD))
+      for h in range(H):
+        memory = held[b, h]
+        attended = np.zeros(len(memory))
+        for i in range(C):
+          keys = memory + list(range(start, start + i + 1))
+          logits = np.array([q[b, start + i, h] @ numpy_rotate(k[b, j, h], j - start - i)
+                             for j in keys]) / np.sqrt(HD)
+          w = np.exp(logits - logits.max())
+          w /= w.sum()
+          out[i, h] = w @ v[b, keys, h]
+          attended += w[:len(memory)]
+        # LRA-sum: new entries always go in; the least attended old ones leave.
+        keep = sorted(np.argsort(-attended, kind='stable')[:max(0, m - C)].tolist())
+        held[b, h] = [memory[s] for s in keep] + list(range(start, start + C))
+        row = b * H + h
+        in_state = np.asarray(state.memory.positions[row])[np.asarray(state.memory.valid[row])]
+        assert sorted(in_state.tolist()) == [100 + j for j in held[b, h]], (start, b, h)
+      np.testing.assert_allclose(np.asarray(y[b]), np.einsum('che,hed->cd', out,
+                                                             p['out']['kernel']),
+                                 rtol=2e-4, atol=2e-5)
+  # Not vacuous: the heads of a row hold different entries, and not the newest M.
+  for b in range(B):
+    assert held[b, 0] != held[b, 1]
+    assert any(held[b, h] != list(range(total - m, total)) for h in range(H))
+
+
+def test_per_head_fifo_equals_the_shared_fifo():
+  """With FIFO every head keeps the same entries, so per-head rows change nothing."""
+  shared, per_head = model_config(memory_size=12), model_config(memory_size=12,
+                                                                per_head_scores=True)
+  params = init_params(shared)
+  x, positions, segments, valid = stream(40, seed=6)
+  outputs = [run_stream(layer_step(config), params, AttendreAttention.init_state(config, B),
+                        x, positions, segments, valid, chunk=C, finish='none', delay=0)[0]
+             for config in (shared, per_head)]
+  np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize('n', [0, 8])
 def test_document_outputs_do_not_depend_on_the_previous_document(n):
   """Row stream: document A, (drain when N > 0), document B; B alone gives the same."""
@@ -284,8 +343,6 @@ def test_bad_settings_name_their_key():
     AttendreAttention.from_config(model_config(q_memory_size=-1), jnp.float32)
   with pytest.raises(ConfigError, match='model.memory_policy'):
     AttendreAttention.from_config(model_config(memory_policy='lifo'), jnp.float32)
-  with pytest.raises(ConfigError, match='model.per_head_scores'):
-    AttendreAttention.from_config(model_config(per_head_scores=True), jnp.float32)
   assert policies.make_policy(model_config(memory_policy='lra_sum')).pooling == 'sum'
 
 

@@ -9,7 +9,9 @@ memories per layer and row:
   exactly N positions after they came in);
 - a **K/V memory** of `memory_size` (M) keys and values with any eviction
   policy (`memory/key_value.py`, `memory/policies.py`: fifo, lru, lfu,
-  lra_{last,max,sum}, lfa with decay, sink).
+  lra_{last,max,sum}, lfa with decay, sink), shared by all heads (token
+  eviction) or, with `per_head_scores`, one memory per head, each evicting
+  on its own head's attention (H2O's per-head heavy hitters).
 
 Each step (a chunk of C tokens):
  1. the chunk's queries go into the Q memory; the C queries it evicts are
@@ -64,8 +66,8 @@ time.
 
 Config keys (per layer, all optional): `memory_size` (M, 128),
 `q_memory_size` (N, 0), `memory_policy` and the policy's keys (see
-`memory/policies.py make_policy`; per-head scores are not supported: eviction
-is per token, all heads together), `memory_top_k` (0 = all entries),
+`memory/policies.py make_policy`; `per_head_scores` True gives every head its
+own memory of M entries, rows `b * heads + h`), `memory_top_k` (0 = all entries),
 `memory_top_k_method` ('exact' | 'approx'), `memory_recall_target` (0.95),
 `rope_max_distance` (-1), `causal` (True).
 """
@@ -82,7 +84,7 @@ from longformer_jax.attention.dot_product import masked_softmax
 from longformer_jax.attention.masking import causal_document_mask
 from longformer_jax.config_errors import require
 from longformer_jax.layers.capped_rotary import capped_rotary_scores
-from longformer_jax.memory import fifo, key_value, policies
+from longformer_jax.memory import entries, fifo, key_value, policies
 from longformer_jax.memory.entries import MemoryEntries
 from longformer_jax.memory.sharded_retrieval import METHODS, top_k
 
@@ -96,7 +98,8 @@ class AttendreState:
 
   Attributes:
     queries: Q memory, `values [batch, N, heads, head_dim]` (unrotated queries).
-    memory: K/V memory, data `{'keys', 'values'}: [batch, M, heads, head_dim]`.
+    memory: K/V memory, data `{'keys', 'values'}: [batch, M, heads, head_dim]`;
+      with per-head scores `[batch * heads, M, 1, head_dim]` (row b * heads + h).
     document_start: `[batch]` int32 position of the row's latest reset.
   """
   queries: fifo.FifoMemory
@@ -113,12 +116,30 @@ def check_attendre_config(config) -> None:
   method = config.get('memory_top_k_method', 'exact')
   require(method in METHODS, 'model.memory_top_k_method',
           f'must be one of {METHODS}, got {method!r}')
-  require(not config.get('per_head_scores', False), 'model.per_head_scores',
-          'Attendre evicts tokens (all heads together); per-head scores are not supported')
   rope_max_distance = config.get('rope_max_distance', -1)
   require(isinstance(rope_max_distance, int), 'model.rope_max_distance',
           f'must be an integer (-1: no cap), got {rope_max_distance!r}')
   policies.make_policy(config)
+
+
+def queries_as_head_rows(queries: fifo.FifoMemory) -> fifo.FifoMemory:
+  """`values [b, n, h, d]` -> `[b * h, n, 1, d]`, metadata repeated per head."""
+  heads = queries.values.shape[2]
+  return fifo.FifoMemory(values=entries.heads_to_rows(queries.values),
+                         positions=entries.repeat_rows(queries.positions, heads),
+                         segment_ids=entries.repeat_rows(queries.segment_ids, heads),
+                         valid=entries.repeat_rows(queries.valid, heads))
+
+
+def chunk_as_head_rows(chunk: MemoryEntries) -> MemoryEntries:
+  """K/V entries `[b, n]` of `heads` heads -> `[b * heads, n]` of one head each."""
+  heads = chunk.data['keys'].shape[2]
+  return MemoryEntries(data=jax.tree_util.tree_map(entries.heads_to_rows, chunk.data),
+                       positions=entries.repeat_rows(chunk.positions, heads),
+                       segment_ids=entries.repeat_rows(chunk.segment_ids, heads),
+                       valid=entries.repeat_rows(chunk.valid, heads),
+                       scores=entries.repeat_rows(chunk.scores, heads),
+                       data_axes=(None, 'head_dim'))
 
 
 def pending_queries(queries: fifo.FifoMemory, chunk: fifo.FifoMemory) -> fifo.FifoMemory:
@@ -201,9 +222,11 @@ class AttendreAttention(nn.Module):
     """Empty Q memory (N queries) and K/V memory (M entries) per row."""
     check_attendre_config(config)
     heads = (config.num_heads, config.head_dim)
+    per_head = policies.make_policy(config).per_head
     return AttendreState(
         queries=fifo.create(batch_size, config.get('q_memory_size', 0), heads, dtype),
-        memory=key_value.create(batch_size, config.get('memory_size', 128), *heads, dtype),
+        memory=key_value.create(batch_size, config.get('memory_size', 128), *heads, dtype,
+                                per_head_rows=per_head),
         document_start=jnp.full((batch_size,), _INT32_MIN, jnp.int32))
 
   def attend(self, queries: fifo.FifoMemory, memory: MemoryEntries, chunk: MemoryEntries,
@@ -215,6 +238,7 @@ class AttendreAttention(nn.Module):
       memory: `[b, M]` K/V entries; chunk: `[b, C]` this chunk's K/V entries.
       origin: `[b, 1]` positions are rotated relative to it (small angles keep
         float32 exact on long streams; scores depend only on differences).
+      (Per-head memories call it with rows `b * h` of one head each.)
     Returns:
       `(out [b, q, h, d], memory_weights [b, h, q, M] float32)`.
     """
@@ -251,13 +275,25 @@ class AttendreAttention(nn.Module):
     state_queries = jax.lax.stop_gradient(state.queries)
     pending = pending_queries(state_queries, chunk_queries)
     queries, evicted = fifo.insert(state_queries, chunk_queries)
-    # 2. Forget documents no pending query belongs to.
     document_start = jnp.where(ctx.reset, ctx.positions[:, 0], state.document_start)
+    chunk = key_value.entries_from_chunk(k, v, ctx.positions, ctx.segment_ids, ctx.valid)
+    origin = ctx.positions[:, :1]
+    if self.policy.per_head:  # one memory per head: (batch, head) pairs become rows
+      pending, evicted_rows = queries_as_head_rows(pending), queries_as_head_rows(evicted)
+      chunk = chunk_as_head_rows(chunk)
+      document_start = entries.repeat_rows(document_start, self.num_heads)
+      origin = entries.repeat_rows(origin, self.num_heads)
+    else:
+      evicted_rows = evicted
+    # 2. Forget documents no pending query belongs to.
     memory = forget_finished_documents(jax.lax.stop_gradient(state.memory), pending,
                                        document_start)
     # 3. Attend: the evicted queries over [K/V memory; chunk].
-    chunk = key_value.entries_from_chunk(k, v, ctx.positions, ctx.segment_ids, ctx.valid)
-    out, memory_weights = self.attend(evicted, memory, chunk, ctx.positions[:, :1])
+    out, memory_weights = self.attend(evicted_rows, memory, chunk, origin)
+    if self.policy.per_head:
+      out = entries.rows_to_heads(out, self.num_heads)                  # [b, q, h, d]
+      memory_weights = memory_weights.reshape((-1, self.num_heads) + memory_weights.shape[2:])
+      document_start = document_start[::self.num_heads]
     # 4. Score the memory by what it was given, then insert the chunk.
     usage = memory_weights
     if self.policy.name in ('lru', 'lfu'):
