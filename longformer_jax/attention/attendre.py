@@ -277,23 +277,20 @@ class AttendreAttention(nn.Module):
     queries, evicted = fifo.insert(state_queries, chunk_queries)
     document_start = jnp.where(ctx.reset, ctx.positions[:, 0], state.document_start)
     chunk = key_value.entries_from_chunk(k, v, ctx.positions, ctx.segment_ids, ctx.valid)
-    origin = ctx.positions[:, :1]
+    origin, row_document_start, evicted_rows = ctx.positions[:, :1], document_start, evicted
     if self.policy.per_head:  # one memory per head: (batch, head) pairs become rows
       pending, evicted_rows = queries_as_head_rows(pending), queries_as_head_rows(evicted)
       chunk = chunk_as_head_rows(chunk)
-      document_start = entries.repeat_rows(document_start, self.num_heads)
+      row_document_start = entries.repeat_rows(document_start, self.num_heads)
       origin = entries.repeat_rows(origin, self.num_heads)
-    else:
-      evicted_rows = evicted
     # 2. Forget documents no pending query belongs to.
     memory = forget_finished_documents(jax.lax.stop_gradient(state.memory), pending,
-                                       document_start)
+                                       row_document_start)
     # 3. Attend: the evicted queries over [K/V memory; chunk].
     out, memory_weights = self.attend(evicted_rows, memory, chunk, origin)
     if self.policy.per_head:
       out = entries.rows_to_heads(out, self.num_heads)                  # [b, q, h, d]
       memory_weights = memory_weights.reshape((-1, self.num_heads) + memory_weights.shape[2:])
-      document_start = document_start[::self.num_heads]
     # 4. Score the memory by what it was given, then insert the chunk.
     usage = memory_weights
     if self.policy.name in ('lru', 'lfu'):
