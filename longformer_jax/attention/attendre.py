@@ -122,24 +122,12 @@ def check_attendre_config(config) -> None:
   policies.make_policy(config)
 
 
-def queries_as_head_rows(queries: fifo.FifoMemory) -> fifo.FifoMemory:
-  """`values [b, n, h, d]` -> `[b * h, n, 1, d]`, metadata repeated per head."""
-  heads = queries.values.shape[2]
-  return fifo.FifoMemory(values=entries.heads_to_rows(queries.values),
-                         positions=entries.repeat_rows(queries.positions, heads),
-                         segment_ids=entries.repeat_rows(queries.segment_ids, heads),
-                         valid=entries.repeat_rows(queries.valid, heads))
-
-
-def chunk_as_head_rows(chunk: MemoryEntries) -> MemoryEntries:
-  """K/V entries `[b, n]` of `heads` heads -> `[b * heads, n]` of one head each."""
-  heads = chunk.data['keys'].shape[2]
-  return MemoryEntries(data=jax.tree_util.tree_map(entries.heads_to_rows, chunk.data),
-                       positions=entries.repeat_rows(chunk.positions, heads),
-                       segment_ids=entries.repeat_rows(chunk.segment_ids, heads),
-                       valid=entries.repeat_rows(chunk.valid, heads),
-                       scores=entries.repeat_rows(chunk.scores, heads),
-                       data_axes=(None, 'head_dim'))
+def as_head_rows(tree, heads: int):
+  """Per-head view for per-head memories: in any pytree, `[b, n, heads, d]`
+  leaves become `[b * heads, n, 1, d]` (row b * heads + h) and metadata
+  (`[b]`, `[b, n]`) is repeated per head."""
+  return jax.tree_util.tree_map(
+      lambda x: entries.heads_to_rows(x) if x.ndim >= 3 else entries.repeat_rows(x, heads), tree)
 
 
 def pending_queries(queries: fifo.FifoMemory, chunk: fifo.FifoMemory) -> fifo.FifoMemory:
@@ -279,10 +267,8 @@ class AttendreAttention(nn.Module):
     chunk = key_value.entries_from_chunk(k, v, ctx.positions, ctx.segment_ids, ctx.valid)
     origin, row_document_start, evicted_rows = ctx.positions[:, :1], document_start, evicted
     if self.policy.per_head:  # one memory per head: (batch, head) pairs become rows
-      pending, evicted_rows = queries_as_head_rows(pending), queries_as_head_rows(evicted)
-      chunk = chunk_as_head_rows(chunk)
-      row_document_start = entries.repeat_rows(document_start, self.num_heads)
-      origin = entries.repeat_rows(origin, self.num_heads)
+      pending, evicted_rows, chunk, row_document_start, origin = as_head_rows(
+          (pending, evicted, chunk, document_start, origin), self.num_heads)
     # 2. Forget documents no pending query belongs to.
     memory = forget_finished_documents(jax.lax.stop_gradient(state.memory), pending,
                                        row_document_start)
