@@ -21,6 +21,11 @@ Attendre / Memorizing / StreamingLLM memory), swept in one command:
 
 writes `DIR/eval/memory_sweep.{json,md,png}` (longformer_jax/train/memory_sweep.py
 documents the flag) instead of metrics.json.
+
+Far recurrences: `--config.eval.far_distance=D` (D > 0) also scores, alone,
+the targets whose bigram last occurred more than D tokens back in the
+document, the ones only a far-reaching memory helps to copy
+(longformer_jax/data/far_recurrences.py): `far_bits_per_byte` in every row.
 """
 
 import json
@@ -96,12 +101,16 @@ def restore_params(config, tokenizer, workdir: str, mesh, rules):
 
 
 def markdown_table(rows: list[dict]) -> str:
-  lines = ['| mem_len | chunk | loss (nats/token) | bits/token | bits/byte | perplexity | tokens |',
-           '|---:|---:|---:|---:|---:|---:|---:|']
+  """One line per memory length; far-recurrence columns when they were scored."""
+  far = 'far_bits_per_byte' in rows[0]
+  lines = ['| mem_len | chunk | loss (nats/token) | bits/token | bits/byte | perplexity | tokens |'
+           + (' far bits/byte | far tokens |' if far else ''),
+           '|---:|---:|---:|---:|---:|---:|---:|' + ('---:|---:|' if far else '')]
   for r in rows:
     lines.append(f"| {r['mem_len']} | {r['chunk_len']} | {r['loss']:.4f} | "
                  f"{r['bits_per_token']:.4f} | {r['bits_per_byte']:.4f} | "
-                 f"{r['perplexity']:.3f} | {int(r['tokens'])} |")
+                 f"{r['perplexity']:.3f} | {int(r['tokens'])} |"
+                 + (f" {r['far_bits_per_byte']:.4f} | {int(r['far_tokens'])} |" if far else ''))
   return '\n'.join(lines)
 
 
@@ -130,7 +139,8 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   for mem_len in mem_lens:
     model_config = lm_model_config(config.model, tokenizer.vocab_size, mem_len=mem_len)
     evaluator = Evaluator(model_config, tokenizer, batch_size=config.data.eval_batch_size,
-                          chunk_len=chunk_len, mesh=mesh, rules=rules, param_shardings=param_shardings)
+                          chunk_len=chunk_len, mesh=mesh, rules=rules, param_shardings=param_shardings,
+                          far_distance=config.eval.get('far_distance', 0))
     metrics = evaluator.evaluate(params, documents, config.eval.max_tokens)
     rows.append(dict(mem_len=mem_len, chunk_len=chunk_len, **metrics))
     logging.info('mem_len %d: %.4f bits/byte', mem_len, metrics['bits_per_byte'])
@@ -185,7 +195,8 @@ def evaluate_memory_sweep(config, workdir: str, tokenizer, documents, mesh, rule
   def evaluate_point(point):
     evaluator = Evaluator(model_configs[point], tokenizer, batch_size=config.data.eval_batch_size,
                           chunk_len=point.chunk, mesh=mesh, rules=rules,
-                          param_shardings=param_shardings)
+                          param_shardings=param_shardings,
+                          far_distance=config.eval.get('far_distance', 0))
     metrics = evaluator.evaluate(params, documents, config.eval.max_tokens)
     logging.info('%s: %.4f bits/byte', point.describe(), metrics['bits_per_byte'])
     return metrics

@@ -104,4 +104,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Eval-time memory sweep, e.g. 'variant=attendre;policy=fifo,lra_max;memory_size=128,512'
   # (longformer_jax/train/memory_sweep.py); '' = off.
   c.eval.memory_sweep = ''
+  # > 0: also score the far recurrences alone, the targets whose bigram last
+  # occurred more than this many tokens back in the document
+  # (longformer_jax/data/far_recurrences.py): `far_bits_per_byte`. 0 = off.
+  c.eval.far_distance = 0
   return c

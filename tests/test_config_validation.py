@@ -28,6 +28,7 @@ def test_bad_mesh_shape_names_the_key(shape):
     ('model', 'attention', 'longformerish'), ('model', 'dtype', 'float16'),
     ('model', 'head_dim', 7), ('model', 'mem_len', -1), ('model', 'dropout_rate', 1.0),
     ('data', 'chunk_len', 0), ('eval', 'split', 'train'), ('eval', 'mem_lens', '0,x'),
+    ('eval', 'far_distance', -1),
     ('train', 'num_steps', 0)])
 def test_bad_values_name_their_key(section, name, value):
   config = tiny_config()

@@ -10,13 +10,21 @@ empty memory is the same model whatever the policy.
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
 import eval as eval_script
 import train as train_script
 from longformer_jax.config_errors import ConfigError
+from longformer_jax.data.corpus import load_corpus, make_tokenizer, tokenize_documents
+from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import memory_sweep
+from longformer_jax.train.batches import step_arrays
+from longformer_jax.train.evaluation import LN2, Evaluator
+from longformer_jax.train.lm_objective import lm_sums
+from tests.test_far_recurrences import far_by_brute_force
 from tests.tiny_models import tiny_config
 
 
@@ -105,6 +113,43 @@ def test_eval_sweep_over_policies_shares_the_empty_memory(trained_vanilla):
   assert len(empty) == 1 and not empty & with_memory
   assert all(np.isfinite(r['bits_per_byte']) for r in rows)
   assert memory_sweep.line_label(rows[0]) == 'attendre lra_max chunk=8 rope_max_distance=6'
+
+
+def test_far_recurrences_are_scored_alone(trained_vanilla):
+  config = sweep_config('policy=fifo;memory_size=0;chunk=8')
+  config.eval.far_distance = 12
+  row = eval_script.evaluate_run(config, trained_vanilla)['memory_sweep'][0]
+  # Reference: the plain loss path with target_mask set to the far targets
+  # (found by brute force over whole rows).
+  saved = eval_script.training_config(config, trained_vanilla)
+  tokenizer = make_tokenizer(saved.data)
+  documents = tokenize_documents(tokenizer, load_corpus(saved.data, saved.eval.split),
+                                 saved.data.skip_undecodable)
+  mesh, rules = make_mesh(saved.parallel.mesh_shape), saved.parallel.logical_axis_rules
+  params, shardings, _ = eval_script.restore_params(saved, tokenizer, trained_vanilla, mesh, rules)
+  model_config = lm_model_config(saved.model, tokenizer.vocab_size)
+  evaluator = Evaluator(model_config, tokenizer, batch_size=8, chunk_len=8, mesh=mesh,
+                        rules=rules, param_shardings=shardings)
+  batches = [step_arrays(b, tokenizer.pad_id) for b in evaluator.streams(documents, 2048)]
+  whole = {k: np.concatenate([b[k] for b in batches], axis=1) for k in batches[0]}
+  far = far_by_brute_force(whole['inputs'], whole['targets'], whole['segment_ids'],
+                           whole['target_mask'], 12)
+  token_bytes = np.asarray(tokenizer.token_byte_lengths(), np.float32)
+  loss_sum, memory = 0.0, DecoderLM.init_state(model_config, 8)
+  sums_of = jax.jit(lambda m, b: lm_sums(DecoderLM(model_config), params, m, b, 8))
+  for index, batch in enumerate(batches):
+    width = batch['inputs'].shape[1]
+    batch['target_mask'] = far[:, index * width:(index + 1) * width]
+    memory, sums = sums_of(memory, batch)
+    loss_sum += float(sums['loss_sum'])
+  assert row['far_tokens'] == far.sum() > 0
+  assert row['far_bytes'] == token_bytes[whole['targets'][far]].sum()
+  np.testing.assert_allclose(row['far_bits_per_byte'], loss_sum / LN2 / row['far_bytes'],
+                             rtol=1e-5)
+  assert row['far_bits_per_byte'] != row['bits_per_byte']
+  out_dir = os.path.join(trained_vanilla, 'eval')
+  assert os.path.getsize(os.path.join(out_dir, 'memory_sweep_far.png')) > 0
+  assert '| far bits/byte | far tokens |' in open(os.path.join(out_dir, 'memory_sweep.md')).read()
 
 
 @pytest.mark.slow

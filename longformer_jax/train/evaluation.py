@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from longformer_jax.data.far_recurrences import FarRecurrenceMarker
 from longformer_jax.data.stream_batcher import EvalStreams
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.parallel import sharding
@@ -37,17 +38,27 @@ def summarize(loss_sum: float, tokens: float, num_bytes: float) -> dict:
   }
 
 
+def summarize_far(totals: dict, min_distance: int) -> dict:
+  """The `far_*` metrics of the far-recurrence subset (data/far_recurrences.py)."""
+  far = summarize(totals['subset/loss_sum'], totals['subset/tokens'], totals['subset/bytes'])
+  return {'far_distance': min_distance, 'far_bits_per_byte': far['bits_per_byte'],
+          'far_bits_per_token': far['bits_per_token'], 'far_tokens': far['tokens'],
+          'far_bytes': far['bytes']}
+
+
 class Evaluator:
   """Compiles the eval step once for a model config and evaluation shape."""
 
   def __init__(self, model_config: ml_collections.FrozenConfigDict, tokenizer, *,
                batch_size: int, chunk_len: int,
-               mesh: jax.sharding.Mesh, rules, param_shardings):
+               mesh: jax.sharding.Mesh, rules, param_shardings, far_distance: int = 0):
+    """`far_distance > 0` also scores the far recurrences alone (`summarize_far`)."""
     self.model_config = model_config
     self.tokenizer = tokenizer
     self.batch_size = batch_size
     self.chunk_len = chunk_len
     self.chunks_per_batch = max(1, TOKENS_PER_CALL // chunk_len)
+    self.far_distance = far_distance
     self.mesh = mesh
     self.rules = rules
     self._batch_sharding = sharding.batch_sharding(mesh, rules)
@@ -78,11 +89,20 @@ class Evaluator:
     """Scores `documents` (token arrays); `max_tokens > 0` stops early."""
     memory = self.fresh_memory()
     totals = None
+    streams = self.streams(documents, max_tokens)
+    marker = (FarRecurrenceMarker(len(streams.rows), self.far_distance)
+              if self.far_distance > 0 else None)
     with sharding.activation_sharding(self.mesh, self.rules):
-      for batch in self.streams(documents, max_tokens):
-        arrays = sharding.to_global_batch(step_arrays(batch, self.tokenizer.pad_id),
-                                          self._batch_sharding)
+      for batch in streams:
+        arrays = step_arrays(batch, self.tokenizer.pad_id)
+        if marker is not None:
+          arrays['subset_mask'] = marker.mark(batch.inputs, batch.targets, batch.positions,
+                                              batch.segment_ids, batch.target_mask)
+        arrays = sharding.to_global_batch(arrays, self._batch_sharding)
         memory, sums = self._step(params, memory, arrays)
         totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
     totals = jax.tree_util.tree_map(lambda x: float(np.asarray(x)), totals)
-    return summarize(totals['loss_sum'], totals['tokens'], totals['bytes'])
+    metrics = summarize(totals['loss_sum'], totals['tokens'], totals['bytes'])
+    if marker is not None:
+      metrics.update(summarize_far(totals, self.far_distance))
+    return metrics

@@ -62,6 +62,15 @@ def chunk_context(chunk: dict, deterministic: bool) -> AttentionContext:
       deterministic=deterministic)
 
 
+def subset_sums(nll: jax.Array, targets: jax.Array, subset: jax.Array,
+                token_bytes: Optional[jax.Array]) -> dict:
+  """Loss, token and byte sums over the float `[batch, chunk]` mask `subset`."""
+  sums = {'subset/loss_sum': jnp.sum(nll * subset), 'subset/tokens': jnp.sum(subset)}
+  if token_bytes is not None:
+    sums['subset/bytes'] = jnp.sum(token_bytes[targets] * subset)
+  return sums
+
+
 def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
             rng: Optional[jax.Array] = None, deterministic: bool = True,
             token_bytes: Optional[jax.Array] = None):
@@ -83,7 +92,8 @@ def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
     chunk's weighted by its number of target tokens, so that dividing by
     `tokens` gives the per-token objective), `chunks`, the per-chunk sums of
     the `aux/...` statistics (divide by `chunks` for the mean), and `bytes`
-    when `token_bytes` is given.
+    when `token_bytes` is given. A batch with a bool `subset_mask` (some
+    of the targets, e.g. far recurrences) adds `subset_sums` over it.
   """
   weights = model.config.get('aux_loss_weights', None) or {}
 
@@ -100,6 +110,9 @@ def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
             'chunks': jnp.ones((), jnp.float32), **aux_stats}
     if token_bytes is not None:
       sums['bytes'] = jnp.sum(token_bytes[chunk['targets']] * mask)
+    if 'subset_mask' in chunk:
+      sums.update(subset_sums(nll, chunk['targets'], mask * chunk['subset_mask'].astype(jnp.float32),
+                              token_bytes))
     return states, sums
 
   memory, per_chunk = scan_chunks(one_chunk, memory, batch, chunk_len)

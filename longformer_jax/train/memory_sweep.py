@@ -34,9 +34,13 @@ sweep evaluates every combination (the cartesian product). Settings:
 
 Results: one row per point with `variant`, `policy`, `memory_size`,
 `q_memory_size`, `chunk`, the extra settings, `bits_per_byte`, `loss`,
-`bits_per_token`, `perplexity`, `tokens`, `bytes`. `write_sweep` writes them
-as JSON, a Markdown table, and a plot of bits per byte against memory size
-with one line per (variant, policy, other settings).
+`bits_per_token`, `perplexity`, `tokens`, `bytes`; with `eval.far_distance`
+> 0 also `far_distance`, `far_bits_per_byte`, `far_bits_per_token`,
+`far_tokens`, `far_bytes` (the far recurrences alone:
+longformer_jax/data/far_recurrences.py). `write_sweep` writes them as JSON, a
+Markdown table, and a plot of bits per byte against memory size with one
+line per (variant, policy, other settings); and `memory_sweep_far.png`, the
+same for the far recurrences.
 """
 
 import dataclasses
@@ -178,46 +182,55 @@ def run_sweep(points: list[SweepPoint], evaluate_point) -> list[dict]:
   return rows
 
 
+# Metric columns of a row: (key, Markdown header, format); the far ones only
+# with `eval.far_distance` > 0.
+METRIC_COLUMNS = (('bits_per_byte', 'bits/byte', '{:.4f}'), ('bits_per_token', 'bits/token', '{:.4f}'),
+                  ('loss', 'loss (nats)', '{:.4f}'), ('tokens', 'tokens', '{:.0f}'),
+                  ('far_bits_per_byte', 'far bits/byte', '{:.4f}'),
+                  ('far_tokens', 'far tokens', '{:.0f}'))
+METRICS = {'bits_per_byte', 'bits_per_token', 'loss', 'perplexity', 'tokens', 'bytes',
+           'far_bits_per_byte', 'far_bits_per_token', 'far_tokens', 'far_bytes'}
+
+
 def line_label(row: dict) -> str:
   """The plot line of a row: everything but the memory size and the metrics."""
   fixed = ('variant', 'policy')
-  skipped = {'memory_size', 'bits_per_byte', 'loss', 'bits_per_token', 'perplexity', 'tokens',
-             'bytes'}
   label = [row['variant'], row['policy']]
-  label += [f'{k}={v}' for k, v in row.items() if k not in skipped and k not in fixed
+  label += [f'{k}={v}' for k, v in row.items()
+            if k not in METRICS and k not in fixed and k not in ('memory_size', 'far_distance')
             and not (k == 'q_memory_size' and v == 0)]
   return ' '.join(str(part) for part in label)
 
 
 def markdown_table(rows: list[dict]) -> str:
-  """Rows as a Markdown table: one column per setting, then bits per byte and loss."""
-  metrics = ('bits_per_byte', 'bits_per_token', 'loss', 'tokens')
-  settings = [k for k in rows[0] if k not in metrics and k not in ('perplexity', 'bytes')]
-  header = settings + ['bits/byte', 'bits/token', 'loss (nats)', 'tokens']
+  """Rows as a Markdown table: one column per setting, then the metrics."""
+  settings = [k for k in rows[0] if k not in METRICS]
+  metrics = [(key, name, form) for key, name, form in METRIC_COLUMNS if key in rows[0]]
+  header = settings + [name for _, name, _ in metrics]
   lines = ['| ' + ' | '.join(header) + ' |',
-           '|' + '---|' * len(settings) + '---:|---:|---:|---:|']
+           '|' + '---|' * len(settings) + '---:|' * len(metrics)]
   for r in rows:
-    cells = [str(r[k]) for k in settings]
-    cells += [f"{r['bits_per_byte']:.4f}", f"{r['bits_per_token']:.4f}", f"{r['loss']:.4f}",
-              str(int(r['tokens']))]
+    cells = [str(r[k]) for k in settings] + [form.format(r[key]) for key, _, form in metrics]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
 
-def plot_sweep(rows: list[dict], path: str, title: str) -> None:
-  """Bits per byte against memory size, one line per `line_label`."""
+def plot_sweep(rows: list[dict], path: str, title: str, metric: str = 'bits_per_byte') -> None:
+  """`metric` (bits per byte) against memory size, one line per `line_label`."""
   lines = {}
   for r in rows:
-    lines.setdefault(line_label(r), []).append((r['memory_size'], r['bits_per_byte']))
+    lines.setdefault(line_label(r), []).append((r['memory_size'], r[metric]))
   series = [([x for x, _ in sorted(points)], [y for _, y in sorted(points)], label)
             for label, points in lines.items()]
   sizes = sorted({r['memory_size'] for r in rows})
-  save_line_plot(series, path, xlabel='memory size (entries)', ylabel='bits per byte',
+  save_line_plot(series, path, xlabel='memory size (entries)',
+                 ylabel=metric.replace('_', ' ').replace('far ', 'far recurrences: '),
                  title=title, log2_x=len(sizes) > 1 and sizes[0] > 0, size=(6, 4))
 
 
 def write_sweep(rows: list[dict], out_dir: str, title: str, header: dict) -> dict:
-  """Writes memory_sweep.json (rows), memory_sweep.md and memory_sweep.png; returns paths."""
+  """Writes memory_sweep.json (rows), memory_sweep.md and memory_sweep.png (and, with
+  far metrics, memory_sweep_far.png); returns the paths."""
   os.makedirs(out_dir, exist_ok=True)
   paths = {name: os.path.join(out_dir, f'memory_sweep.{name}') for name in ('json', 'md', 'png')}
   with open(paths['json'], 'w') as f:
@@ -226,4 +239,8 @@ def write_sweep(rows: list[dict], out_dir: str, title: str, header: dict) -> dic
   with open(paths['md'], 'w') as f:
     f.write(f'# Memory sweep: {title}\n\n{described}\n\n{markdown_table(rows)}\n')
   plot_sweep(rows, paths['png'], title)
+  if 'far_bits_per_byte' in rows[0]:
+    paths['far_png'] = os.path.join(out_dir, 'memory_sweep_far.png')
+    plot_sweep(rows, paths['far_png'], f"{title}, far > {rows[0]['far_distance']}",
+               metric='far_bits_per_byte')
   return paths
