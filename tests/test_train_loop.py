@@ -111,10 +111,11 @@ def test_bad_config_names_the_key(tmp_path, key, overrides):
   assert key in str(error.value)
 
 
-def test_eval_writes_metrics_and_plot(uninterrupted):
+def test_eval_writes_metrics_and_plot(uninterrupted, capsys):
   workdir = uninterrupted[0]
   config = small_run_config()
   config.eval.mem_lens = '0,16'
+  config.eval.far_distance = 8
   result = eval_script.evaluate_run(config, workdir)
   saved = json.load(open(os.path.join(workdir, 'eval', 'metrics.json')))
   assert saved['checkpoint_step'] == 6
@@ -123,8 +124,10 @@ def test_eval_writes_metrics_and_plot(uninterrupted):
     assert 0 < row['bits_per_byte'] < 9
     np.testing.assert_allclose(row['bits_per_token'] * row['tokens'],
                                row['bits_per_byte'] * row['bytes'], rtol=1e-6)
+    assert 0 < row['far_tokens'] < row['tokens'] and row['far_bits_per_byte'] > 0
   assert saved['bits_per_byte'] == result['bits_per_byte']
   assert os.path.exists(os.path.join(workdir, 'eval', 'bits_per_byte_vs_mem_len.png'))
+  assert '| far bits/byte | far tokens |' in capsys.readouterr().out
 
 
 def test_eval_of_a_missing_step_lists_the_available_ones(uninterrupted):
