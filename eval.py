@@ -139,8 +139,9 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   for mem_len in mem_lens:
     model_config = lm_model_config(config.model, tokenizer.vocab_size, mem_len=mem_len)
     evaluator = Evaluator(model_config, tokenizer, batch_size=config.data.eval_batch_size,
-                          chunk_len=chunk_len, mesh=mesh, rules=rules, param_shardings=param_shardings,
-                          far_distance=config.eval.get('far_distance', 0))
+                          chunk_len=chunk_len, mesh=mesh, rules=rules,
+                          param_shardings=param_shardings,
+                          far_distance=config.eval.far_distance)
     metrics = evaluator.evaluate(params, documents, config.eval.max_tokens)
     rows.append(dict(mem_len=mem_len, chunk_len=chunk_len, **metrics))
     logging.info('mem_len %d: %.4f bits/byte', mem_len, metrics['bits_per_byte'])
@@ -196,7 +197,7 @@ def evaluate_memory_sweep(config, workdir: str, tokenizer, documents, mesh, rule
     evaluator = Evaluator(model_configs[point], tokenizer, batch_size=config.data.eval_batch_size,
                           chunk_len=point.chunk, mesh=mesh, rules=rules,
                           param_shardings=param_shardings,
-                          far_distance=config.eval.get('far_distance', 0))
+                          far_distance=config.eval.far_distance)
     metrics = evaluator.evaluate(params, documents, config.eval.max_tokens)
     logging.info('%s: %.4f bits/byte', point.describe(), metrics['bits_per_byte'])
     return metrics

@@ -86,7 +86,7 @@ def validate_config(config: ml_collections.ConfigDict, device_count: Optional[in
   require(config.eval.split in ('valid', 'test'), 'eval.split',
           f"must be 'valid' or 'test', got {config.eval.split!r}")
   require(config.eval.chunk_len >= 0, 'eval.chunk_len', f'must be >= 0, got {config.eval.chunk_len}')
-  far_distance = config.eval.get('far_distance', 0)
+  far_distance = config.eval.far_distance
   require(isinstance(far_distance, int) and far_distance >= 0, 'eval.far_distance',
           f'must be an integer >= 0 (0: off), got {far_distance!r}')
   for mem_len in parse_int_list(config.eval.mem_lens, 'eval.mem_lens'):

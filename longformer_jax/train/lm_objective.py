@@ -111,8 +111,8 @@ def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
     if token_bytes is not None:
       sums['bytes'] = jnp.sum(token_bytes[chunk['targets']] * mask)
     if 'subset_mask' in chunk:
-      sums.update(subset_sums(nll, chunk['targets'], mask * chunk['subset_mask'].astype(jnp.float32),
-                              token_bytes))
+      subset = mask * chunk['subset_mask'].astype(jnp.float32)
+      sums.update(subset_sums(nll, chunk['targets'], subset, token_bytes))
     return states, sums
 
   memory, per_chunk = scan_chunks(one_chunk, memory, batch, chunk_len)

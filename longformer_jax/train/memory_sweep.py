@@ -184,7 +184,8 @@ def run_sweep(points: list[SweepPoint], evaluate_point) -> list[dict]:
 
 # Metric columns of a row: (key, Markdown header, format); the far ones only
 # with `eval.far_distance` > 0.
-METRIC_COLUMNS = (('bits_per_byte', 'bits/byte', '{:.4f}'), ('bits_per_token', 'bits/token', '{:.4f}'),
+METRIC_COLUMNS = (('bits_per_byte', 'bits/byte', '{:.4f}'),
+                  ('bits_per_token', 'bits/token', '{:.4f}'),
                   ('loss', 'loss (nats)', '{:.4f}'), ('tokens', 'tokens', '{:.0f}'),
                   ('far_bits_per_byte', 'far bits/byte', '{:.4f}'),
                   ('far_tokens', 'far tokens', '{:.0f}'))
