@@ -12,7 +12,7 @@ import pytest
 
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.data.far_recurrences import FarRecurrenceMarker
-from longformer_jax.data.stream_batcher import EvalStreams
+from longformer_jax.data.stream_batcher import EvalStreams, StreamBatch
 from longformer_jax.train.lm_objective import subset_sums
 
 BOS, PAD = 0, 1
@@ -44,8 +44,7 @@ def test_marker_matches_brute_force_across_batches_and_documents(min_distance):
   batches = list(streams)
   assert len(batches) > 2  # the marker must carry its memory across batches
   marker = FarRecurrenceMarker(3, min_distance)
-  marked = np.concatenate([marker.mark(b.inputs, b.targets, b.positions, b.segment_ids,
-                                       b.target_mask) for b in batches], axis=1)
+  marked = np.concatenate([marker.mark(b) for b in batches], axis=1)
   whole = {name: np.concatenate([getattr(b, name) for b in batches], axis=1)
            for name in ('inputs', 'targets', 'segment_ids', 'target_mask')}
   expected = far_by_brute_force(whole['inputs'], whole['targets'], whole['segment_ids'],
@@ -58,11 +57,10 @@ def test_a_recurrence_is_far_only_beyond_the_distance_and_within_its_document():
   # Two copies of the same document in one row: "5 6" recurs 3 tokens later.
   streams = EvalStreams([np.array([5, 6, 7, 5, 6], np.int32)] * 2, num_rows=1, chunk_len=4,
                         bos_id=BOS, pad_id=PAD)
-  batch = list(streams)
-  whole = [np.concatenate([getattr(b, name) for b in batch], axis=1)
-           for name in ('inputs', 'targets', 'positions', 'segment_ids', 'target_mask')]
+  batches = list(streams)
   for distance, expected_far in ((2, 1), (3, 0)):
-    far = FarRecurrenceMarker(1, distance).mark(*whole)
+    marker = FarRecurrenceMarker(1, distance)
+    far = np.concatenate([marker.mark(b) for b in batches], axis=1)
     # Stream: BOS 5 6 7 5 6 BOS 5 6 7 5 6 BOS; targets at inputs 4 and 10 ("5" -> "6").
     assert far.sum() == 2 * expected_far
     assert far[0, 4] == far[0, 10] == bool(expected_far)
@@ -74,7 +72,7 @@ def test_marker_refuses_bad_settings():
   marker = FarRecurrenceMarker(2, 4)
   rows3 = np.zeros([3, 4], np.int32)
   with pytest.raises(ConfigError, match='data.eval_batch_size'):
-    marker.mark(rows3, rows3, rows3, rows3, rows3.astype(bool))
+    marker.mark(StreamBatch(rows3, rows3, rows3, rows3, rows3.astype(bool), rows3.astype(bool)))
 
 
 def test_subset_sums_add_only_the_subset():

@@ -17,6 +17,7 @@ document occurred last.
 import numpy as np
 
 from longformer_jax.config_errors import require
+from longformer_jax.data.stream_batcher import StreamBatch
 
 
 class FarRecurrenceMarker:
@@ -33,28 +34,26 @@ class FarRecurrenceMarker:
     self._last_seen = [dict() for _ in range(num_rows)]   # (x, y) -> stream position
     self._segment = [-1] * num_rows
 
-  def mark(self, inputs: np.ndarray, targets: np.ndarray, positions: np.ndarray,
-           segment_ids: np.ndarray, target_mask: np.ndarray) -> np.ndarray:
+  def mark(self, batch: StreamBatch) -> np.ndarray:
     """`[rows, T]` bool: the target is a far recurrence (and a real target).
 
-    Args (all `[rows, T]`, as in `StreamBatch`): inputs, targets, the input's
-    absolute stream position, its document index along the stream, and
-    whether the target is real.
+    Reads the batch's inputs, targets, positions (absolute in the stream),
+    segment ids (the document along the stream) and target mask.
     """
-    rows, length = inputs.shape
+    rows, length = batch.inputs.shape
     require(rows == len(self._last_seen), 'data.eval_batch_size',
             f'the marker was built for {len(self._last_seen)} rows, got a batch of {rows}')
     far = np.zeros([rows, length], dtype=bool)
     for r in range(rows):
       last_seen = self._last_seen[r]
       for t in range(length):
-        if segment_ids[r, t] != self._segment[r]:
-          self._segment[r] = int(segment_ids[r, t])
+        if batch.segment_ids[r, t] != self._segment[r]:
+          self._segment[r] = int(batch.segment_ids[r, t])
           last_seen.clear()
-        if not target_mask[r, t]:
+        if not batch.target_mask[r, t]:
           continue
-        pair = (int(inputs[r, t]), int(targets[r, t]))
-        position = int(positions[r, t])
+        pair = (int(batch.inputs[r, t]), int(batch.targets[r, t]))
+        position = int(batch.positions[r, t])
         previous = last_seen.get(pair)
         far[r, t] = previous is not None and position - previous > self.min_distance
         last_seen[pair] = position

@@ -96,8 +96,7 @@ class Evaluator:
       for batch in streams:
         arrays = step_arrays(batch, self.tokenizer.pad_id)
         if marker is not None:
-          arrays['subset_mask'] = marker.mark(batch.inputs, batch.targets, batch.positions,
-                                              batch.segment_ids, batch.target_mask)
+          arrays['subset_mask'] = marker.mark(batch)
         arrays = sharding.to_global_batch(arrays, self._batch_sharding)
         memory, sums = self._step(params, memory, arrays)
         totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
