@@ -56,8 +56,11 @@ Admission (`admission`), for the scored policies:
   entry's score (ties: the newest new entries are kept). A memory as small
   as one chunk can then hold on to much-attended old entries: the reading
   under which Attendre's policies differ from FIFO at M = chunk (its
-  TriviaQA results at M = 128 with chunks of 128). On the small models of
-  configs/short_context*.py it loses to 'always' (README).
+  TriviaQA results at M = 128 with chunks of 128). Pair it with a small
+  `recent_window` (16-32 of a 128-token chunk): alone it lets too few of the
+  chunk's entries in. On configs/short_context_spm_long.py that pair beats
+  FIFO on far recurrences at M = 128-512 and loses on the all-target average
+  (README, "Far recurrences").
 FIFO and sinks rank by position alone, so admission changes nothing for them.
 
 Per-head scores (`per_head=True`): the memory has one row per (batch, head)
