@@ -59,7 +59,7 @@ Admission (`admission`), for the scored policies:
   TriviaQA results at M = 128 with chunks of 128). Pair it with a small
   `recent_window` (16-32 of a 128-token chunk): alone it lets too few of the
   chunk's entries in. On configs/short_context_spm_long.py that pair beats
-  FIFO on far recurrences at M = 128-512 and loses on the all-target average
+  FIFO on far recurrences at M = 256-512 and loses on the all-target average
   (README, "Far recurrences").
 FIFO and sinks rank by position alone, so admission changes nothing for them.
 
