@@ -1,5 +1,9 @@
 """Tests of the SentencePiece tokenizer: training, loading, encoding, errors."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -116,6 +120,62 @@ def test_training_rejects_non_utf8_and_names_it(tmp_path):
   documents.insert(2, Document('latin1.txt', 'café'.encode('latin-1')))
   with pytest.raises(ValueError, match=r"'latin1.txt' \(index 2\).*UTF-8"):
     train_sentencepiece(documents, str(tmp_path / 'm'), vocab_size=300)
+
+
+def test_training_rejects_a_non_positive_sentence_cap(tmp_path):
+  with pytest.raises(ValueError, match='max_sentences must be positive'):
+    train_sentencepiece(small_documents(4), str(tmp_path / 'm'),
+                        vocab_size=300, max_sentences=0)
+  assert not (tmp_path / 'm.model').exists()
+
+
+def test_sample_lines_keeps_all_lines_under_the_cap():
+  lines = [f'line {i}' for i in range(30)]
+  assert sentencepiece_tokenizer.sample_lines(iter(lines), 30, seed=3) == lines
+  assert sentencepiece_tokenizer.sample_lines(iter(lines), 99, seed=3) == lines
+
+
+def test_sample_lines_is_a_uniform_sample_in_input_order():
+  """Each of n lines is in a sample of k with probability k / n."""
+  n, k, trials = 50, 10, 3000
+  lines = [f'{i:02d}' for i in range(n)]
+  counts = np.zeros(n)
+  for seed in range(trials):
+    sample = sentencepiece_tokenizer.sample_lines(iter(lines), k, seed)
+    assert len(sample) == k and len(set(sample)) == k
+    assert sample == sorted(sample)  # Input order kept.
+    counts[[int(line) for line in sample]] += 1
+  expected = trials * k / n
+  std = np.sqrt(trials * (k / n) * (1 - k / n))
+  assert np.all(np.abs(counts - expected) < 5 * std), counts
+  # The sample depends on the seed, and only on it.
+  assert (sentencepiece_tokenizer.sample_lines(iter(lines), k, 1) ==
+          sentencepiece_tokenizer.sample_lines(iter(lines), k, 1))
+  assert (sentencepiece_tokenizer.sample_lines(iter(lines), k, 1) !=
+          sentencepiece_tokenizer.sample_lines(iter(lines), k, 2))
+
+
+_TRAIN_IN_A_FRESH_PROCESS = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.test_data_sentencepiece import small_documents
+from longformer_jax.data.sentencepiece_tokenizer import train_sentencepiece
+train_sentencepiece(small_documents(60), {prefix!r}, vocab_size=300,
+                    max_sentences=120, num_threads=2)
+"""
+
+
+def test_training_gives_the_same_file_in_two_processes(tmp_path):
+  """SentencePiece's own sentence sampling is not seeded across processes;
+  ours is, so the same call trains the same bytes in a new process."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  prefix = tmp_path / 'tiny'  # The file records its prefix: keep it fixed.
+  script = _TRAIN_IN_A_FRESH_PROCESS.format(root=root, prefix=str(prefix))
+  models = []
+  for _ in range(2):
+    subprocess.run([sys.executable, '-c', script], check=True, cwd=root)
+    models.append(prefix.with_suffix('.model').read_bytes())
+  assert models[0] == models[1]
 
 
 def test_command_line_trains_on_the_stdlib_corpus(tmp_path, capsys):

@@ -11,11 +11,16 @@ Command line (trains on the train split of a corpus, prints the .model path):
 
   python -m longformer_jax.data.sentencepiece_tokenizer \
       --corpus=stdlib --vocab_size=4096 --out=/tmp/spm/stdlib4k \
-      [--max_documents=N] [--tfds_data_dir=DIR]
+      [--max_documents=N] [--max_sentences=N] [--num_threads=N] \
+      [--tfds_data_dir=DIR]
+
+Training is reproducible: the same corpus, flags and thread count give the
+same .model file, byte for byte.
 """
 
 import argparse
 import os
+import random
 import sys
 from typing import Iterable, Iterator, Sequence
 
@@ -135,29 +140,44 @@ def _as_text(data: bytes | str) -> str:
 # ---- training -------------------------------------------------------------
 
 
-class _SentenceStream:
-  """Yields the lines of documents; remembers the first invalid document.
+def _document_lines(documents: Iterable[bytes | Document]) -> Iterator[str]:
+  """Yields the non-empty lines of the documents, in order.
 
-  SentencePiece turns an exception raised by its sentence iterator into a
-  RuntimeError holding only the message, so the error is kept here and
-  re-raised with its type after training stops.
+  Raises:
+    ValueError: a document is empty or not valid UTF-8 (named by its index,
+      and name for `Document`s).
   """
+  for index, document in enumerate(documents):
+    name, data = _name_and_data(index, document)
+    for line in _document_text(name, data).splitlines():
+      if line:
+        yield line
 
-  def __init__(self, documents: Iterable[bytes | Document]):
-    self._documents = documents
-    self.error: ValueError | None = None
 
-  def __iter__(self) -> Iterator[str]:
-    for index, document in enumerate(self._documents):
-      name, data = _name_and_data(index, document)
-      try:
-        text = _document_text(name, data)
-      except ValueError as error:
-        self.error = error
-        raise
-      for line in text.splitlines():
-        if line:
-          yield line
+def sample_lines(lines: Iterable[str], max_lines: int,
+                 seed: int) -> list[str]:
+  """A uniform sample of at most `max_lines` lines, kept in input order.
+
+  Reservoir sampling (Vitter's Algorithm R) in one pass, with Python's
+  seeded Mersenne Twister: the same lines and seed give the same sample in
+  every process. (SentencePiece's own `shuffle_input_sentence` sampling
+  ignores `set_random_generator_seed`: two processes with the same seed
+  train different models.)
+  """
+  if max_lines <= 0:
+    raise ValueError(f'max_lines must be positive, got {max_lines}')
+  rng = random.Random(seed)
+  reservoir: list[tuple[int, str]] = []
+  for index, line in enumerate(lines):
+    if index < max_lines:
+      reservoir.append((index, line))
+      continue
+    # Line `index` enters with probability max_lines / (index + 1).
+    slot = rng.randrange(index + 1)
+    if slot < max_lines:
+      reservoir[slot] = (index, line)
+  reservoir.sort()
+  return [line for _, line in reservoir]
 
 
 def _name_and_data(index: int, document: bytes | Document) -> tuple[str, bytes]:
@@ -185,8 +205,10 @@ def train_sentencepiece(documents: Iterable[bytes | Document],
                         seed: int = 0) -> str:
   """Trains a lossless SentencePiece model in-process.
 
-  Every line of every document is one training sentence; at most
-  `max_sentences` of them, sampled uniformly, are used.
+  Every non-empty line of every document is one training sentence; at most
+  `max_sentences` of them, sampled uniformly by `sample_lines`, are used.
+  The same documents, arguments and `num_threads` give the same model file
+  in any process (the trainer's sums depend on how it splits the work).
 
   Args:
     documents: raw UTF-8 documents (bytes, or `Document`s for better errors).
@@ -197,7 +219,7 @@ def train_sentencepiece(documents: Iterable[bytes | Document],
     max_sentences: cap on the sampled training sentences.
     character_coverage: fraction of characters covered by character pieces.
     num_threads: trainer threads; 0 means the number of CPUs.
-    seed: sampling seed of the trainer.
+    seed: seed of the line sample (and of the trainer's own generator).
 
   Returns:
     The path of the written `.model` file. Its ids: pad 0, unk 1, BOS 2, EOS 3.
@@ -208,9 +230,13 @@ def train_sentencepiece(documents: Iterable[bytes | Document],
   """
   if vocab_size <= 0:
     raise ValueError(f'vocab_size must be positive, got {vocab_size}')
+  if max_sentences <= 0:
+    raise ValueError(f'max_sentences must be positive, got {max_sentences}')
+  sentences = sample_lines(_document_lines(documents), max_sentences, seed)
+  if not sentences:
+    raise ValueError('the documents hold no non-empty line to train on')
   parent = os.path.dirname(os.path.abspath(model_prefix))
   os.makedirs(parent, exist_ok=True)
-  sentences = _SentenceStream(documents)
   spm.set_random_generator_seed(seed)
   try:
     spm.SentencePieceTrainer.train(
@@ -228,15 +254,13 @@ def train_sentencepiece(documents: Iterable[bytes | Document],
         add_dummy_prefix=False,
         allow_whitespace_only_pieces=True,
         character_coverage=character_coverage,
-        input_sentence_size=max_sentences,
-        shuffle_input_sentence=True,
+        input_sentence_size=0,  # Sampled above, reproducibly.
+        shuffle_input_sentence=False,
         max_sentence_length=16384,
         num_threads=num_threads or (os.cpu_count() or 1),
         minloglevel=2,
     )
   except RuntimeError as error:
-    if sentences.error is not None:
-      raise sentences.error from None
     raise ValueError(f'SentencePiece training failed: {error}') from error
   return f'{model_prefix}.model'
 
@@ -275,6 +299,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help='use only the first N documents (0: all)')
   parser.add_argument('--max_sentences', type=int, default=1_000_000,
                       help='cap on the sampled training lines')
+  parser.add_argument('--num_threads', type=int, default=0,
+                      help='trainer threads (0: all CPUs); the model file '
+                      'depends on it, so fix it to reproduce a model on '
+                      'another machine')
   parser.add_argument('--tfds_data_dir', default='',
                       help='prepared tensorflow-datasets folder (tfds corpora)')
   return parser.parse_args(argv)
@@ -294,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     documents = documents[:args.max_documents]
   path = train_sentencepiece(
       _usable_for_training(documents), args.out, args.vocab_size,
-      model_type=args.model_type, max_sentences=args.max_sentences)
+      model_type=args.model_type, max_sentences=args.max_sentences,
+      num_threads=args.num_threads)
   print(path)
   return path
 
