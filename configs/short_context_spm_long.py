@@ -8,10 +8,11 @@ longer-trained model uses enough context for Attendre's chunk-128 setting
 (memories of 128-512 entries) to separate the eviction policies. (At step
 5,527 it gains 0.22 bits/byte from a FIFO memory of 256, yet FIFO still beats
 LRA and LFA at every size on all targets. On the far recurrences alone,
-`eval.far_distance=640`, LRA and LFA beat FIFO and sinks of the same size at
-256-512 entries, on held-out documents too; how close they come to FIFO 4x
-larger depends on the documents: README, "Far recurrences".) On two CPU
-cores it takes 2.5-3.5 hours (0.9-1.3 s per step); `train.stop_after_steps` splits it:
+`eval.far_distance=640`, LRA and LFA with `admission=score` and a recent
+window of 16 beat FIFO and sinks of the same size at 512 entries on the
+validation split, and close 56% of the gap to FIFO 2,048; at 128-256 entries
+they do not reliably: README, "Eval-time memories".) On two CPU cores it
+takes 3-5.5 hours (1-2 s per step); `train.stop_after_steps` splits it:
 
   python train.py --config=configs/short_context_spm_long.py \\
       --workdir=runs/short_context_spm_long --config.train.stop_after_steps=3000

@@ -58,9 +58,10 @@ Admission (`admission`), for the scored policies:
   under which Attendre's policies differ from FIFO at M = chunk (its
   TriviaQA results at M = 128 with chunks of 128). Pair it with a small
   `recent_window` (16-32 of a 128-token chunk): alone it lets too few of the
-  chunk's entries in. On configs/short_context_spm_long.py that pair beats
-  FIFO on far recurrences at M = 256-512 and loses on the all-target average
-  (README, "Far recurrences").
+  chunk's entries in. On configs/short_context_spm_long.py that pair (r = 16)
+  beats FIFO and sinks on far recurrences of the validation split at M = 512
+  but not reliably at 128-256, and loses on the all-target average (README,
+  "Eval-time memories"; benchmarks/results/eval_time_memory.md).
 FIFO and sinks rank by position alone, so admission changes nothing for them.
 
 Per-head scores (`per_head=True`): the memory has one row per (batch, head)
