@@ -10,9 +10,10 @@ longer-trained model uses enough context for Attendre's chunk-128 setting
 LRA and LFA at every size on all targets. On the far recurrences alone,
 `eval.far_distance=640`, LRA and LFA with `admission=score` and a recent
 window of 16 beat FIFO and sinks of the same size at 512 entries on the
-validation split, and close 56% of the gap to FIFO 2,048; at 128-256 entries
-they do not reliably: README, "Eval-time memories".) On two CPU cores it
-takes 3-5.5 hours (1-2 s per step); `train.stop_after_steps` splits it:
+validation split in two runs, and close 56% / 84% of the gap to FIFO 2,048;
+at 128-256 entries the two runs disagree: README, "Eval-time memories".) On
+two CPU cores it takes 3-5.5 hours (1.2-2 s per step);
+`train.stop_after_steps` splits it:
 
   python train.py --config=configs/short_context_spm_long.py \\
       --workdir=runs/short_context_spm_long --config.train.stop_after_steps=3000

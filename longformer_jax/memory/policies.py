@@ -60,7 +60,8 @@ Admission (`admission`), for the scored policies:
   `recent_window` (16-32 of a 128-token chunk): alone it lets too few of the
   chunk's entries in. On configs/short_context_spm_long.py that pair (r = 16)
   beats FIFO and sinks on far recurrences of the validation split at M = 512
-  but not reliably at 128-256, and loses on the all-target average (README,
+  in two runs (at 128-256 in one of them), and loses on the all-target
+  average (README,
   "Eval-time memories"; benchmarks/results/eval_time_memory.md).
 FIFO and sinks rank by position alone, so admission changes nothing for them.
 
