@@ -19,7 +19,7 @@ Attendre / Memorizing / StreamingLLM memory), swept in one command:
   python eval.py --config=configs/short_context.py --workdir=DIR \
       --config.eval.memory_sweep='variant=attendre;policy=fifo,lra_max,lfa;memory_size=128,512'
 
-writes `DIR/eval/memory_sweep.{json,md,png}` (longformer_jax/train/memory_sweep.py
+writes `DIR/eval/memory_sweep.{json,md,png}` (longformer_jax/evaluation/memory_sweep.py
 documents the flag) instead of metrics.json.
 
 Far recurrences: `--config.eval.far_distance=D` (D > 0) also scores, alone,
@@ -42,13 +42,15 @@ import ml_collections
 from longformer_jax.command_line import define_flags
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.config_validation import parse_int_list, validate_config, validate_model
-from longformer_jax.data.corpus import load_corpus, make_tokenizer, tokenize_documents
+from longformer_jax.data.corpus import load_corpus, tokenize_documents
+from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
-from longformer_jax.train import initialization, memory_sweep, phases, span_report
+from longformer_jax.evaluation import memory_sweep, span_report
+from longformer_jax.train import initialization, phases
 from longformer_jax.train.checkpointing import Checkpointer
-from longformer_jax.train.evaluation import Evaluator
-from longformer_jax.train.line_plots import save_line_plot
+from longformer_jax.evaluation.lm_evaluator import Evaluator
+from longformer_jax.evaluation.line_plots import save_line_plot
 from longformer_jax.train.optimizer import make_optimizer
 from longformer_jax.train.quiet_logs import show_own_info_only
 

@@ -32,8 +32,8 @@ import ml_collections
 from longformer_jax.command_line import define_flags
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.config_validation import validate_config
-from longformer_jax.data.corpus import (cut_into_pieces, load_corpus, make_tokenizer,
-                                        tokenize_documents)
+from longformer_jax.data.corpus import cut_into_pieces, load_corpus, tokenize_documents
+from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.data.phased_streams import PhasedStreams
 from longformer_jax.data.stream_batcher import TrainStreams
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
@@ -42,7 +42,7 @@ from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import initialization, phases as phasing, steps
 from longformer_jax.train.batches import step_arrays
 from longformer_jax.train.checkpointing import Checkpointer
-from longformer_jax.train.evaluation import Evaluator
+from longformer_jax.evaluation.lm_evaluator import Evaluator
 from longformer_jax.train.loop_checks import NonFiniteLossError, check_finite  # noqa: F401 (re-exported)
 from longformer_jax.train.metrics_logging import MetricsLogger, ProgressBar
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer

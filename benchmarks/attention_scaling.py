@@ -29,7 +29,7 @@ writes one row:
   rows of `longformer_layer_two_sided` then get `ours_over_peer`.
 
 Timing children run with the glibc malloc settings of
-longformer_jax/cpu_malloc.py (faster large XLA CPU runs; NOTES.md). Cases longer than their
+longformer_jax/cpu_malloc.py (faster large XLA CPU runs). Cases longer than their
 `max_seq_len` (the dense ones at 16k) are skipped.
 """
 

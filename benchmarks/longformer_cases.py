@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.attention_case import AttentionCase
-from longformer_jax.attention.dot_product import attend
-from longformer_jax.attention.sliding_window import (auto_block_size, band_pairs,
+from longformer_jax.attention.core.dot_product import attend
+from longformer_jax.attention.core.sliding_window import (auto_block_size, band_pairs,
                                                      blocked_window_attention, window_allowed)
 
 HEADS, HEAD_DIM, D_MODEL = 8, 64, 512

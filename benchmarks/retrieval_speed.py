@@ -11,7 +11,7 @@ k = 32 (the Memorizing Transformer's setting, one head): times
 
   method=exact retrieval_ms=... matmul_ms=... retrieval_over_matmul=...
 
-On CPU approx_max_k is computed exactly (NOTES.md), so the two methods cost
+On CPU approx_max_k is computed exactly, so the two methods cost
 about the same; the approximate one is fast on TPU. `--quick` is a smoke run
 (64 queries, 4,096 entries, 2 repeats). `--out` writes the rows as JSON.
 """

@@ -34,8 +34,8 @@ import numpy as np
 
 from benchmarks.attention_case import AttentionCase
 from longformer_jax.attention import bigbird, sparse_transformer
-from longformer_jax.attention.block_sparse import num_blocks_for
-from longformer_jax.attention.dot_product import attend
+from longformer_jax.attention.core.block_sparse import num_blocks_for
+from longformer_jax.attention.core.dot_product import attend
 
 HEADS, HEAD_DIM = 8, 64
 STRIDED = dict(pattern='strided', stride=512, summary_len=1)

@@ -27,7 +27,7 @@ from ml_collections import config_flags
 
 from benchmarks.matmul_rate import float32_matmul_flops_per_s
 from longformer_jax.command_line import DEFAULT_CONFIG
-from longformer_jax.data.corpus import make_tokenizer
+from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import lm_model_config
 from longformer_jax.models.flop_count import train_flops_per_token
 from longformer_jax.train.quiet_logs import show_own_info_only

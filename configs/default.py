@@ -40,8 +40,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.clamp_len = -1             # XL: clamp relative distances (-1: off)
   c.model.scan_layers = False        # nn.scan over identical layers
   c.model.remat_policy = 'none'      # see longformer_jax/parallel/remat.py
-  c.model.block = 'pre_ln'           # residual block type: longformer_jax/models/blocks.py
-  c.model.stack = 'standard'         # layer stack type: longformer_jax/models/stacks.py
+  c.model.block = 'pre_ln'           # residual block type: longformer_jax/models/block_registry.py
+  c.model.stack = 'standard'         # layer stack type: longformer_jax/models/stack_registry.py
   # Per-layer values, key -> one value per layer ('64,64,128,256'); see
   # longformer_jax/models/layer_schedule.py. Needs scan_layers=False.
   c.model.layer_schedule = ml_collections.ConfigDict()
@@ -102,7 +102,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval.max_tokens = 0              # 0: the whole split
   c.eval.step = -1                   # -1: latest checkpoint
   # Eval-time memory sweep, e.g. 'variant=attendre;policy=fifo,lra_max;memory_size=128,512'
-  # (longformer_jax/train/memory_sweep.py); '' = off.
+  # (longformer_jax/evaluation/memory_sweep.py); '' = off.
   c.eval.memory_sweep = ''
   # > 0: also score the far recurrences alone, the targets whose bigram last
   # occurred more than this many tokens back in the document

@@ -12,7 +12,7 @@ vanilla RoPE attention with the same 128-token cache.
 Evaluation-time kNN memory for a model trained with configs/vanilla.py
 (the layer then uses `knn_gate='joint'`, `knn_normalize_qk=False`: no
 parameter beyond vanilla's; see longformer_jax/attention/memorizing.py and
-longformer_jax/train/memory_sweep.py):
+longformer_jax/evaluation/memory_sweep.py):
   python eval.py --workdir=workdirs/vanilla \
       --config.eval.memory_sweep='variant=memorizing;memory_size=512,2048;knn_top_k=32'
 """

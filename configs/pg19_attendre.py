@@ -25,6 +25,6 @@ def get_config():
   config.eval.mem_lens = ''
   config.eval.chunk_len = 512
   config.eval.max_tokens = 4_000_000
-  # 'policy=...;memory_size=...' (longformer_jax/train/memory_sweep.py); '' = off.
+  # 'policy=...;memory_size=...' (longformer_jax/evaluation/memory_sweep.py); '' = off.
   config.eval.memory_sweep = ''
   return config

@@ -6,7 +6,7 @@ retrieval; with an 8K memory it reports 11.93 token perplexity (XL cache
 only: 12.34). Approximate top-k (`lax.approx_max_k`) is fast on TPU.
 Memory: 8192 entries x 8 heads x 128 x (key, value) in bfloat16 is 32 MiB
 per row, 2 GiB for 64 rows, sharded over the batch; it is part of every
-checkpoint (DESIGN.md, contract 4).
+checkpoint (docs/design.md, contract 4).
 
 Prepare the data and a tokenizer first (see README and configs/pg19_xl.py), then
   python train.py --config=configs/pg19_memorizing.py --workdir=$WORKDIR \\

@@ -37,6 +37,6 @@ def get_config():
   config.eval.split = 'test'
   config.eval.chunk_len = 128
   config.eval.max_tokens = 131072
-  # 'variant=...;policy=...;memory_size=...' (longformer_jax/train/memory_sweep.py); '' = off.
+  # 'variant=...;policy=...;memory_size=...' (longformer_jax/evaluation/memory_sweep.py); '' = off.
   config.eval.memory_sweep = ''
   return config

@@ -9,7 +9,7 @@ configs/default.py.
 
 Evaluation-time sinks for a model trained with configs/vanilla.py (the layer
 has exactly vanilla's parameters; `memory_size` M gives
-`sink_window = chunk + M - num_sinks`, longformer_jax/train/memory_sweep.py):
+`sink_window = chunk + M - num_sinks`, longformer_jax/evaluation/memory_sweep.py):
   python eval.py --workdir=workdirs/vanilla \
       --config.eval.memory_sweep='variant=streaming_sinks;policy=sink;memory_size=128,512;num_sinks=4'
 """

@@ -15,10 +15,10 @@ import numpy as np
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.config_errors import ConfigError, require
 from longformer_jax.layers.gating import GATE_TYPES
-from longformer_jax.models.blocks import block_class
+from longformer_jax.models.block_registry import block_class
 from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.layer_schedule import layer_config, validate_schedule
-from longformer_jax.models.stacks import stack_class
+from longformer_jax.models.stack_registry import stack_class
 from longformer_jax.parallel.mesh import resolve_mesh_shape
 from longformer_jax.parallel.remat import remat_policy
 

@@ -2,7 +2,7 @@
 
 With the default settings XLA's CPU runtime spends much of a large step in
 page faults from mmap/munmap of big temporary buffers; keeping freed memory
-in the heap avoids them (NOTES.md; measured 3.4k -> 3.9k tokens/s on the
+in the heap avoids them (measured 3.4k -> 3.9k tokens/s on the
 default model on a 2-core CPU). glibc reads these variables only at process
 start, so the entry points re-execute themselves once with them set.
 

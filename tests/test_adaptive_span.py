@@ -9,7 +9,7 @@ from flax.core import unfreeze
 
 from longformer_jax.attention.adaptive_span import (AdaptiveSpanAttention, memory_sizes, span_mask,
                                                     trimmed_size_index)
-from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.memory import fifo
 from tests.test_xl_attention import numpy_sinusoid
@@ -156,7 +156,7 @@ def test_adaptive_span_model_trains_and_eval_reports_spans(tmp_path):
 def test_span_report_reads_each_heads_span(tmp_path):
   import ml_collections
   from longformer_jax.models.decoder_lm import DecoderLM
-  from longformer_jax.train.span_report import learned_spans, markdown_spans, plot_spans
+  from longformer_jax.evaluation.span_report import learned_spans, markdown_spans, plot_spans
   from tests.tiny_models import context_of, stream_batch, tiny_model_config
   config = tiny_model_config(attention='adaptive_span', span_block=4)
   values = config.to_dict()

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.attendre import AttendreAttention
-from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.memory import policies
 from longformer_jax.models import attendre_delay
-from longformer_jax.models.block_stack import BlockStack
+from longformer_jax.models.standard_stack import BlockStack
 
 B, D, H, HD, C = 2, 16, 2, 8, 8
 

@@ -88,7 +88,7 @@ def test_pre_ln_block_reads_ff_chunk_size():
   """`model.ff_chunk_size` reaches the default block; the function is unchanged."""
   import ml_collections
   from longformer_jax.memory import fifo
-  from longformer_jax.models.block import DecoderBlock
+  from longformer_jax.models.pre_ln_block import DecoderBlock
   from tests.tiny_models import context_of, stream_batch, tiny_model_config
   plain = tiny_model_config()
   values = plain.to_dict()

@@ -6,7 +6,7 @@ import pytest
 
 from configs import default
 from longformer_jax.config_errors import ConfigError
-from longformer_jax.data import corpus
+from longformer_jax.data import corpus, tokenizers
 from longformer_jax.data import stdlib_corpus
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.data.document import Document
@@ -50,8 +50,8 @@ def test_tfds_corpus_without_data_dir():
 
 
 def test_make_tokenizer(sentencepiece_model):
-  assert isinstance(corpus.make_tokenizer(data_config()), ByteTokenizer)
-  tokenizer = corpus.make_tokenizer(data_config(
+  assert isinstance(tokenizers.make_tokenizer(data_config()), ByteTokenizer)
+  tokenizer = tokenizers.make_tokenizer(data_config(
       tokenizer='sentencepiece', sentencepiece_model=sentencepiece_model))
   assert isinstance(tokenizer, SentencePieceTokenizer)
   assert tokenizer.vocab_size == 300
@@ -59,14 +59,14 @@ def test_make_tokenizer(sentencepiece_model):
 
 def test_make_tokenizer_errors(tmp_path):
   with pytest.raises(ConfigError) as error:
-    corpus.make_tokenizer(data_config(tokenizer='wordpiece'))
+    tokenizers.make_tokenizer(data_config(tokenizer='wordpiece'))
   assert error.value.key == 'data.tokenizer'
   with pytest.raises(ConfigError) as error:
-    corpus.make_tokenizer(data_config(tokenizer='sentencepiece'))
+    tokenizers.make_tokenizer(data_config(tokenizer='sentencepiece'))
   assert error.value.key == 'data.sentencepiece_model'
   missing = str(tmp_path / 'missing.model')
   with pytest.raises(ConfigError, match='missing.model'):
-    corpus.make_tokenizer(data_config(tokenizer='sentencepiece',
+    tokenizers.make_tokenizer(data_config(tokenizer='sentencepiece',
                                       sentencepiece_model=missing))
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from longformer_jax.layers.gating import Gate
 from longformer_jax.memory import fifo
-from longformer_jax.models.block import DecoderBlock
-from longformer_jax.models.gated_block import GatedBlock
+from longformer_jax.models.pre_ln_block import DecoderBlock
+from longformer_jax.models.gtrxl_block import GatedBlock
 from tests.tiny_models import context_of, random_normal, stream_batch, tiny_config, tiny_model_config
 
 B, C = 2, 8

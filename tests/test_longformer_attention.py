@@ -15,10 +15,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.dilated_window import dilated_window_attention
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.dilated_window import dilated_window_attention
 from longformer_jax.attention.longformer import LongformerAttention
-from longformer_jax.attention.sliding_window import blocked_window_attention
+from longformer_jax.attention.core.sliding_window import blocked_window_attention
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.memory import fifo
 
@@ -209,7 +209,7 @@ def attended_slots(window, dilation, causal, length=24, query=12):
 
 
 def test_window_is_one_sided():
-  # window w = 2 here is Hugging Face's attention_window = 4 (NOTES.md).
+  # window w = 2 here is Hugging Face's attention_window = 4.
   assert attended_slots(2, 1, causal=True) == [10, 11, 12]
   assert attended_slots(2, 1, causal=False) == [10, 11, 12, 13, 14]
   assert attended_slots(2, 3, causal=True) == [6, 9, 12]

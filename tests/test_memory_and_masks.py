@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.dot_product import masked_softmax
-from longformer_jax.attention.masking import causal_document_mask
+from longformer_jax.attention.core.dot_product import masked_softmax
+from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.memory import fifo
 
 

@@ -17,12 +17,13 @@ import pytest
 import eval as eval_script
 import train as train_script
 from longformer_jax.config_errors import ConfigError
-from longformer_jax.data.corpus import load_corpus, make_tokenizer, tokenize_documents
+from longformer_jax.data.corpus import load_corpus, tokenize_documents
+from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
-from longformer_jax.train import memory_sweep
+from longformer_jax.evaluation import memory_sweep
 from longformer_jax.train.batches import step_arrays
-from longformer_jax.train.evaluation import LN2, Evaluator
+from longformer_jax.evaluation.lm_evaluator import LN2, Evaluator
 from longformer_jax.train.lm_objective import lm_sums
 from tests.test_far_recurrences import far_by_brute_force
 from tests.tiny_models import tiny_config

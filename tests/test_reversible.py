@@ -17,7 +17,7 @@ from longformer_jax.config_errors import ConfigError
 from longformer_jax.layers.reversible import reversible_sequence
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.models.reversible_stack import LayerAt, ReversibleStack
-from longformer_jax.models.stacks import stack_class
+from longformer_jax.models.stack_registry import stack_class
 from tests.tiny_models import context_of, stream_batch, tiny_model_config
 
 B, C = 2, 16

@@ -7,7 +7,7 @@ import ml_collections
 import numpy as np
 
 from longformer_jax.layers.positional import sinusoid_embedding
-from longformer_jax.models.block import DecoderBlock
+from longformer_jax.models.pre_ln_block import DecoderBlock
 from longformer_jax.models.universal_stack import UniversalTransformerACT
 from tests.tiny_models import context_of, random_normal, stream_batch, tiny_config, tiny_model_config
 

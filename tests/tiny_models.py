@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 
 from configs.default import get_config
-from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.models.decoder_lm import lm_model_config
 
 VOCAB = 259  # the byte tokenizer's

@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention import block_sparse, cached_context
-from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.dot_product import attend
+from longformer_jax.attention.core import block_sparse, cached_context
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.config_errors import require
 
 

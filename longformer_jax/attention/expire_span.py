@@ -42,9 +42,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention import cached_context
-from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.dot_product import soft_masked_softmax
+from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.dot_product import soft_masked_softmax
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config_errors import require
 from longformer_jax.layers.linear import projection

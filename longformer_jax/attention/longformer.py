@@ -37,12 +37,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention import cached_context, global_tokens
-from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.dilated_window import dilated_window_attention
-from longformer_jax.attention.masking import causal_document_mask
-from longformer_jax.attention.partial_softmax import merge_parts, softmax_part
-from longformer_jax.attention.sliding_window import auto_block_size
+from longformer_jax.attention.core import cached_context, global_tokens
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.dilated_window import dilated_window_attention
+from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
+from longformer_jax.attention.core.sliding_window import auto_block_size
 from longformer_jax.config_errors import ConfigError, require
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary

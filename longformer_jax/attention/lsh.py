@@ -39,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention import cached_context
-from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.masking import causal_document_mask
+from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.config_errors import ConfigError, require
 from longformer_jax.layers.positional import apply_rotary
 

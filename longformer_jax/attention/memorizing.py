@@ -43,10 +43,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention import cached_context
-from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.dot_product import masked_softmax
-from longformer_jax.attention.masking import causal_document_mask
+from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.dot_product import masked_softmax
+from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.config_errors import require
 from longformer_jax.layers.capped_rotary import capped_rotary_scores
 from longformer_jax.memory import fifo, key_value

@@ -41,8 +41,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention import block_sparse, cached_context
-from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.core import block_sparse, cached_context
+from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.config_errors import require
 
 COMPONENTS = ('strided_local', 'strided_summary', 'fixed_local', 'fixed_summary')

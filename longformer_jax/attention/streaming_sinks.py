@@ -5,7 +5,7 @@ Every query attends to
 - the `sink_window` most recent tokens of its document, itself included,
 exactly what a token-by-token StreamingLLM decoder with a KV cache of
 `num_sinks + sink_window` entries sees. Both rules compare positions
-(DESIGN.md, contract 2): a key is a window key iff 0 <= p_q - p_k < w, and a
+(docs/design.md, contract 2): a key is a window key iff 0 <= p_q - p_k < w, and a
 sink iff p_k - d_q < s, where d_q is the position of the query's document
 start.
 
@@ -39,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention import cached_context
-from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.dot_product import attend
+from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.config_errors import require
 from longformer_jax.layers.capped_rotary import rotary_scores
 from longformer_jax.layers.positional import apply_rotary

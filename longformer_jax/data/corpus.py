@@ -1,7 +1,7 @@
 """From `config.data` to tokenized documents: corpus and tokenizer dispatch."""
 
 import math
-from typing import Iterable, Protocol, Sequence
+from typing import Sequence
 
 from absl import logging
 import ml_collections
@@ -10,29 +10,10 @@ import numpy as np
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.data import stdlib_corpus
 from longformer_jax.data import tfds_corpus
-from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.data.document import Document
-from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer
+from longformer_jax.data.tokenizer_interface import Tokenizer
 
 CORPORA = ('stdlib', 'tiny_shakespeare', 'pg19')
-TOKENIZERS = ('byte', 'sentencepiece')
-
-
-class Tokenizer(Protocol):
-  """What the data pipeline and the metrics need from a tokenizer."""
-  vocab_size: int
-  pad_id: int
-  bos_id: int
-  eos_id: int
-
-  def encode(self, data: bytes | str) -> np.ndarray:
-    ...
-
-  def decode(self, ids: Iterable[int] | np.ndarray) -> str:
-    ...
-
-  def token_byte_lengths(self) -> np.ndarray:
-    ...
 
 
 def load_corpus(data_config: ml_collections.ConfigDict,
@@ -50,18 +31,6 @@ def load_corpus(data_config: ml_collections.ConfigDict,
     return tfds_corpus.load_documents(name, split, data_config.tfds_data_dir)
   raise ConfigError('data.corpus',
                     f'unknown corpus {name!r}; expected one of {CORPORA}')
-
-
-def make_tokenizer(data_config: ml_collections.ConfigDict) -> Tokenizer:
-  """The tokenizer named by `data_config.tokenizer` ('byte' |
-  'sentencepiece', which loads `data_config.sentencepiece_model`)."""
-  name = data_config.tokenizer
-  if name == 'byte':
-    return ByteTokenizer()
-  if name == 'sentencepiece':
-    return SentencePieceTokenizer.load(data_config.sentencepiece_model)
-  raise ConfigError('data.tokenizer',
-                    f'unknown tokenizer {name!r}; expected one of {TOKENIZERS}')
 
 
 def tokenize_documents(tokenizer: Tokenizer, documents: Sequence[Document],

@@ -24,10 +24,12 @@ import random
 import sys
 from typing import Iterable, Iterator, Sequence
 
+import ml_collections
 import numpy as np
 import sentencepiece as spm
 
 from longformer_jax.config_errors import ConfigError
+from longformer_jax.data import corpus
 from longformer_jax.data.document import Document
 
 MODEL_KEY = 'data.sentencepiece_model'
@@ -310,10 +312,6 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> str:
   """Runs the command line; returns (and prints) the .model path."""
-  # Imported here: `corpus` imports this module for `make_tokenizer`.
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from longformer_jax.data import corpus  # pylint: disable=g-import-not-at-top
-
   args = _parse_args(argv)
   data_config = ml_collections.ConfigDict({
       'corpus': args.corpus, 'tfds_data_dir': args.tfds_data_dir})

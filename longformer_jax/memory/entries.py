@@ -4,7 +4,7 @@ Every memory of this package (data-only or key-value) is a `MemoryEntries`
 pytree of fixed shape with one memory per row. Each entry carries its
 absolute stream position, its document (segment) id, a valid bit and a
 policy score, so masks are computed from positions, never from slots
-(DESIGN.md, contract 2), and eviction policies rank entries by score.
+(docs/design.md, contract 2), and eviction policies rank entries by score.
 
 Shapes (`rows` is the batch, or batch * heads for per-head memories):
   data:        a pytree whose leaves are `[rows, n, *features]`

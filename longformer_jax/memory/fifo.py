@@ -2,7 +2,7 @@
 
 A pure-functional pytree of fixed shape. Every entry carries its absolute
 stream position, its document (segment) id and a valid bit, so attention
-masks are computed from positions, never from slots (DESIGN.md, contract 2).
+masks are computed from positions, never from slots (docs/design.md, contract 2).
 
 It follows the Attendre memory interface: `insert` returns exactly the
 entries it evicted, and `get_all` returns the contents.

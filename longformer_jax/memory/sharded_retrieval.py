@@ -1,6 +1,6 @@
 """Top-k over a memory whose capacity axis is sharded across devices.
 
-`jax.lax.approx_max_k` raises when its database axis is sharded (NOTES.md),
+`jax.lax.approx_max_k` raises when its database axis is sharded,
 and a global top-k should not gather the whole score matrix anyway. So:
 each shard takes its own top-k under `jax.shard_map`, the k candidates of
 every shard (values and global indices) are all-gathered along the memory

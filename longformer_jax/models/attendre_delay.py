@@ -35,13 +35,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.config_errors import require
 from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.norms import layer_norm
 from longformer_jax.memory import fifo
-from longformer_jax.models.block_stack import BlockStack
+from longformer_jax.models.standard_stack import BlockStack
 from longformer_jax.models.layer_schedule import layer_config
 
 

@@ -1,7 +1,7 @@
 """The chunk driver: `jax.lax.scan` over the chunks of a long input.
 
 The carry is every layer's memory; one chunk's computation sees the memory
-left by the previous chunk (DESIGN.md, contract 4). Backpropagation runs
+left by the previous chunk (docs/design.md, contract 4). Backpropagation runs
 through the scan; memory contents are stop-gradient inside the variants.
 """
 

@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.norms import layer_norm
-from longformer_jax.models.stacks import stack_class
+from longformer_jax.models.stack_registry import stack_class
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 

@@ -18,12 +18,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.norms import layer_norm
 from longformer_jax.models.decoder_lm import compute_dtype, padded_vocab_size
-from longformer_jax.models.stacks import stack_class
+from longformer_jax.models.stack_registry import stack_class
 
 
 def encoder_model_config(model_config: ml_collections.ConfigDict, tokenizer_vocab_size: int,

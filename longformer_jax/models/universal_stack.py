@@ -26,11 +26,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import sinusoid_embedding
-from longformer_jax.models.blocks import block_class
+from longformer_jax.models.block_registry import block_class
 
 
 def act_step_weights(halting_sum, p, step: int, max_steps: int, threshold: float):

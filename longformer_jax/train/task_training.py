@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from longformer_jax.config_errors import require
 from longformer_jax.config_validation import validate_config
 from longformer_jax.data import classification_tasks, qa_tasks, seq2seq_tasks
-from longformer_jax.data.corpus import make_tokenizer
+from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.data.task_batches import TaskBatches, eval_batches
 from longformer_jax.models.encoder import (SequenceClassifier, SpanExtractor, encoder_context,
                                            encoder_model_config)

@@ -1,6 +1,6 @@
 """The train state: everything a checkpoint holds besides the data position.
 
-Memory is part of it (DESIGN.md, contract 4): as in Transformer-XL, the
+Memory is part of it (docs/design.md, contract 4): as in Transformer-XL, the
 streams continue from one step to the next, so the memory a step leaves is
 the memory the next step starts from.
 """

@@ -12,7 +12,7 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
     mask: `[batch, q, k]` or `[batch, heads, q, k]` bool.
   Returns:
     float32 weights of the logits' shape; rows with no allowed key are 0,
-    not NaN (NOTES.md: half-precision pitfalls).
+    not NaN.
   """
   if mask.ndim == logits.ndim - 1:
     mask = mask[:, None]

@@ -49,7 +49,7 @@ import json
 import os
 
 from longformer_jax.config_errors import ConfigError, require
-from longformer_jax.train.line_plots import save_line_plot
+from longformer_jax.evaluation.line_plots import save_line_plot
 
 SWEEP_KEY = 'eval.memory_sweep'
 VARIANTS = ('attendre', 'memorizing', 'streaming_sinks', 'vanilla')

@@ -8,7 +8,7 @@ import jax
 
 @flax.struct.dataclass
 class AttentionContext:
-  """Per-chunk context of the attention call contract (DESIGN.md).
+  """Per-chunk context of the attention call contract (docs/design.md).
 
   Attributes:
     positions: `[batch, chunk]` int32 absolute positions in the row's stream.

@@ -1,4 +1,4 @@
-"""Attention masks as functions of positions (DESIGN.md, contract 2).
+"""Attention masks as functions of positions (docs/design.md, contract 2).
 
 No mask here looks at array slots: memory entries, chunk tokens, evicted or
 retrieved entries all carry positions, segment ids and valid bits, and one

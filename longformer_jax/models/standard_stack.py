@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
-from longformer_jax.models.blocks import block_class
+from longformer_jax.models.block_registry import block_class
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.parallel.remat import remat_policy
 

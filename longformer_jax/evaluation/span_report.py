@@ -10,7 +10,7 @@ import numpy as np
 
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.models.param_layout import unrolled_layout
-from longformer_jax.train.line_plots import save_line_plot
+from longformer_jax.evaluation.line_plots import save_line_plot
 
 
 def learned_spans(params, model_config) -> list:

@@ -5,8 +5,8 @@ with `x [batch, chunk, d_model]`; the stack builds one per layer.
 """
 
 from longformer_jax.config_errors import ConfigError
-from longformer_jax.models.block import DecoderBlock
-from longformer_jax.models.gated_block import GatedBlock
+from longformer_jax.models.pre_ln_block import DecoderBlock
+from longformer_jax.models.gtrxl_block import GatedBlock
 
 BLOCK_TYPES = {
     'pre_ln': DecoderBlock,

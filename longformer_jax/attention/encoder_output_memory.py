@@ -25,8 +25,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from longformer_jax.attention import cached_context
-from longformer_jax.attention.dot_product import attend
+from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.memory import data_only
 from longformer_jax.memory.entries import MemoryEntries, entries_from_chunk
 from longformer_jax.memory.policies import policy_from_name
@@ -44,7 +44,7 @@ def insert(memory: MemoryEntries, encoder_outputs: jax.Array, positions: jax.Arr
            stop_gradient: bool = True) -> tuple[MemoryEntries, MemoryEntries]:
   """Appends `encoder_outputs [b, n, d_model]`; the oldest entries fall out.
 
-  `stop_gradient=True` (memory carried across chunks, DESIGN.md contract 4)
+  `stop_gradient=True` (memory carried across chunks, docs/design.md, contract 4)
   blocks gradients into the stored outputs; a model whose decoder should
   train the encoder through the current chunk's outputs inserts them with
   `stop_gradient=False` (and stops the gradient of the carried memory

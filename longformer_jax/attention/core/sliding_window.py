@@ -9,7 +9,7 @@ key position j iff
   two-sided: |i - j| <= window * d       and (i - j) % d == 0   (2 * window + 1 keys)
 
 Hugging Face's `LongformerConfig.attention_window` is the TOTAL span, i.e.
-`2 * window` here (NOTES.md: mixing them up doubles the window).
+`2 * window` here (mixing them up doubles the window).
 
 The kernel never builds an n x n array. Queries are cut into blocks of
 `block_size`; block j attends to one key "slab", the `before + block + after`

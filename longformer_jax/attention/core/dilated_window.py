@@ -16,7 +16,7 @@ FIFO cache of a continuous stream).
 import jax
 import jax.numpy as jnp
 
-from longformer_jax.attention.sliding_window import blocked_window_attention
+from longformer_jax.attention.core.sliding_window import blocked_window_attention
 
 
 def _pad_sequence(x: jax.Array, front: int, back: int, value=0) -> jax.Array:

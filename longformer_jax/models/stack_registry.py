@@ -8,7 +8,7 @@ dtype)`; `states` and `aux_per_layer` are tuples with one entry per layer
 
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.models.attendre_delay import TimeShiftedStack
-from longformer_jax.models.block_stack import BlockStack
+from longformer_jax.models.standard_stack import BlockStack
 from longformer_jax.models.reversible_stack import ReversibleStack
 from longformer_jax.models.universal_stack import UniversalTransformerACT
 

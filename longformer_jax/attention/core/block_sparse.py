@@ -5,7 +5,7 @@ A chunk of `n` tokens is padded to `num_blocks * block` slots and viewed as
 sets* (its neighbour blocks, gathered blocks, gathered tokens) instead of the
 whole chunk, so the work is O(n * keys per query), never O(n^2). Every key set
 carries the positions, documents and valid bits of its keys, and its mask is
-computed from those positions (DESIGN.md, contract 2); the key sets of one
+computed from those positions (docs/design.md, contract 2); the key sets of one
 query are disjoint, and one softmax runs over their concatenation, so the
 result equals dense attention under the union mask.
 
@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from longformer_jax.attention.dot_product import masked_softmax
+from longformer_jax.attention.core.dot_product import masked_softmax
 
 
 class BlockedContext(NamedTuple):

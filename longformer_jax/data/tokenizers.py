@@ -1,0 +1,22 @@
+"""The tokenizer named by `config.data.tokenizer`."""
+
+import ml_collections
+
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.data.byte_tokenizer import ByteTokenizer
+from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer
+from longformer_jax.data.tokenizer_interface import Tokenizer
+
+TOKENIZERS = ('byte', 'sentencepiece')
+
+
+def make_tokenizer(data_config: ml_collections.ConfigDict) -> Tokenizer:
+  """The tokenizer named by `data_config.tokenizer` ('byte' |
+  'sentencepiece', which loads `data_config.sentencepiece_model`)."""
+  name = data_config.tokenizer
+  if name == 'byte':
+    return ByteTokenizer()
+  if name == 'sentencepiece':
+    return SentencePieceTokenizer.load(data_config.sentencepiece_model)
+  raise ConfigError('data.tokenizer',
+                    f'unknown tokenizer {name!r}; expected one of {TOKENIZERS}')
