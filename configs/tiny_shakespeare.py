@@ -4,12 +4,12 @@
 one piece per training row."""
 
 from configs import default
+from longformer_jax.config.overrides import merged
 
 
-def get_config():
-  config = default.get_config()
-  config.data.corpus = 'tiny_shakespeare'
-  config.data.tfds_data_dir = ''   # set on the command line
-  config.data.batch_size = 8
-  config.data.eval_batch_size = 1  # the validation split is one document
-  return config
+def get_config() -> dict:
+  return merged(default.get_config(), {
+      'data': {'corpus': 'tiny_shakespeare',
+               'tfds_data_dir': '',      # set on the command line
+               'eval_batch_size': 1},    # the validation split is one document
+  })

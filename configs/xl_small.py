@@ -10,10 +10,11 @@ expire_span.py, gtrxl.py, universal_act.py start from this file).
 """
 
 from configs import default
+from longformer_jax.config.overrides import merged
 
 
-def get_config():
-  config = default.get_config()
-  config.optimizer.warmup_steps = 30
-  config.train.update(num_steps=300, eval_every=300, checkpoint_every=300)
-  return config
+def get_config() -> dict:
+  return merged(default.get_config(), {
+      'optimizer': {'warmup_steps': 30},
+      'train': {'num_steps': 300, 'eval_every': 300, 'checkpoint_every': 300},
+  })

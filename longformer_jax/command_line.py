@@ -1,16 +1,108 @@
-"""The flags train.py and eval.py share: `--config` (with `--config.KEY=VALUE`) and `--workdir`."""
+"""The command line of train.py and eval.py: config file, overrides, workdir, errors.
+
+  python train.py [--config=configs/NAME.py] [--workdir=DIR] [--config.KEY=VALUE ...] [--debug]
+
+`--config.KEY=VALUE` flags are taken out of the argument list before absl
+parses the rest, applied to the file's sparse config and checked with it
+(`config_validation.resolve_config`): an unknown key names the closest valid
+one. A bad setting, a missing file or a broken checkpoint ends the program
+with one line on stderr and exit status 2 (`--debug` shows the traceback);
+anything unexpected keeps its traceback.
+"""
 
 import os
+import sys
+import traceback
+from typing import Callable
 
-from absl import flags
-from ml_collections import config_flags
+from absl import app, flags
+
+from longformer_jax.config.overrides import load_config_file, with_overrides
+from longformer_jax.config_errors import ConfigError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'default.py')
 DEFAULT_WORKDIR = 'workdirs/default'
+USAGE_ERROR_STATUS = 2
+
+_CONFIG_PREFIX = '--config.'
+_config_overrides: list = []
+
+
+class UserError(Exception):
+  """A problem the user can fix (a missing file, a workdir that is a file): one line, exit 2."""
 
 
 def define_flags(workdir_help: str) -> None:
   """Defines the flags; called only when a script runs, so tests can import scripts."""
-  config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Experiment config file.')
+  flags.DEFINE_string('config', DEFAULT_CONFIG, 'Experiment config file (configs/NAME.py).')
   flags.DEFINE_string('workdir', DEFAULT_WORKDIR, workdir_help)
+  flags.DEFINE_bool('debug', False, 'Show the traceback of configuration and input errors.')
+
+
+def split_config_overrides(argv: list) -> tuple:
+  """`(argv without --config.K=V flags, [(K, V), ...])`; `--config.K V` is accepted too."""
+  rest, overrides = [], []
+  i = 0
+  while i < len(argv):
+    arg = argv[i]
+    if arg.startswith(_CONFIG_PREFIX):
+      key, sep, value = arg[len(_CONFIG_PREFIX):].partition('=')
+      if not sep:
+        if i + 1 >= len(argv):
+          raise ConfigError(arg, 'needs a value (--config.KEY=VALUE)')
+        value = argv[i + 1]
+        i += 1
+      overrides.append((key, value))
+    else:
+      rest.append(arg)
+    i += 1
+  return rest, overrides
+
+
+def experiment_config(config_path: str, overrides: list):
+  """The checked, complete `ConfigDict` of a config file with command-line overrides."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from longformer_jax.config_validation import resolve_config  # pylint: disable=g-import-not-at-top
+  values = with_overrides(load_config_file(config_path), overrides)
+  return ml_collections.ConfigDict(resolve_config(values))
+
+
+def flag_config():
+  """The experiment config of this command line (`--config` and its overrides)."""
+  return experiment_config(flags.FLAGS.config, _config_overrides)
+
+
+def user_errors() -> tuple:
+  """The exception types reported in one line (bad input, not bugs)."""
+  from longformer_jax.train.checkpointing import (  # pylint: disable=g-import-not-at-top
+      CheckpointNotFoundError, CorruptCheckpointError)
+  return (ConfigError, UserError, FileNotFoundError, CheckpointNotFoundError,
+          CorruptCheckpointError, UnicodeDecodeError)
+
+
+def report_and_exit(error: BaseException, debug: bool) -> None:
+  """Prints `error` on one line (the traceback first with `--debug`) and exits with status 2."""
+  if debug:
+    traceback.print_exception(error)
+  message = str(error).strip().replace('\n', ' ')
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(USAGE_ERROR_STATUS)
+
+
+def run(main: Callable[[list], None]) -> None:
+  """`absl.app.run(main)` with `--config.K=V` overrides and one-line user errors."""
+  global _config_overrides
+  debug = '--debug' in sys.argv
+  try:
+    argv, _config_overrides = split_config_overrides(sys.argv)
+  except ConfigError as error:
+    report_and_exit(error, debug)
+
+  def guarded(args):
+    try:
+      main(args)
+    except user_errors() as error:  # pylint: disable=catching-non-exception
+      report_and_exit(error, flags.FLAGS.debug)
+
+  app.run(guarded, argv=argv)

@@ -1,8 +1,10 @@
 """The one exception type for bad configuration values.
 
 Every check of a user-facing setting raises `ConfigError` with the dotted
-config key that is wrong (for example `model.attention`), so a researcher
-reading the traceback knows which `--config.KEY=VALUE` flag to change.
+config key that is wrong (for example `model.lsh.num_buckets`), so the
+one-line message (`config.model.lsh.num_buckets: 3 must be even and >= 2`)
+says which `--config.KEY=VALUE` flag to change. A key that starts with `-`
+is a command-line flag (`--workdir`) and is printed as it is.
 """
 
 
@@ -11,7 +13,9 @@ class ConfigError(ValueError):
 
   def __init__(self, key: str, message: str):
     self.key = key
-    super().__init__(f"config key '{key}': {message}")
+    self.message = message
+    where = key if key.startswith('-') else f'config.{key}'
+    super().__init__(f'{where}: {message}')
 
 
 def require(condition: bool, key: str, message: str) -> None:

@@ -1,98 +1,132 @@
-"""Checks a whole experiment config before anything is built or compiled.
+"""The whole experiment config: its sections, checked before anything is built.
 
-Each failure is a `ConfigError` naming the dotted key to fix. Checks that
-need the device count (the mesh) take it as an argument, so the same
-function runs in tests without devices.
+  seed, task                 top-level settings
+  data                       data/data_config.py
+  model                      models/model_config.py (with one section per variant)
+  optimizer                  train/optimizer_config.py
+  train                      train/train_config.py
+  parallel                   parallel/parallel_config.py
+  eval                       evaluation/eval_config.py
+
+`resolve_config(values)` takes a sparse mapping (what a file in `configs/`
+and the command line set) and returns the complete plain dict; each section
+checks its own values, and this module checks only what spans sections (a
+data setting the task does not read, the chunk lengths the model sees, how
+the batch splits). `validate_config` does the same for a `ConfigDict` and
+completes it in place. Checks that need the device count (the mesh) take it
+as an argument, so they run in tests without devices.
 """
 
-from typing import Optional
+from typing import Mapping, Optional
 
-import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
-from longformer_jax.attention.registry import attention_class
+from longformer_jax.config.section import unknown_key_error
 from longformer_jax.config_errors import ConfigError, require
-from longformer_jax.layers.gating import GATE_TYPES
-from longformer_jax.models.block_registry import block_class
-from longformer_jax.models.decoder_lm import compute_dtype
-from longformer_jax.models.layer_schedule import layer_config, validate_schedule
-from longformer_jax.models.stack_registry import stack_class
+from longformer_jax.data.data_config import TASK_KEYS, DataConfig
+from longformer_jax.evaluation.eval_config import EvalConfig
+from longformer_jax.models.model_config import migrate_flat_model, resolve_model
 from longformer_jax.parallel.mesh import resolve_mesh_shape
-from longformer_jax.parallel.remat import remat_policy
+from longformer_jax.parallel.parallel_config import ParallelConfig
+from longformer_jax.train.optimizer_config import OptimizerConfig
+from longformer_jax.train.train_config import TrainConfig, int_list
+
+TASKS = ('lm', 'classification', 'qa', 'seq2seq')
+SECTIONS = {'data': DataConfig, 'optimizer': OptimizerConfig, 'train': TrainConfig,
+            'parallel': ParallelConfig, 'eval': EvalConfig}
+TOP_LEVEL = ('seed', 'task', 'model') + tuple(SECTIONS)
 
 
-def _positive(config, key: str) -> None:
-  section, name = key.split('.')
-  value = config[section][name]
-  require(isinstance(value, (int, np.integer)) and value > 0, key,
-          f'must be a positive integer, got {value!r}')
+def _plain(values) -> dict:
+  if isinstance(values, ml_collections.ConfigDict):
+    return values.to_dict()
+  return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in dict(values).items()}
 
 
-def validate_model(model: ml_collections.ConfigDict) -> None:
-  validate_schedule(model)
-  for i in range(model.num_layers):
-    attention_class(layer_config(model, i).attention)
-  block_class(model.get('block', 'pre_ln'))
-  stack_class(model.get('stack', 'standard'))
-  if model.get('block', 'pre_ln') == 'gtrxl':
-    gate = model.get('gtrxl_gate', 'gru')
-    require(gate in GATE_TYPES, 'model.gtrxl_gate', f'must be one of {GATE_TYPES}, got {gate!r}')
-  if model.get('stack', 'standard') == 'universal_act':
-    steps = model.get('act_max_steps', None)
-    require(isinstance(steps, int) and steps > 0, 'model.act_max_steps',
-            f'must be a positive integer, got {steps!r}')
-    epsilon = model.get('act_epsilon', 0.01)
-    require(0.0 < epsilon < 1.0, 'model.act_epsilon', f'must be in (0, 1), got {epsilon!r}')
-  for name, weight in (model.get('aux_loss_weights', None) or {}).items():
-    require(isinstance(weight, (int, float)) and weight >= 0, f'model.aux_loss_weights.{name}',
-            f'must be a number >= 0, got {weight!r}')
-  compute_dtype(model.dtype)
-  remat_policy(model.remat_policy)
-  for name in ('num_layers', 'd_model', 'num_heads', 'head_dim', 'd_ff', 'vocab_multiple'):
-    value = model[name]
-    require(isinstance(value, (int, np.integer)) and value > 0, f'model.{name}',
-            f'must be a positive integer, got {value!r}')
-  require(model.mem_len >= 0, 'model.mem_len', f'must be >= 0, got {model.mem_len}')
-  ff_chunk = model.get('ff_chunk_size', 0)
-  require(isinstance(ff_chunk, int) and ff_chunk >= 0, 'model.ff_chunk_size',
-          f'must be an integer >= 0 (0: no chunking), got {ff_chunk!r}')
-  require(model.head_dim % 2 == 0, 'model.head_dim',
-          f'must be even (rotary and sinusoid features come in pairs), got {model.head_dim}')
-  require(model.d_model % 2 == 0, 'model.d_model', f'must be even, got {model.d_model}')
-  require(0.0 <= model.dropout_rate < 1.0, 'model.dropout_rate',
-          f'must be in [0, 1), got {model.dropout_rate}')
-  relative_impl = model.get('relative_impl', 'shift')
-  require(relative_impl in ('shift', 'gather'), 'model.relative_impl',
-          f"must be 'shift' or 'gather', got {relative_impl!r}")
-  for i in range(model.num_layers):
-    layer = layer_config(model, i)
-    # Variants check their own keys when they build their memory (shapes only).
-    variant = attention_class(layer.attention)
-    jax.eval_shape(lambda: variant.init_state(layer, 1, jnp.float32))
+def chunk_lengths(task: str, data: DataConfig, train: TrainConfig, eval_: EvalConfig) -> tuple:
+  """Every chunk length the model will see: training phases, evaluation (tasks: seq_len)."""
+  if task != 'lm':
+    return (data.seq_len,)
+  lengths = {data.chunk_len * train.phase_length_factor ** p for p in range(train.phases)}
+  if eval_.chunk_len:
+    lengths.add(eval_.chunk_len)
+  return tuple(sorted(lengths))
 
 
-def validate_config(config: ml_collections.ConfigDict, device_count: Optional[int] = None) -> None:
-  """Raises `ConfigError` for the first invalid value found."""
-  validate_model(config.model)
-  for key in ('data.batch_size', 'data.chunk_len', 'data.chunks_per_step',
-              'data.eval_batch_size', 'train.num_steps', 'optimizer.grad_accum_steps',
-              'train.log_every', 'train.checkpoint_every', 'train.keep_checkpoints'):
-    _positive(config, key)
-  accum = config.optimizer.grad_accum_steps
-  require(config.data.batch_size % accum == 0, 'optimizer.grad_accum_steps',
-          f'must divide data.batch_size={config.data.batch_size}, got {accum}')
-  require(config.eval.split in ('valid', 'test'), 'eval.split',
-          f"must be 'valid' or 'test', got {config.eval.split!r}")
-  require(config.eval.chunk_len >= 0, 'eval.chunk_len', f'must be >= 0, got {config.eval.chunk_len}')
-  far_distance = config.eval.far_distance
-  require(isinstance(far_distance, int) and far_distance >= 0, 'eval.far_distance',
-          f'must be an integer >= 0 (0: off), got {far_distance!r}')
-  for mem_len in parse_int_list(config.eval.mem_lens, 'eval.mem_lens'):
-    require(mem_len >= 0, 'eval.mem_lens', f'must be >= 0, got {mem_len}')
+def resolve_config(values: Mapping) -> dict:
+  """The complete, checked experiment config from a (possibly sparse) mapping."""
+  values = _plain(values)
+  for key in values:
+    if key not in TOP_LEVEL:
+      raise unknown_key_error('', key, TOP_LEVEL)
+  seed, task = values.get('seed', 0), values.get('task', 'lm')
+  require(isinstance(seed, int) and not isinstance(seed, bool), 'seed',
+          f'{seed!r} must be an integer')
+  require(task in TASKS, 'task', f'{task!r} is not a task; choose one of {TASKS}')
+  sections = {name: cls.build(values.get(name), name) for name, cls in SECTIONS.items()}
+  data, train = sections['data'], sections['train']
+  _check_task_keys(task, data, train, values)
+  model = resolve_model(values.get('model'), 'model',
+                        chunk_lengths(task, data, train, sections['eval']))
+  _check_model_for_task(task, model)
+  accum = sections['optimizer'].grad_accum_steps
+  require(data.batch_size % accum == 0, 'optimizer.grad_accum_steps',
+          f'{accum} must divide data.batch_size={data.batch_size}')
+  require(task == 'lm' or accum == 1, 'optimizer.grad_accum_steps',
+          f'{accum}: task training supports only 1')
+  resolved = {'seed': seed, 'task': task, 'model': model}
+  resolved.update({name: section.to_dict() for name, section in sections.items()})
+  return resolved
+
+
+def _check_task_keys(task: str, data: DataConfig, train: TrainConfig, values: Mapping) -> None:
+  """A data or train setting the task does not read is an error, not silently ignored."""
+  defaults = DataConfig()
+  for name, tasks in TASK_KEYS.items():
+    if task not in tasks and getattr(data, name) != getattr(defaults, name):
+      raise ConfigError(f'data.{name}', f'{getattr(data, name)!r} is ignored: only '
+                        f'task {" or ".join(tasks)} reads it (task is {task!r})')
+  lm_only = ('eval_max_tokens', 'phases', 'phase_steps', 'phase_length_factor',
+             'phase_window_factor', 'phase_lr_factor')
+  given = dict(values.get('train') or {})
+  for name in lm_only if task != 'lm' else ('eval_max_examples',):
+    if name in given and getattr(train, name) != getattr(TrainConfig(), name):
+      raise ConfigError(f'train.{name}', f'{getattr(train, name)!r} is ignored by task {task!r}')
+
+
+def _check_model_for_task(task: str, model: dict) -> None:
+  if task == 'classification':
+    require(model['num_classes'] >= 2, 'model.num_classes',
+            f"{model['num_classes']} must be >= 2 for task 'classification'")
+  elif model['num_classes']:
+    raise ConfigError('model.num_classes', f"{model['num_classes']} is ignored by task {task!r}")
+  if task == 'seq2seq':
+    require(model['decoder_layers'] >= 1, 'model.decoder_layers',
+            f"{model['decoder_layers']} must be >= 1 for task 'seq2seq'")
+  elif model['decoder_layers']:
+    raise ConfigError('model.decoder_layers',
+                      f"{model['decoder_layers']} is ignored by task {task!r}")
+
+
+def validate_config(config: ml_collections.ConfigDict,
+                    device_count: Optional[int] = None) -> ml_collections.ConfigDict:
+  """Checks `config`, completes it in place with every default, and returns it.
+
+  Raises `ConfigError` (one line: the dotted key, the value, the rule) for
+  the first invalid value found.
+  """
+  resolved = resolve_config(config)
+  if isinstance(config, ml_collections.ConfigDict) and not isinstance(
+      config, ml_collections.FrozenConfigDict):
+    for key in list(config.keys()):
+      del config[key]
+    for key, value in resolved.items():
+      config[key] = value
+  else:
+    config = ml_collections.ConfigDict(resolved)
   if device_count is not None:
     validate_mesh(config, device_count)
+  return config
 
 
 def validate_mesh(config: ml_collections.ConfigDict, device_count: int) -> None:
@@ -114,12 +148,18 @@ def validate_mesh(config: ml_collections.ConfigDict, device_count: int) -> None:
     require(size % tensor == 0, key, f'{size} is not divisible by the tensor axis ({tensor})')
 
 
+def migrate_saved_config(values: Mapping) -> tuple:
+  """An old run's `config.json` (flat `model` keys) in today's layout: `(values, moved)`."""
+  values = _plain(values)
+  moved = []
+  if isinstance(values.get('model'), Mapping):
+    values['model'], moved = migrate_flat_model(values['model'])
+  return values, [(f'model.{old}', f'model.{new}') for old, new in moved]
+
+
 def parse_int_list(text, key: str) -> list[int]:
   """'0,128,512' (or an int, or '') -> [0, 128, 512]; bad items name `key`."""
-  if isinstance(text, (int, np.integer)):
-    return [int(text)]
-  items = [item.strip() for item in str(text).split(',') if item.strip()]
   try:
-    return [int(item) for item in items]
+    return int_list(text)
   except ValueError:
-    raise ConfigError(key, f'must be a comma-separated list of integers, got {text!r}') from None
+    raise ConfigError(key, f'{text!r} must be a comma-separated list of integers') from None

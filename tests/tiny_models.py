@@ -6,21 +6,36 @@ import numpy as np
 
 from configs.default import get_config
 from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.registry import attention_class
+from longformer_jax.config_validation import resolve_config
+from longformer_jax.models.model_config import migrate_flat_model
 from longformer_jax.models.decoder_lm import lm_model_config
 
 VOCAB = 259  # the byte tokenizer's
 
 
 def tiny_config(**model_overrides) -> ml_collections.ConfigDict:
-  """The default experiment config shrunk to a 2-layer, d_model 32 model."""
-  config = get_config()
-  config.model.update(num_layers=2, d_model=32, num_heads=2, head_dim=16, d_ff=64,
-                      mem_len=16, vocab_multiple=8)
-  config.model.update(**model_overrides)
-  config.data.update(batch_size=8, chunk_len=8, chunks_per_step=2, eval_batch_size=8)
-  config.train.update(num_steps=6, log_every=2, eval_every=0, checkpoint_every=3,
-                      async_checkpointing=False)
-  return config
+  """The default experiment config shrunk to a 2-layer, d_model 32 model, resolved.
+
+  `model_overrides` may use the shared model settings, whole sections
+  (`longformer={'window': 3}`) or the old flat names (`window=3`), which go
+  to the section of the variant that reads them (`model_config.migrate_flat_model`).
+  A variant without a cache gets `mem_len=0` unless `mem_len` is given.
+  """
+  model = dict(num_layers=2, d_model=32, num_heads=2, head_dim=16, d_ff=64, vocab_multiple=8)
+  model.update(get_config()['model'])
+  model.update(mem_len=16)
+  model.update(model_overrides)
+  model, _ = migrate_flat_model(model)
+  if 'mem_len' not in model_overrides and not getattr(
+      attention_class(model['attention']), 'reads_mem_len', False):
+    model['mem_len'] = 0
+  values = dict(
+      model=model,
+      data=dict(batch_size=8, chunk_len=8, chunks_per_step=2, eval_batch_size=8),
+      train=dict(num_steps=6, log_every=2, eval_every=0, checkpoint_every=3,
+                 async_checkpointing=False))
+  return ml_collections.ConfigDict(resolve_config(values))
 
 
 def tiny_model_config(**model_overrides) -> ml_collections.FrozenConfigDict:

@@ -21,7 +21,12 @@ from longformer_jax.memory import fifo
 
 
 class VanillaAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`.
+
+  No settings of its own: the shared `model.causal` and `model.mem_len`.
+  """
+  reads_mem_len = True
+
   num_heads: int
   head_dim: int
   d_model: int
@@ -31,7 +36,7 @@ class VanillaAttention(nn.Module):
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
     return cls(num_heads=config.num_heads, head_dim=config.head_dim,
-               d_model=config.d_model, causal=config.get('causal', True),
+               d_model=config.d_model, causal=config.causal,
                dtype=dtype, name=name)
 
   @staticmethod

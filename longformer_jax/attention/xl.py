@@ -15,6 +15,7 @@ or gathered from the entries' stored positions (`relative_impl='gather'`,
 valid for any memory layout).
 """
 
+import dataclasses
 from typing import Optional
 
 import flax.linen as nn
@@ -26,6 +27,7 @@ from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import relative_shift, sinusoid_embedding
 from longformer_jax.memory import fifo
@@ -33,8 +35,27 @@ from longformer_jax.memory import fifo
 RELATIVE_IMPLS = ('shift', 'gather')
 
 
+@dataclasses.dataclass(frozen=True)
+class XLConfig(Section):
+  """`config.model.xl`; the memory length is the shared `model.mem_len`."""
+  clamp_len: int = -1           # clamp relative distances to this (-1: off)
+  relative_impl: str = 'shift'  # shift (continuous streams) | gather (any memory layout)
+
+  legacy_names = {'clamp_len': 'clamp_len', 'relative_impl': 'relative_impl'}
+
+  def validate(self, env) -> None:
+    del env
+    self.require(self.clamp_len == -1 or self.clamp_len > 0, 'clamp_len',
+                 'must be -1 (off) or > 0')
+    self.require(self.relative_impl in RELATIVE_IMPLS, 'relative_impl',
+                 f'must be one of {RELATIVE_IMPLS}')
+
+
 class XLAttention(nn.Module):
   """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
+  Config = XLConfig
+  reads_mem_len = True
+
   num_heads: int
   head_dim: int
   d_model: int
@@ -45,8 +66,8 @@ class XLAttention(nn.Module):
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
     return cls(num_heads=config.num_heads, head_dim=config.head_dim,
-               d_model=config.d_model, clamp_len=config.get('clamp_len', -1),
-               relative_impl=config.get('relative_impl', 'shift'), dtype=dtype, name=name)
+               d_model=config.d_model, clamp_len=config.xl.clamp_len,
+               relative_impl=config.xl.relative_impl, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):

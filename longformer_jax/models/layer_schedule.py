@@ -1,76 +1,108 @@
 """Per-layer settings: `model.layer_schedule` resolved into one config per layer.
 
-`config.layer_schedule` maps a model key to one value per layer, as a
-comma-separated string (`'64,64,128,256'`) or a tuple. Layer i is built from
-`layer_config(config, i)`: the model config with each scheduled key set to
-its i-th value. Values are converted to the type of the key's default in the
-model config (int, float, bool or str); keys the model config lacks are read
-as int, then float, then str. Examples: Longformer windows growing with
-depth, which layers have kNN memory (`attention = 'xl,xl,memorizing,xl'`),
-Sparse Transformer patterns alternating by layer.
+`model.layer_schedule` mirrors the model config: a leaf gives one value per
+layer, as a comma-separated string (`'64,64,128,256'`) or a tuple, for the
+shared setting or section key at the same path:
+
+  layer_schedule = {'attention': 'xl,xl,memorizing,xl'}        # kNN memory in layer 2
+  layer_schedule = {'longformer': {'window': '16,32,64,128'}}  # windows grow with depth
+
+Layer i is built from `layer_config(model, i)`: the model config with each
+scheduled value replaced by its i-th item (typed like the field it sets), and
+`layer_index = i` (BigBird seeds its random blocks with it). A schedule needs
+`scan_layers=False`; `models/model_config.py` checks every layer's values.
 """
+
+import copy
+from typing import Callable, Mapping
 
 import ml_collections
 
+from longformer_jax.config.section import coerce, unknown_key_error
 from longformer_jax.config_errors import ConfigError
 
-_BOOLS = {'true': True, 'false': False, '1': True, '0': False}
+# Settings that fix the shape of the whole stack cannot differ by layer.
+NOT_SCHEDULABLE = ('num_layers', 'scan_layers', 'layer_schedule', 'stack', 'block', 'dtype',
+                   'd_model', 'vocab_multiple', 'tie_embeddings', 'aux_loss_weights',
+                   'num_classes', 'decoder_layers', 'remat_policy')
 
 
-def _parse_item(text: str, like, key: str):
-  text = text.strip()
-  if isinstance(like, bool):
-    if text.lower() not in _BOOLS:
-      raise ConfigError(key, f'expected true/false per layer, got {text!r}')
-    return _BOOLS[text.lower()]
-  if isinstance(like, (int, float)) and not isinstance(like, bool):
-    try:
-      return type(like)(float(text) if isinstance(like, float) else int(text))
-    except ValueError:
-      raise ConfigError(key, f'expected a {type(like).__name__} per layer, got {text!r}') from None
-  if isinstance(like, str):
-    return text
-  for convert in (int, float):
-    try:
-      return convert(text)
-    except ValueError:
-      pass
-  return text
+def leaves(schedule: Mapping, prefix: tuple = ()) -> list:
+  """`[(path tuple, raw per-layer value)]` of a (nested) schedule."""
+  out = []
+  for key, value in schedule.items():
+    if isinstance(value, Mapping):
+      out.extend(leaves(value, prefix + (key,)))
+    else:
+      out.append((prefix + (key,), value))
+  return out
 
 
-def scheduled_values(config, name: str) -> list:
-  """Layer-by-layer values of `config.layer_schedule[name]`, typed like `config[name]`."""
-  key = f'model.layer_schedule.{name}'
-  raw = config.layer_schedule[name]
+def check_paths(schedule: Mapping, common_names, sections: Mapping, path: str) -> None:
+  """Every leaf names a shared setting or a `section.key` that may differ by layer."""
+  for key, value in schedule.items():
+    where = f'{path}.layer_schedule'
+    if isinstance(value, Mapping):
+      if key not in sections:
+        raise unknown_key_error(where, key, sections)
+      for name in value:
+        if isinstance(value[name], Mapping) or name not in sections[key].field_names():
+          raise unknown_key_error(f'{where}.{key}', name, sections[key].field_names())
+    elif key in sections:
+      raise ConfigError(f'{where}.{key}', f'{value!r}: schedule the keys of the section, '
+                        f'e.g. {where}.{key}.<key> = "a,b,..."')
+    elif key not in common_names:
+      raise unknown_key_error(where, key, tuple(common_names) + tuple(sections))
+    elif key in NOT_SCHEDULABLE:
+      raise ConfigError(f'{where}.{key}', f'{value!r}: {key} is the same for every layer')
+
+
+def items_of(raw, num_layers: int, key: str) -> list[str]:
+  """The per-layer items of one leaf, as strings; exactly `num_layers` of them."""
   items = raw.split(',') if isinstance(raw, str) else list(raw)
-  if len(items) != config.num_layers:
-    raise ConfigError(key, f'needs one value per layer ({config.num_layers}), got {len(items)}: {raw!r}')
-  like = config.get(name, None)
-  return [_parse_item(str(item), like, key) for item in items]
+  if len(items) != num_layers:
+    raise ConfigError(key, f'{raw!r} needs one value per layer ({num_layers}), got {len(items)}')
+  return [str(item).strip() for item in items]
 
 
-def has_schedule(config) -> bool:
-  return bool(config.get('layer_schedule', None)) and len(config.layer_schedule) > 0
+def apply(values: Mapping, schedule: Mapping, index: int, num_layers: int, path: str,
+          field_type: Callable[[tuple], object]) -> dict:
+  """`values` (a model mapping) with every scheduled leaf set to its item `index`."""
+  out = copy.deepcopy(dict(values))
+  for parts, raw in leaves(schedule):
+    key = f'{path}.layer_schedule.' + '.'.join(parts)
+    kind = field_type(parts)
+    item = items_of(raw, num_layers, key)[index]
+    value = coerce(item, kind, key) if kind is not None else item
+    node = out
+    for part in parts[:-1]:
+      node[part] = dict(node.get(part) or {})
+      node = node[part]
+    node[parts[-1]] = value
+  return out
 
 
 def layer_config(config, index: int) -> ml_collections.FrozenConfigDict:
-  """The model config of layer `index`: scheduled keys replaced by their i-th value,
-  and `layer_index = index` (e.g. BigBird seeds its random blocks with it)."""
-  values = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-  if has_schedule(config):
-    for name in config.layer_schedule.keys():
-      values[name] = scheduled_values(config, name)[index]
+  """The model config of layer `index` (scheduled values set, `layer_index = index`).
+
+  `config` is a resolved model config (every section present, see
+  `models/model_config.py`), so each scheduled item takes the type of the
+  value it replaces.
+  """
+  values = config.to_dict() if hasattr(config, 'to_dict') else copy.deepcopy(dict(config))
+  schedule = values.get('layer_schedule') or {}
+  for parts, raw in leaves(schedule):
+    key = 'model.layer_schedule.' + '.'.join(parts)
+    node = values
+    for part in parts[:-1]:
+      node = node[part]
+    like = node.get(parts[-1])
+    item = items_of(raw, values['num_layers'], key)[index]
+    node[parts[-1]] = coerce(item, type(like), key) if like is not None else item
   values['layer_schedule'] = {}
   values['layer_index'] = index
   return ml_collections.FrozenConfigDict(values)
 
 
-def validate_schedule(config) -> None:
-  """Every scheduled key has one well-typed value per layer; not with `scan_layers`."""
-  if not has_schedule(config):
-    return
-  if config.scan_layers:
-    raise ConfigError('model.scan_layers',
-                      'a layer_schedule makes layers differ; it needs scan_layers=False')
-  for name in config.layer_schedule.keys():
-    scheduled_values(config, name)
+def has_schedule(config) -> bool:
+  return bool(config.get('layer_schedule', None))

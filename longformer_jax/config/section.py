@@ -1,0 +1,183 @@
+"""Typed config sections: a frozen dataclass per module, its defaults and its rules.
+
+Every module that reads configuration declares one section next to its code:
+
+  @dataclasses.dataclass(frozen=True)
+  class LSHConfig(Section):
+    num_buckets: int = 8     # buckets per hash round
+    num_hashes: int = 2
+
+    def validate(self, env):
+      self.require(self.num_buckets >= 2 and self.num_buckets % 2 == 0, 'num_buckets',
+                   'must be even and >= 2')
+
+`LSHConfig.build(values, 'model.lsh', env)` turns a mapping (from a config
+file, the command line or an old run's `config.json`) into a checked
+instance. An unknown key names the closest valid one; a value of the wrong
+type or one that breaks a rule names the key, the value and the rule, in one
+line (`ConfigError`). Command-line strings are parsed by the field's type.
+
+Fields are plain values (int, float, bool, str, tuples of them) or nested
+sections; a field typed `dict` holds a free mapping that its section checks.
+Old flat names (`legacy_names`, e.g. `{'lsh_num_buckets': 'num_buckets'}`)
+let a `config.json` written before the sections existed still load
+(`longformer_jax/config/legacy.py`).
+"""
+
+import ast
+import dataclasses
+import difflib
+import typing
+from typing import Any, ClassVar, Mapping
+
+from longformer_jax.config_errors import ConfigError
+
+_BOOL_WORDS = {'true': True, 'false': False, '1': True, '0': False, 'yes': True, 'no': False}
+
+
+def closest_name(name: str, choices) -> str:
+  """'; did you mean X?' for the choice nearest to `name` (or '' if none is near)."""
+  match = difflib.get_close_matches(name, sorted(choices), n=1, cutoff=0.6)
+  return f'; did you mean {match[0]}?' if match else ''
+
+
+def unknown_key_error(path: str, key: str, choices) -> ConfigError:
+  return ConfigError(f'{path}.{key}' if path else key,
+                     f'unknown key{closest_name(key, choices)}')
+
+
+class FieldError(Exception):
+  """Raised by `Section.require`; `build` turns it into a `ConfigError` with the full path."""
+
+  def __init__(self, name: str, rule: str):
+    super().__init__(name, rule)
+    self.name = name
+    self.rule = rule
+
+
+class Section:
+  """Mixin for frozen dataclasses that are config sections (see the module docstring)."""
+
+  # Old flat key (of the section above this one) -> field name, for old config.json files.
+  legacy_names: ClassVar[Mapping[str, str]] = {}
+
+  def validate(self, env: Any) -> None:
+    """Checks rules across fields (and against `env`, what the section lives in)."""
+    del env
+
+  def require(self, condition: bool, name: str, rule: str) -> None:
+    """Fails the field `name` with `rule` unless `condition` holds."""
+    if not condition:
+      raise FieldError(name, rule)
+
+  @classmethod
+  def field_names(cls) -> tuple:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+  @classmethod
+  def field_type(cls, name: str):
+    return typing.get_type_hints(cls)[name]
+
+  @classmethod
+  def defaults(cls) -> 'Section':
+    return cls()
+
+  @classmethod
+  def build(cls, values: Mapping | None, path: str, env: Any = None) -> 'Section':
+    """A checked instance from `values` (missing keys take their defaults)."""
+    values = dict(values or {})
+    names = cls.field_names()
+    for key in values:
+      if key not in names:
+        raise unknown_key_error(path, key, names)
+    kwargs = {}
+    for name in names:
+      if name not in values:
+        continue
+      kind = cls.field_type(name)
+      key = f'{path}.{name}'
+      if isinstance(kind, type) and issubclass(kind, Section):
+        kwargs[name] = kind.build(values[name], key, env)
+      else:
+        kwargs[name] = coerce(values[name], kind, key)
+    instance = cls(**kwargs)
+    try:
+      instance.validate(env)
+    except FieldError as error:
+      value = getattr(instance, error.name, None)
+      raise ConfigError(f'{path}.{error.name}', f'{value!r} {error.rule}') from None
+    return instance
+
+  def to_dict(self) -> dict:
+    """Plain nested dict of the values (tuples stay tuples)."""
+    out = {}
+    for name in self.field_names():
+      value = getattr(self, name)
+      out[name] = value.to_dict() if isinstance(value, Section) else value
+    return out
+
+  def changed(self) -> dict:
+    """The fields whose values differ from the defaults, `{name: value}`."""
+    default = type(self)()
+    return {name: getattr(self, name) for name in self.field_names()
+            if getattr(self, name) != getattr(default, name)}
+
+
+def _type_name(kind) -> str:
+  return getattr(kind, '__name__', str(kind))
+
+
+def coerce(value: Any, kind, key: str) -> Any:
+  """`value` as the field type `kind`; strings (command line) are parsed.
+
+  int fields take ints (and integral floats from JSON), float fields take
+  ints and floats, bool fields take bools (and true/false strings), tuple
+  fields take lists and tuples. Anything else is a `ConfigError` naming `key`.
+  """
+  origin = typing.get_origin(kind)
+  if kind is Any:
+    return value
+  if kind is bool:
+    if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+      return _BOOL_WORDS[value.lower()]
+    if isinstance(value, bool):
+      return value
+  elif kind is int:
+    if isinstance(value, str):
+      value = _literal(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+      return int(value)
+    if isinstance(value, float) and value.is_integer():
+      return int(value)
+  elif kind is float:
+    if isinstance(value, str):
+      value = _literal(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+  elif kind is str:
+    if isinstance(value, str):
+      return value
+  elif kind is tuple or origin is tuple:
+    if isinstance(value, str):
+      value = _literal(value)
+    if isinstance(value, (list, tuple)):
+      return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+  elif kind is dict or origin is dict:
+    if value is None:
+      return {}
+    if isinstance(value, Mapping):
+      return _plain_dict(value)
+  else:
+    raise TypeError(f'{key}: unsupported field type {kind!r}')
+  raise ConfigError(key, f'{value!r} is not a {_type_name(origin or kind)}')
+
+
+def _literal(text: str):
+  try:
+    return ast.literal_eval(text.strip())
+  except (ValueError, SyntaxError):
+    return text
+
+
+def _plain_dict(value: Mapping) -> dict:
+  return {k: _plain_dict(v) if isinstance(v, Mapping) else v for k, v in value.items()}

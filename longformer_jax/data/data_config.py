@@ -1,0 +1,57 @@
+"""`config.data`: where the text comes from, how it is tokenized and batched.
+
+The language model reads whole documents as streams of `chunk_len`-token
+chunks (`data/stream_batcher.py`); the encoder tasks read fixed-length
+examples (`seq_len`, and `question_len`, `max_answer_len`, `target_len` for
+QA and sequence-to-sequence). A setting that the run's task does not read is
+an error (`TASK_KEYS`).
+"""
+
+import dataclasses
+
+from longformer_jax.config.section import Section
+
+TOKENIZERS = ('byte', 'sentencepiece')
+
+# Settings only some tasks read -> those tasks.
+TASK_KEYS = {
+    'seq_len': ('classification', 'qa', 'seq2seq'),
+    'max_examples': ('classification', 'qa', 'seq2seq'),
+    'tfds_config': ('classification', 'qa', 'seq2seq'),
+    'question_len': ('qa',),
+    'max_answer_len': ('qa',),
+    'target_len': ('seq2seq',),
+    'chunks_per_step': ('lm',),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(Section):
+  """Data source, tokenizer and batch shape."""
+  corpus: str = 'stdlib'             # stdlib | tiny_shakespeare | pg19 (tasks: see configs/)
+  tfds_data_dir: str = ''            # prepared tensorflow-datasets folder (tfds corpora)
+  tokenizer: str = 'byte'            # byte | sentencepiece
+  sentencepiece_model: str = ''      # path to a .model file
+  skip_undecodable: bool = False     # skip (with a warning) documents the tokenizer rejects
+  batch_size: int = 8                # global number of rows (streams or examples)
+  chunk_len: int = 256               # language model: tokens per chunk (segment length)
+  chunks_per_step: int = 1           # language model: chunks scanned per step
+  eval_batch_size: int = 8
+  seq_len: int = 512                 # tasks: tokens per example
+  max_examples: int = 0              # tasks: examples per split (0: all)
+  tfds_config: str = ''              # tasks: builder config of the tfds data set
+  question_len: int = 64             # qa: question tokens kept
+  max_answer_len: int = 32           # qa: longest predicted span
+  target_len: int = 128              # seq2seq: target tokens, EOS included
+
+  def validate(self, env) -> None:
+    del env
+    self.require(self.tokenizer in TOKENIZERS, 'tokenizer', f'must be one of {TOKENIZERS}')
+    for name in ('batch_size', 'chunk_len', 'chunks_per_step', 'eval_batch_size'):
+      self.require(getattr(self, name) > 0, name, 'must be a positive integer')
+    self.require(self.seq_len >= 4, 'seq_len', 'must be >= 4')
+    self.require(self.max_examples >= 0, 'max_examples', 'must be >= 0 (0: all)')
+    self.require(0 < self.question_len <= self.seq_len - 3, 'question_len',
+                 f'must be in [1, seq_len - 3 = {self.seq_len - 3}]')
+    self.require(self.max_answer_len >= 1, 'max_answer_len', 'must be >= 1')
+    self.require(self.target_len >= 2, 'target_len', 'must be >= 2')

@@ -1,0 +1,32 @@
+"""`config.eval`: what eval.py scores (language-model runs; tasks use their own metrics)."""
+
+import dataclasses
+
+from longformer_jax.config.section import Section
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig(Section):
+  """The split, chunking, memory lengths and sweeps of eval.py."""
+  split: str = 'valid'               # valid | test
+  chunk_len: int = 0                 # 0: the training chunk_len
+  mem_lens: str = ''                 # comma list, e.g. '0,128,512'; '' = training mem_len
+  max_tokens: int = 0                # 0: the whole split
+  step: int = -1                     # -1: latest checkpoint
+  # Eval-time memory sweep, e.g. 'variant=attendre;policy=fifo,lra_max;memory_size=128,512'
+  # (evaluation/memory_sweep.py); '' = off.
+  memory_sweep: str = ''
+  # > 0: also score the far recurrences alone, the targets whose bigram last occurred more
+  # than this many tokens back in the document (data/far_recurrences.py). 0 = off.
+  far_distance: int = 0
+
+  def validate(self, env) -> None:
+    del env
+    self.require(self.split in ('valid', 'test'), 'split', "must be 'valid' or 'test'")
+    self.require(self.chunk_len >= 0, 'chunk_len', 'must be >= 0 (0: the training chunk_len)')
+    self.require(self.max_tokens >= 0, 'max_tokens', 'must be >= 0 (0: the whole split)')
+    self.require(self.step >= -1, 'step', 'must be a step or -1 (latest)')
+    self.require(self.far_distance >= 0, 'far_distance', 'must be >= 0 (0: off)')
+    items = [item.strip() for item in self.mem_lens.split(',') if item.strip()]
+    self.require(all(item.isdigit() for item in items), 'mem_lens',
+                 'must be a comma-separated list of integers >= 0')

@@ -1,0 +1,238 @@
+"""`config.model`: the shared model settings plus one section per variant, block and stack.
+
+  model:
+    attention: 'longformer'      # any name in attention/registry.py
+    num_layers: 4, d_model: 256, ...
+    longformer: {window: 64, ...}    # the section of each attention variant,
+    gtrxl: {gate: 'gru', ...}        # block kind (models/block_registry.py)
+    universal_act: {max_steps: 4}    # and stack kind (models/stack_registry.py)
+    layer_schedule: {attention: 'xl,xl,memorizing,xl', longformer: {window: '16,32,64,128'}}
+
+`resolve_model(values, path, env)` checks a (possibly sparse) mapping and
+returns the complete plain dict the models read: every section present,
+with its defaults where not set. The checks: unknown keys (with the closest
+name), every value by the section that owns it, every layer of a schedule
+(`models/layer_schedule.py`), and that nothing set is ignored: a section of
+a variant no layer uses, or `mem_len` when no layer's variant keeps a cache.
+"""
+
+import dataclasses
+from typing import Any, Mapping
+
+from longformer_jax.attention.registry import ATTENTION_VARIANTS
+from longformer_jax.config.section import Section, closest_name, unknown_key_error
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.models import layer_schedule
+from longformer_jax.models.block_registry import BLOCK_TYPES
+from longformer_jax.models.stack_registry import STACK_TYPES
+
+COMPUTE_DTYPES = ('float32', 'bfloat16')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelEnv:
+  """What a section's `validate` may check against.
+
+  Attributes:
+    model: the shared settings of the layer being checked.
+    layer_index: that layer's index (0 for model-wide sections).
+    chunk_lens: the chunk lengths the model will see (training, phases,
+      evaluation); empty when unknown.
+  """
+  model: 'ModelConfig'
+  layer_index: int = 0
+  chunk_lens: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(Section):
+  """Shared model settings (every variant reads these)."""
+  attention: str = 'vanilla'       # the attention variant (attention/registry.py)
+  num_layers: int = 4
+  d_model: int = 256
+  num_heads: int = 4
+  head_dim: int = 64               # even: rotary and sinusoid features come in pairs
+  d_ff: int = 1024
+  dropout_rate: float = 0.0
+  tie_embeddings: bool = True
+  dtype: str = 'float32'           # compute dtype: float32 | bfloat16
+  vocab_multiple: int = 64         # vocabulary padded to a multiple of this
+  causal: bool = True              # False: bidirectional (encoders)
+  mem_len: int = 0                 # cache of past hidden states (variants that keep one)
+  scan_layers: bool = False        # nn.scan over identical layers
+  remat_policy: str = 'none'       # parallel/remat.py
+  block: str = 'pre_ln'            # models/block_registry.py
+  stack: str = 'standard'          # models/stack_registry.py
+  ff_chunk_size: int = 0           # > 0: feed-forward over chunks of this many tokens
+  num_classes: int = 0             # classification task: output classes
+  decoder_layers: int = 0          # seq2seq task (LED): decoder layers
+  aux_loss_weights: dict = dataclasses.field(default_factory=dict)  # aux loss name -> weight
+  layer_schedule: dict = dataclasses.field(default_factory=dict)    # see models/layer_schedule.py
+
+  def validate(self, env) -> None:
+    del env
+    for name in ('num_layers', 'd_model', 'num_heads', 'head_dim', 'd_ff', 'vocab_multiple'):
+      self.require(getattr(self, name) > 0, name, 'must be a positive integer')
+    self.require(self.head_dim % 2 == 0, 'head_dim',
+                 'must be even (rotary and sinusoid features come in pairs)')
+    self.require(self.d_model % 2 == 0, 'd_model', 'must be even')
+    self.require(0.0 <= self.dropout_rate < 1.0, 'dropout_rate', 'must be in [0, 1)')
+    self.require(self.dtype in COMPUTE_DTYPES, 'dtype', f'must be one of {COMPUTE_DTYPES}')
+    self.require(self.mem_len >= 0, 'mem_len', 'must be >= 0')
+    self.require(self.ff_chunk_size >= 0, 'ff_chunk_size', 'must be >= 0 (0: no chunking)')
+    self.require(self.num_classes >= 0, 'num_classes', 'must be >= 0')
+    self.require(self.decoder_layers >= 0, 'decoder_layers', 'must be >= 0')
+    self.require(self.attention in ATTENTION_VARIANTS, 'attention',
+                 f'is not a variant; choose one of {sorted(ATTENTION_VARIANTS)}'
+                 f'{closest_name(self.attention, ATTENTION_VARIANTS)}')
+    self.require(self.block in BLOCK_TYPES, 'block',
+                 f'is not a block kind; choose one of {sorted(BLOCK_TYPES)}')
+    self.require(self.stack in STACK_TYPES, 'stack',
+                 f'is not a stack kind; choose one of {sorted(STACK_TYPES)}')
+    from longformer_jax.parallel.remat import REMAT_POLICIES  # pylint: disable=g-import-not-at-top
+    self.require(self.remat_policy in REMAT_POLICIES, 'remat_policy',
+                 f'is not a remat policy; choose one of {sorted(REMAT_POLICIES)}')
+    for name, weight in self.aux_loss_weights.items():
+      if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight >= 0):
+        raise ConfigError(f'model.aux_loss_weights.{name}', f'{weight!r} must be a number >= 0')
+
+
+def section_classes() -> dict:
+  """Section name -> its `Section` class, for every registered variant, block and stack."""
+  sections = {}
+  for registry in (ATTENTION_VARIANTS, BLOCK_TYPES, STACK_TYPES):
+    for name, cls in registry.items():
+      sections[name] = getattr(cls, 'Config', None) or _EMPTY
+  return sections
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoSettings(Section):
+  """The section of a variant that has no settings of its own."""
+
+
+_EMPTY = _NoSettings
+
+
+def _reads_mem_len(attention: str) -> bool:
+  return bool(getattr(ATTENTION_VARIANTS[attention], 'reads_mem_len', False))
+
+
+def resolve_model(values: Mapping | None, path: str = 'model', chunk_lens: tuple = ()) -> dict:
+  """The complete, checked `config.model` dict from a (possibly sparse) mapping."""
+  values = dict(values or {})
+  sections = section_classes()
+  common_names = ModelConfig.field_names()
+  for key in values:
+    if key not in common_names and key not in sections:
+      moved = moved_key(key)
+      if moved:
+        raise ConfigError(f'{path}.{key}', f'unknown key; it is now {path}.{moved}')
+      raise unknown_key_error(path, key, tuple(common_names) + tuple(sections))
+  common_values = {k: v for k, v in values.items() if k in common_names}
+  common = ModelConfig.build(common_values, path)
+  layer_schedule.check_paths(common.layer_schedule, common_names, sections, path)
+  if common.layer_schedule and common.scan_layers:
+    raise ConfigError(f'{path}.scan_layers',
+                      'True, but a layer_schedule makes layers differ; it needs scan_layers=False')
+
+  used = {common.block, common.stack}
+  mem_len_read = False
+  for index in range(common.num_layers):
+    layer_values = layer_schedule.apply(values, common.layer_schedule, index, common.num_layers,
+                                        path, _field_type_of(common_names, sections))
+    layer = ModelConfig.build({k: v for k, v in layer_values.items() if k in common_names}, path)
+    env = ModelEnv(model=layer, layer_index=index, chunk_lens=tuple(chunk_lens))
+    used.add(layer.attention)
+    mem_len_read |= _reads_mem_len(layer.attention)
+    for name in (layer.attention, layer.block, layer.stack):
+      sections[name].build(layer_values.get(name), f'{path}.{name}', env)
+
+  resolved = common.to_dict()
+  for name, cls in sections.items():
+    given = values.get(name)
+    if name not in used:
+      _check_ignored(cls, given, f'{path}.{name}', common)
+      resolved[name] = cls().to_dict()
+    else:
+      env = ModelEnv(model=common, chunk_lens=tuple(chunk_lens))
+      resolved[name] = cls.build(given, f'{path}.{name}', env).to_dict()
+  if common.mem_len and not mem_len_read:
+    raise ConfigError(f'{path}.mem_len',
+                      f'{common.mem_len} is ignored: no layer\'s attention keeps a cache of '
+                      f'past hidden states (attention {describe_attention(common)}); set it to 0')
+  return resolved
+
+
+def _check_ignored(cls, given, path: str, common: ModelConfig) -> None:
+  """A section nobody reads must hold only its defaults."""
+  if not given:
+    return
+  names = cls.field_names()
+  defaults = cls()
+  for key, value in dict(given).items():
+    if key not in names:
+      raise unknown_key_error(path, key, names)
+    if value != getattr(defaults, key):
+      raise ConfigError(f'{path}.{key}', f'{value!r} is ignored: no layer uses it (attention '
+                        f'{describe_attention(common)}, block {common.block!r}, '
+                        f'stack {common.stack!r})')
+
+
+def describe_attention(common: ModelConfig) -> str:
+  scheduled = common.layer_schedule.get('attention')
+  return repr(scheduled) if scheduled else repr(common.attention)
+
+
+def _field_type_of(common_names, sections):
+  def field_type(parts: tuple):
+    if len(parts) == 1 and parts[0] in common_names:
+      return ModelConfig.field_type(parts[0])
+    if len(parts) == 2 and parts[0] in sections and parts[1] in sections[parts[0]].field_names():
+      return sections[parts[0]].field_type(parts[1])
+    return None
+  return field_type
+
+
+def moved_key(flat_key: str, prefer: tuple = ()) -> str:
+  """Where an old flat `config.model` key lives now ('window' -> 'longformer.window'), or ''.
+
+  A name several sections took over (`clamp_len`) goes to the first of `prefer`
+  (the variants the model uses) that has it.
+  """
+  claims = [name for name, cls in section_classes().items() if flat_key in cls.legacy_names]
+  claims.sort(key=lambda name: (name not in prefer, prefer.index(name) if name in prefer else 0))
+  if not claims:
+    return ''
+  return f'{claims[0]}.{section_classes()[claims[0]].legacy_names[flat_key]}'
+
+
+def migrate_flat_model(values: Mapping) -> tuple:
+  """An old flat `config.model` dict in the nested layout; `(values, moved)`.
+
+  `moved` lists `(old_key, new_path)` of every key that was moved. Keys that
+  are neither shared settings nor old names stay where they are (and fail
+  in `resolve_model` with the closest valid name).
+  """
+  out, moved = {}, []
+  scheduled = str(dict(values.get('layer_schedule') or {}).get('attention', ''))
+  prefer = tuple([values.get('attention', '')] + scheduled.replace(' ', '').split(',')) + tuple(
+      str(values.get(name, '')) for name in ('block', 'stack'))
+  for key, value in values.items():
+    target = '' if key in ModelConfig.field_names() else moved_key(key, prefer)
+    if key == 'layer_schedule' and isinstance(value, Mapping):
+      schedule, schedule_moved = migrate_flat_model(value)
+      out[key] = schedule
+      moved.extend((f'layer_schedule.{old}', f'layer_schedule.{new}') for old, new in schedule_moved)
+    elif target:
+      section, name = target.split('.')
+      out.setdefault(section, {})[name] = value
+      moved.append((key, target))
+    else:
+      out[key] = value
+  return out, moved
+
+
+def field_defaults() -> dict[str, Any]:
+  """The defaults of the shared settings (for docs and tests)."""
+  return ModelConfig().to_dict()
