@@ -17,13 +17,13 @@ def get_config() -> dict:
   return merged(default.get_config(), {
       'data': {'corpus': 'pg19', 'tokenizer': 'sentencepiece', 'batch_size': 64,
                'eval_batch_size': 64, 'chunk_len': 512},
-      'model': {'num_layers': 16, 'd_model': 1024, 'num_heads': 16, 'head_dim': 64,
+      'model': {'num_layers': 16, 'd_model': 1024, 'num_heads': 16,
                 'd_ff': 4096, 'dropout_rate': 0.1, 'mem_len': 512, 'dtype': 'bfloat16',
                 'vocab_multiple': 128, 'scan_layers': True, 'remat_policy': 'dots_no_batch',
                 'tie_embeddings': False},
-      'optimizer': {'learning_rate': 3e-4, 'warmup_steps': 4000, 'weight_decay': 0.01},
+      'optimizer': {'learning_rate': 3e-4, 'warmup_steps': 4000},
       'train': {'num_steps': 500_000, 'log_every': 100, 'eval_every': 5000,
-                'eval_max_tokens': 2_000_000, 'checkpoint_every': 2000, 'keep_checkpoints': 3},
+                'eval_max_tokens': 2_000_000, 'checkpoint_every': 2000},
       # FSDP over all chips of the slice; add a tensor axis for bigger models.
       'parallel': {'mesh_shape': (1, -1, 1)},
       'eval': {'mem_lens': '512,1024,2048'},

@@ -9,7 +9,7 @@ from longformer_jax.config.overrides import merged
 
 def get_config() -> dict:
   return merged(default.get_config(), {
+      # --config.data.tfds_data_dir=DIR on the command line
       'data': {'corpus': 'tiny_shakespeare',
-               'tfds_data_dir': '',      # set on the command line
                'eval_batch_size': 1},    # the validation split is one document
   })

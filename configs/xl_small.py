@@ -16,5 +16,5 @@ from longformer_jax.config.overrides import merged
 def get_config() -> dict:
   return merged(default.get_config(), {
       'optimizer': {'warmup_steps': 30},
-      'train': {'num_steps': 300, 'eval_every': 300, 'checkpoint_every': 300},
+      'train': {'num_steps': 300},       # evaluated and saved at the end (every 300)
   })

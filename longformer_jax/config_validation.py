@@ -25,7 +25,9 @@ from longformer_jax.config.section import unknown_key_error
 from longformer_jax.config_errors import ConfigError, require
 from longformer_jax.data.data_config import TASK_KEYS, DataConfig
 from longformer_jax.evaluation.eval_config import EvalConfig
-from longformer_jax.models.model_config import migrate_flat_model, resolve_model
+from longformer_jax.attention.registry import ATTENTION_VARIANTS
+from longformer_jax.models.model_config import (ModelConfig, migrate_flat_model, resolve_model,
+                                                section_classes)
 from longformer_jax.parallel.mesh import resolve_mesh_shape
 from longformer_jax.parallel.parallel_config import ParallelConfig
 from longformer_jax.train.optimizer_config import OptimizerConfig
@@ -149,12 +151,39 @@ def validate_mesh(config: ml_collections.ConfigDict, device_count: int) -> None:
 
 
 def migrate_saved_config(values: Mapping) -> tuple:
-  """An old run's `config.json` (flat `model` keys) in today's layout: `(values, moved)`."""
+  """An old run's `config.json` (flat `model` keys) in today's layout: `(values, changes)`.
+
+  Old flat keys move to the section that owns them now (`model.window` ->
+  `model.longformer.window`). Settings the old code did not read (a section
+  of a variant the model does not use, `mem_len` of a variant without a
+  cache) are dropped: the run did not use them. `changes` lists
+  `(old key, what happened)` for a log line.
+  """
   values = _plain(values)
-  moved = []
-  if isinstance(values.get('model'), Mapping):
-    values['model'], moved = migrate_flat_model(values['model'])
-  return values, [(f'model.{old}', f'model.{new}') for old, new in moved]
+  model = values.get('model')
+  if not isinstance(model, Mapping) or not any(k not in ModelConfig.field_names() and k not in
+                                               section_classes() for k in model):
+    return values, []
+  model, moved = migrate_flat_model(model)
+  schedule = str(dict(model.get('layer_schedule') or {}).get('attention', ''))
+  attentions = {model.get('attention', ModelConfig.attention)} | {
+      name.strip() for name in schedule.split(',') if name.strip()}
+  used = attentions | {model.get('block', ModelConfig.block), model.get('stack', ModelConfig.stack)}
+  changes = [(f'model.{old}', f'model.{new}' if new.split('.')[0] in used
+               else 'dropped (no layer reads it)') for old, new in moved]
+  for name in [k for k in model if k in section_classes() and k not in used]:
+    del model[name]
+  schedule_values = dict(model.get('layer_schedule') or {})
+  for name in [k for k in schedule_values if k in section_classes() and k not in used]:
+    del schedule_values[name]
+  if 'layer_schedule' in model:
+    model['layer_schedule'] = schedule_values
+  readers = [a for a in attentions if getattr(ATTENTION_VARIANTS.get(a), 'reads_mem_len', False)]
+  if model.get('mem_len') and not readers:
+    del model['mem_len']
+    changes.append(('model.mem_len', 'dropped (the attention keeps no cache)'))
+  values['model'] = model
+  return values, changes
 
 
 def parse_int_list(text, key: str) -> list[int]:

@@ -161,7 +161,7 @@ def coerce(value: Any, kind, key: str) -> Any:
     if isinstance(value, str):
       value = _literal(value)
     if isinstance(value, (list, tuple)):
-      return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+      return _deep_tuple(value)
   elif kind is dict or origin is dict:
     if value is None:
       return {}
@@ -170,6 +170,12 @@ def coerce(value: Any, kind, key: str) -> Any:
   else:
     raise TypeError(f'{key}: unsupported field type {kind!r}')
   raise ConfigError(key, f'{value!r} is not a {_type_name(origin or kind)}')
+
+
+def _deep_tuple(value):
+  if isinstance(value, (list, tuple)):
+    return tuple(_deep_tuple(v) for v in value)
+  return value
 
 
 def _literal(text: str):

@@ -125,7 +125,9 @@ def resolve_model(values: Mapping | None, path: str = 'model', chunk_lens: tuple
   common_names = ModelConfig.field_names()
   for key in values:
     if key not in common_names and key not in sections:
-      moved = moved_key(key)
+      moved = moved_key(key, (values.get('attention', ModelConfig.attention),
+                              values.get('block', ModelConfig.block),
+                              values.get('stack', ModelConfig.stack)))
       if moved:
         raise ConfigError(f'{path}.{key}', f'unknown key; it is now {path}.{moved}')
       raise unknown_key_error(path, key, tuple(common_names) + tuple(sections))
