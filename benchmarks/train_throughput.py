@@ -21,26 +21,24 @@ if __name__ == '__main__':
   from longformer_jax.cpu_malloc import reexec_with_cpu_malloc_settings
   reexec_with_cpu_malloc_settings()
 
-from absl import app, flags
+from absl import flags
 import jax
-from ml_collections import config_flags
 
 from benchmarks.matmul_rate import float32_matmul_flops_per_s
-from longformer_jax.command_line import DEFAULT_CONFIG
+from longformer_jax import command_line
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import lm_model_config
 from longformer_jax.models.flop_count import train_flops_per_token
 from longformer_jax.train.quiet_logs import show_own_info_only
 import train as train_script
 
-_CONFIG = config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Experiment config file.')
 _STEPS = flags.DEFINE_integer('steps', 60, 'Training steps to run (even).')
 
 
 def main(argv):
   del argv
   show_own_info_only()
-  config = _CONFIG.value
+  config = command_line.flag_config()
   steps = max(2, _STEPS.value // 2 * 2)
   config.train.update(num_steps=steps, log_every=steps // 2, eval_every=0,
                       checkpoint_every=10 * steps, async_checkpointing=False)
@@ -63,4 +61,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  command_line.define_flags('unused: the run goes to a temporary folder')
+  command_line.run(main)

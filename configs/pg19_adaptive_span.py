@@ -1,17 +1,22 @@
 """Adaptive-Span on PG-19 for a TPU pod slice: configs/pg19_xl.py with spans up to 4096.
 
-Data and tokenizer preparation as in configs/pg19_xl.py. Layers are
-unrolled (`scan_layers=False`): `jax.lax.switch` picks the trimmed size
-per layer.
+Spans start at 0 and use the default ramp R = 32. Data and tokenizer
+preparation as in configs/pg19_xl.py. Layers are unrolled
+(`scan_layers=False`): `jax.lax.switch` picks the trimmed size per layer.
 """
 
 from configs import pg19_xl
+from longformer_jax.config.overrides import merged
 
 
-def get_config():
-  config = pg19_xl.get_config()
-  config.model.update(attention='adaptive_span', mem_len=4096, span_init=0.0, span_ramp=32.0,
-                      span_block=256, span_dynamic=False, scan_layers=False)
-  config.model.aux_loss_weights.span_loss = 2e-6
-  config.eval.mem_lens = '4096'
-  return config
+def get_config() -> dict:
+  return merged(pg19_xl.get_config(), {
+      'model': {
+          'attention': 'adaptive_span',
+          'mem_len': 4096,                     # memory kept per layer; S = mem_len
+          'scan_layers': False,
+          'adaptive_span': {'block': 256},     # trimming granularity
+          'aux_loss_weights': {'span_loss': 2e-6},
+      },
+      'eval': {'mem_lens': '4096'},
+  })

@@ -13,18 +13,18 @@ Prepare the data and a tokenizer first (see configs/pg19_xl.py), then
       --config.data.tfds_data_dir=$DATA --config.data.sentencepiece_model=$DATA/spm32k.model
   python eval.py --workdir=$WORKDIR --config.eval.split=test --config.eval.memory_sweep=\\
       'policy=fifo,sink,lra_max,lfa;memory_size=256,512,1024,2048;rope_max_distance=511;lfa_gamma=0.9'
+(`eval.memory_sweep`: longformer_jax/evaluation/memory_sweep.py; '' = off, the default.)
 """
 
 from configs import pg19_xl
+from longformer_jax.config.overrides import merged
 
 
-def get_config():
-  config = pg19_xl.get_config()
-  config.model.attention = 'vanilla'
-  config.model.mem_len = 0                  # trained without any memory
-  config.eval.mem_lens = ''
-  config.eval.chunk_len = 512
-  config.eval.max_tokens = 4_000_000
-  # 'policy=...;memory_size=...' (longformer_jax/evaluation/memory_sweep.py); '' = off.
-  config.eval.memory_sweep = ''
-  return config
+def get_config() -> dict:
+  return merged(pg19_xl.get_config(), {
+      'model': {'attention': 'vanilla',
+                'mem_len': 0},              # trained without any memory
+      'eval': {'mem_lens': '',              # no cache to sweep
+               'chunk_len': 512,
+               'max_tokens': 4_000_000},
+  })

@@ -6,13 +6,21 @@ in configs/pg19_xl.py.
 """
 
 from configs import pg19_xl
+from longformer_jax.config.overrides import merged
 
 
-def get_config():
-  config = pg19_xl.get_config()
-  config.model.update(attention='expire_span', mem_len=2048, expire_span_max=8192,
-                      expire_span_ramp=128, expire_span_init_fraction=0.1,
-                      expire_span_shorten=True)
-  config.model.aux_loss_weights.expire_span_loss = 1e-6
-  config.eval.mem_lens = '2048'
-  return config
+def get_config() -> dict:
+  return merged(pg19_xl.get_config(), {
+      'model': {
+          'attention': 'expire_span',
+          'mem_len': 2048,                   # capacity (an upper bound)
+          'expire_span': {
+              'max_span': 8192,              # L
+              'ramp': 128,                   # R
+              'init_fraction': 0.1,          # initial e_i / L
+              'shorten': True,               # random memory shortening in training
+          },
+          'aux_loss_weights': {'expire_span_loss': 1e-6},
+      },
+      'eval': {'mem_lens': '2048'},
+  })

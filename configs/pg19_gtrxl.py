@@ -1,12 +1,14 @@
 """GTrXL on PG-19 for a TPU pod slice: configs/pg19_xl.py with GRU-gated blocks.
 
-Data and tokenizer preparation as in configs/pg19_xl.py.
+The gates are the defaults of `model.gtrxl` (GRU, b_g = 2.0, ReLU). Data and
+tokenizer preparation as in configs/pg19_xl.py.
 """
 
 from configs import pg19_xl
+from longformer_jax.config.overrides import merged
 
 
-def get_config():
-  config = pg19_xl.get_config()
-  config.model.update(block='gtrxl', gtrxl_gate='gru', gtrxl_gate_bias=2.0, gtrxl_relu=True)
-  return config
+def get_config() -> dict:
+  return merged(pg19_xl.get_config(), {
+      'model': {'block': 'gtrxl'},   # gated residuals (models/gtrxl_block.py)
+  })

@@ -2,7 +2,8 @@
 
 The model of configs/pg19_xl.py with every layer attending to the first 4
 tokens of its document and its 1024 most recent tokens, RoPE positions
-counted inside that cache as in the paper.
+counted inside that cache as in the paper (configs/streaming_llm.py with a
+longer window).
 
 Prepare the data and a tokenizer first (see configs/pg19_xl.py), then
   python train.py --config=configs/pg19_streaming_llm.py --workdir=$WORKDIR \\
@@ -10,16 +11,16 @@ Prepare the data and a tokenizer first (see configs/pg19_xl.py), then
   python eval.py --workdir=$WORKDIR --config.eval.split=test
 """
 
-from configs import pg19_xl, streaming_llm
+from configs import pg19_xl
+from longformer_jax.config.overrides import merged
 
 
-def get_config():
-  config = pg19_xl.get_config()
-  sinks = streaming_llm.get_config().model
-  config.model.attention = 'streaming_sinks'
-  config.model.mem_len = 0
-  for key in ('num_sinks', 'sink_positions'):
-    config.model[key] = sinks[key]
-  config.model.sink_window = 1024
-  config.eval.mem_lens = ''
-  return config
+def get_config() -> dict:
+  return merged(pg19_xl.get_config(), {
+      'model': {
+          'attention': 'streaming_sinks',
+          'mem_len': 0,                              # the layer keeps its own cache
+          'streaming_sinks': {'window': 1024},       # most recent tokens seen by each query
+      },
+      'eval': {'mem_lens': ''},                      # no cache of hidden states to sweep
+  })

@@ -21,16 +21,17 @@ context, still too few for the policies to beat FIFO at chunks of 128.
 """
 
 from configs import short_context
+from longformer_jax.config.overrides import merged
 
 
-def get_config():
-  config = short_context.get_config()
-  config.data.tokenizer = 'sentencepiece'
-  config.data.sentencepiece_model = 'spm/stdlib4k.model'
-  # A few test-suite files are Latin-1 on purpose; SentencePiece encodes UTF-8 text only.
-  config.data.skip_undecodable = True
-  config.data.batch_size = 8
-  config.train.num_steps = 3000
-  config.train.eval_every = 1000
-  config.train.checkpoint_every = 500
-  return config
+def get_config() -> dict:
+  return merged(short_context.get_config(), {
+      'data': {'tokenizer': 'sentencepiece',
+               'sentencepiece_model': 'spm/stdlib4k.model',
+               # A few test-suite files are Latin-1 on purpose; SentencePiece encodes UTF-8 only.
+               'skip_undecodable': True,
+               'batch_size': 8},
+      'train': {'num_steps': 3000,
+                'eval_every': 1000,
+                'checkpoint_every': 500},
+  })

@@ -2,26 +2,27 @@
 
 Every layer attends to the first 4 tokens of the document (the sinks) and
 its 256 most recent tokens (itself included), with RoPE positions counted
-inside that cache as in the paper. Same model size and budget as
-configs/default.py.
+inside that cache as in the paper: the defaults of `model.streaming_sinks`
+(`num_sinks` 4, `window` 256, `positions='cache'`; 'original' uses the text
+positions). Same model size and budget as configs/default.py.
 
   python train.py --config=configs/streaming_llm.py --workdir=workdirs/streaming_llm
 
 Evaluation-time sinks for a model trained with configs/vanilla.py (the layer
 has exactly vanilla's parameters; `memory_size` M gives
-`sink_window = chunk + M - num_sinks`, longformer_jax/evaluation/memory_sweep.py):
+`window = chunk + M - num_sinks`, longformer_jax/evaluation/memory_sweep.py):
   python eval.py --workdir=workdirs/vanilla \
       --config.eval.memory_sweep='variant=streaming_sinks;policy=sink;memory_size=128,512;num_sinks=4'
 """
 
 from configs import default
+from longformer_jax.config.overrides import merged
 
 
-def get_config():
-  config = default.get_config()
-  config.model.attention = 'streaming_sinks'
-  config.model.mem_len = 0                  # unused by this layer
-  config.model.num_sinks = 4                # first tokens of the document kept
-  config.model.sink_window = 256            # most recent tokens seen by each query (itself included)
-  config.model.sink_positions = 'cache'     # cache (slots in the cache, the paper) | original
-  return config
+def get_config() -> dict:
+  return merged(default.get_config(), {
+      'model': {
+          'attention': 'streaming_sinks',
+          'mem_len': 0,                  # the layer keeps its own cache (sinks and window)
+      },
+  })

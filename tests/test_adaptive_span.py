@@ -11,9 +11,11 @@ from longformer_jax.attention.adaptive_span import (AdaptiveSpanAttention, memor
                                                     trimmed_size_index)
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.xl import XLAttention
+from longformer_jax.config_errors import ConfigError
 from longformer_jax.memory import fifo
+from longformer_jax.models.model_config import migrate_flat_model
 from tests.test_xl_attention import numpy_sinusoid
-from tests.tiny_models import random_normal, tiny_config
+from tests.tiny_models import random_normal, tiny_config, tiny_model_config
 
 B, C, M, D, H, HD = 2, 8, 16, 16, 2, 8
 
@@ -140,7 +142,8 @@ def test_adaptive_span_model_trains_and_eval_reports_spans(tmp_path):
   import json
   from eval import evaluate_run
   from train import train
-  config = tiny_config(attention='adaptive_span', span_ramp=4.0, span_block=4, span_init=0.5)
+  config = tiny_config(attention='adaptive_span',
+                       adaptive_span={'ramp': 4.0, 'block': 4, 'init': 0.5})
   config.model.aux_loss_weights.span_loss = 1e-3
   config.train.update(num_steps=2, checkpoint_every=2)
   _, metrics = train(config, str(tmp_path))
@@ -157,8 +160,8 @@ def test_span_report_reads_each_heads_span(tmp_path):
   import ml_collections
   from longformer_jax.models.decoder_lm import DecoderLM
   from longformer_jax.evaluation.span_report import learned_spans, markdown_spans, plot_spans
-  from tests.tiny_models import context_of, stream_batch, tiny_model_config
-  config = tiny_model_config(attention='adaptive_span', span_block=4)
+  from tests.tiny_models import context_of, stream_batch
+  config = tiny_model_config(attention='adaptive_span', adaptive_span={'block': 4})
   values = config.to_dict()
   values['layer_schedule'] = {'attention': 'xl,adaptive_span'}
   config = ml_collections.FrozenConfigDict(values)
@@ -172,3 +175,38 @@ def test_span_report_reads_each_heads_span(tmp_path):
   assert '| 1 | 4.0 | 16.0 | 10.0 |' in markdown_spans(rows)
   plot_spans(rows, str(tmp_path / 'spans.png'), 'spans')
   assert (tmp_path / 'spans.png').stat().st_size > 0
+
+
+# ---- config section ---------------------------------------------------------
+
+@pytest.mark.parametrize('settings,key', [
+    ({'max_span': -1}, 'max_span'), ({'ramp': 0.0}, 'ramp'), ({'init': 1.5}, 'init'),
+    ({'init': -0.1}, 'init'), ({'block': 0}, 'block'), ({'clamp_len': 0}, 'clamp_len'),
+    ({'dynamic': True, 'init': 0.5}, 'init')])     # init is read by learned spans only
+def test_bad_settings_name_their_config_key(settings, key):
+  with pytest.raises(ConfigError, match=rf'model\.adaptive_span\.{key}: '):
+    tiny_config(attention='adaptive_span', adaptive_span=settings)
+
+
+def test_max_span_zero_needs_a_memory_length():
+  with pytest.raises(ConfigError, match=r'model\.adaptive_span\.max_span: 0 must be > 0 when '
+                                        r'model\.mem_len is 0'):
+    tiny_config(attention='adaptive_span', mem_len=0)
+
+
+def test_from_config_reads_the_section():
+  config = tiny_model_config(attention='adaptive_span', mem_len=12, adaptive_span={
+      'max_span': 20, 'ramp': 2.0, 'init': 0.25, 'block': 3, 'trim': False, 'clamp_len': 9})
+  module = AdaptiveSpanAttention.from_config(config, jnp.float32)
+  assert (module.mem_len, module.span_max, module.span_ramp, module.span_init, module.span_block,
+          module.dynamic, module.trim, module.clamp_len) == (12, 20, 2.0, 0.25, 3, False, False, 9)
+
+
+def test_old_flat_names_migrate_to_the_section():
+  values, moved = migrate_flat_model({
+      'attention': 'adaptive_span', 'span_max': 64, 'span_ramp': 8.0, 'span_init': 0.5,
+      'span_block': 16, 'span_dynamic': False, 'span_trim': False, 'clamp_len': 5})
+  assert values == {'attention': 'adaptive_span', 'adaptive_span': {
+      'max_span': 64, 'ramp': 8.0, 'init': 0.5, 'block': 16, 'dynamic': False, 'trim': False,
+      'clamp_len': 5}}
+  assert ('span_dynamic', 'adaptive_span.dynamic') in moved

@@ -17,8 +17,10 @@ import pytest
 
 from longformer_jax.attention.attendre import AttendreAttention
 from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.config_errors import ConfigError
 from longformer_jax.memory import policies
 from longformer_jax.models import attendre_delay
+from longformer_jax.models.model_config import migrate_flat_model, resolve_model
 from longformer_jax.models.standard_stack import BlockStack
 
 B, D, H, HD, C = 2, 16, 2, 8, 8
@@ -71,11 +73,11 @@ def reference_outputs(params, x, positions, segments, valid, *, chunk, n, m, cau
   return np.einsum('bthe,hed->btd', out, p['out']['kernel'])
 
 
-def model_config(**overrides) -> ml_collections.FrozenConfigDict:
-  values = dict(num_heads=H, head_dim=HD, d_model=D, memory_size=16, q_memory_size=0,
-                memory_policy='fifo', causal=True, rope_max_distance=-1, memory_top_k=0)
-  values.update(overrides)
-  return ml_collections.FrozenConfigDict(values)
+def model_config(causal=True, **attendre) -> ml_collections.FrozenConfigDict:
+  """A resolved one-layer model; `attendre` are keys of `model.attendre` (memory_size 16)."""
+  values = dict(attention='attendre', num_layers=1, num_heads=H, head_dim=HD, d_model=D,
+                causal=causal, stack='attendre_delay', attendre=dict({'memory_size': 16}, **attendre))
+  return ml_collections.FrozenConfigDict(resolve_model(values))
 
 
 def stream(total, doc_len=0, seed=0, num_valid=None):
@@ -149,7 +151,7 @@ def run_stream(step, params, state, x, positions, segments, valid, *, chunk, fin
 def test_big_memories_after_flush_equal_full_bidirectional_attention(cap):
   total = 32
   config = model_config(q_memory_size=total, memory_size=total, causal=False,
-                        memory_policy='lra_max', rope_max_distance=cap)
+                        policy='lra_max', rope_max_distance=cap)
   params = init_params(config)
   x, positions, segments, valid = stream(total)
   y, _ = run_stream(layer_step(config), params, AttendreAttention.init_state(config, B), x,
@@ -162,7 +164,7 @@ def test_big_memories_after_flush_equal_full_bidirectional_attention(cap):
 @pytest.mark.parametrize('top_k,cap', [(0, -1), (3, -1), (0, 6)])
 def test_no_q_memory_equals_causal_memory_attention(top_k, cap):
   total, m = 40, 12
-  config = model_config(q_memory_size=0, memory_size=m, causal=True, memory_top_k=top_k,
+  config = model_config(q_memory_size=0, memory_size=m, causal=True, top_k=top_k,
                         rope_max_distance=cap)
   params = init_params(config)
   x, positions, segments, valid = stream(total)
@@ -189,7 +191,7 @@ def test_delayed_queries_see_later_keys_in_the_fifo_window():
 @pytest.mark.parametrize('policy', ['lra_max', pytest.param('lfa', marks=pytest.mark.slow)])
 def test_drain_and_flush_give_the_same_outputs(policy):
   total, n = 32, 12
-  config = model_config(q_memory_size=n, memory_size=12, causal=False, memory_policy=policy)
+  config = model_config(q_memory_size=n, memory_size=12, causal=False, policy=policy)
   params = init_params(config)
   x, positions, segments, valid = stream(total, doc_len=20)
   runs = [run_stream(layer_step(config), params, AttendreAttention.init_state(config, B), x,
@@ -205,8 +207,8 @@ def test_layer_attends_exactly_to_the_entries_its_memory_holds(policy):
   """Scored policies: each step's output equals attention over the positions the
   state's K/V memory holds (keys recomputed from x) plus the causal chunk."""
   total, m = 40, 12
-  config = model_config(memory_size=m, memory_policy=policy, memory_top_k=3 if policy == 'lru'
-                        else 0, num_sinks=2)
+  config = model_config(memory_size=m, policy=policy, top_k=3 if policy == 'lru' else 0,
+                        num_sinks=2 if policy == 'sink' else 0)
   params = init_params(config)
   p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))
   x, positions, segments, valid = stream(total, seed=3)
@@ -231,11 +233,11 @@ def test_layer_attends_exactly_to_the_entries_its_memory_holds(policy):
         qi = q[b, i]
         logits = np.stack([np.einsum('he,he->h', qi, numpy_rotate(k[b, j], (j - start - i)))
                            for j in keys], -1) / np.sqrt(HD)          # [h, keys]
-        if config.memory_top_k:
+        if config.attendre.top_k:
           in_memory = np.array([j < start for j in keys])
           order = np.argsort(-np.where(in_memory, logits, -np.inf), axis=-1)
           dropped = np.zeros_like(logits, bool)
-          np.put_along_axis(dropped, order[:, config.memory_top_k:], True, axis=-1)
+          np.put_along_axis(dropped, order[:, config.attendre.top_k:], True, axis=-1)
           logits = np.where(dropped & in_memory, -np.inf, logits)
         w = np.exp(logits - logits.max(-1, keepdims=True))
         w /= w.sum(-1, keepdims=True)
@@ -255,7 +257,7 @@ def test_per_head_memories_keep_each_heads_own_most_attended_entries():
   """Per-head LRA-sum against a float64 simulation: every head keeps its own M
   entries, evicting those its own queries attended least, and attends to them."""
   total, m = 40, 12
-  config = model_config(memory_size=m, memory_policy='lra_sum', per_head_scores=True)
+  config = model_config(memory_size=m, policy='lra_sum', per_head_scores=True)
   params = init_params(config)
   p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))
   x, positions, segments, valid = stream(total, seed=4)
@@ -313,7 +315,7 @@ def test_per_head_fifo_equals_the_shared_fifo():
 @pytest.mark.parametrize('n', [0, 8])
 def test_document_outputs_do_not_depend_on_the_previous_document(n):
   """Row stream: document A, (drain when N > 0), document B; B alone gives the same."""
-  config = model_config(q_memory_size=n, memory_size=8, causal=n == 0, memory_policy='lra_max')
+  config = model_config(q_memory_size=n, memory_size=8, causal=n == 0, policy='lra_max')
   params = init_params(config)
   step = layer_step(config)
   x, positions, _, _ = stream(48, seed=5)
@@ -337,22 +339,90 @@ def test_document_outputs_do_not_depend_on_the_previous_document(n):
   assert not np.allclose(other[:, :doc_a], both[:, :doc_a])
 
 
-def test_bad_settings_name_their_key():
-  from longformer_jax.config_errors import ConfigError
-  with pytest.raises(ConfigError, match='model.q_memory_size'):
-    AttendreAttention.from_config(model_config(q_memory_size=-1), jnp.float32)
-  with pytest.raises(ConfigError, match='model.memory_policy'):
-    AttendreAttention.from_config(model_config(memory_policy='lifo'), jnp.float32)
-  assert policies.make_policy(model_config(memory_policy='lra_sum')).pooling == 'sum'
+# One bad value per rule of `AttendreConfig` / `AttendreDelayConfig`, and the key it names.
+BAD_SETTINGS = [
+    (dict(attendre=dict(memory_size=-1)), 'model.attendre.memory_size'),
+    (dict(attendre=dict(q_memory_size=-1)), 'model.attendre.q_memory_size'),
+    (dict(stack='standard', attendre=dict(q_memory_size=4)), 'model.attendre.q_memory_size'),
+    (dict(attendre=dict(policy='lifo')), 'model.attendre.policy'),
+    (dict(attendre=dict(policy='lra', lra_pooling='mean')), 'model.attendre.lra_pooling'),
+    (dict(attendre=dict(policy='lra_max', lra_pooling='sum')), 'model.attendre.lra_pooling'),
+    (dict(attendre=dict(policy='lfa', lfa_gamma=1.5)), 'model.attendre.lfa_gamma'),
+    (dict(attendre=dict(policy='lfa', lfa_gamma=0.0)), 'model.attendre.lfa_gamma'),
+    (dict(attendre=dict(policy='lra_max', lfa_gamma=0.9)), 'model.attendre.lfa_gamma'),
+    (dict(attendre=dict(policy='sink', num_sinks=-1)), 'model.attendre.num_sinks'),
+    (dict(attendre=dict(policy='sink')), 'model.attendre.num_sinks'),
+    (dict(attendre=dict(policy='lra', init_std_multiplier=-1.0)),
+     'model.attendre.init_std_multiplier'),
+    (dict(attendre=dict(policy='fifo', init_std_multiplier=2.0)),
+     'model.attendre.init_std_multiplier'),
+    (dict(attendre=dict(policy='lfa', admission='never')), 'model.attendre.admission'),
+    (dict(attendre=dict(policy='sink', num_sinks=2, admission='score')),
+     'model.attendre.admission'),
+    (dict(attendre=dict(recent_window=-2)), 'model.attendre.recent_window'),
+    (dict(attendre=dict(recent_window=1.5)), 'model.attendre.recent_window'),
+    (dict(attendre=dict(top_k=-1)), 'model.attendre.top_k'),
+    (dict(attendre=dict(top_k=4, top_k_method='faiss')), 'model.attendre.top_k_method'),
+    (dict(attendre=dict(top_k_method='approx')), 'model.attendre.top_k_method'),
+    (dict(attendre=dict(top_k=4, top_k_method='approx', recall_target=1.5)),
+     'model.attendre.recall_target'),
+    (dict(attendre=dict(top_k=4, recall_target=0.9)), 'model.attendre.recall_target'),
+    (dict(attendre=dict(rope_max_distance=-2)), 'model.attendre.rope_max_distance'),
+    (dict(scan_layers=True), 'model.scan_layers'),
+    (dict(remat_policy='dots'), 'model.remat_policy'),
+    (dict(block='gtrxl'), 'model.block'),
+]
+
+
+@pytest.mark.parametrize('values,key', BAD_SETTINGS, ids=[k for _, k in BAD_SETTINGS])
+def test_bad_settings_name_their_key(values, key):
+  model = dict(attention='attendre', stack='attendre_delay', num_layers=2)
+  model.update(values)
+  with pytest.raises(ConfigError) as error:
+    resolve_model(model)
+  assert error.value.key == key
+  assert len(str(error.value).splitlines()) == 1
+
+
+def test_good_settings_resolve_and_build_their_policy():
+  config = model_config(policy='lra_sum', top_k=4, top_k_method='approx', recall_target=0.9)
+  policy = policies.make_policy(config.attendre)
+  assert (policy.name, policy.pooling) == ('lra', 'sum')
+  module = AttendreAttention.from_config(config, jnp.float32)
+  assert (module.top_k, module.top_k_method, module.recall_target) == (4, 'approx', 0.9)
+  scored = model_config(policy='lfa', lfa_gamma=0.5, init_std_multiplier=2.0, admission='score',
+                        recent_window=3, per_head_scores=True)
+  assert policies.make_policy(scored.attendre) == policies.EvictionPolicy(
+      'lfa', gamma=0.5, init_std_multiplier=2.0, admission='score', recent_window=3,
+      per_head=True)
+  assert AttendreAttention.init_state(scored, B).memory.rows == B * H
+  # num_sinks beside another policy is left alone (runs made before the sections set it).
+  assert policies.make_policy(model_config(policy='lra_max', num_sinks=4).attendre).name == 'lra'
+
+
+def test_old_flat_names_move_to_the_attendre_section():
+  model, moved = migrate_flat_model({
+      'attention': 'attendre', 'memory_size': 64, 'memory_policy': 'lra_max', 'num_sinks': 4,
+      'memory_top_k': 8, 'memory_top_k_method': 'approx', 'memory_recall_target': 0.9,
+      'rope_max_distance': 63, 'causal': False, 'layer_schedule': {'q_memory_size': '0,2'}})
+  assert model['attendre'] == dict(memory_size=64, policy='lra_max', num_sinks=4, top_k=8,
+                                   top_k_method='approx', recall_target=0.9,
+                                   rope_max_distance=63)
+  assert model['causal'] is False
+  assert model['layer_schedule'] == {'attendre': {'q_memory_size': '0,2'}}
+  assert ('memory_policy', 'attendre.policy') in moved
+  resolved = resolve_model(dict(model, stack='attendre_delay', num_layers=2))
+  assert resolved['attendre']['top_k'] == 8
 
 
 def stack_config(**overrides) -> ml_collections.FrozenConfigDict:
-  values = dict(num_layers=2, d_model=D, num_heads=H, head_dim=HD, d_ff=32, dropout_rate=0.0,
-                remat_policy='none', scan_layers=False, block='pre_ln', attention='attendre',
-                q_memory_size=0, memory_size=16, memory_policy='fifo', causal=False,
-                rope_max_distance=-1, mem_len=0, layer_schedule={})
-  values.update(overrides)
-  return ml_collections.FrozenConfigDict(values)
+  """A resolved 2-layer time-shifted stack; `overrides` are keys of `model.attendre`
+  (memory_size 16), and `layer_schedule` the model's."""
+  schedule = overrides.pop('layer_schedule', {})
+  values = dict(num_layers=2, d_model=D, num_heads=H, head_dim=HD, d_ff=32,
+                attention='attendre', stack='attendre_delay', causal=False,
+                layer_schedule=schedule, attendre=dict({'memory_size': 16}, **overrides))
+  return ml_collections.FrozenConfigDict(resolve_model(values))
 
 
 def stack_step(config):
@@ -405,8 +475,8 @@ def test_time_shifted_stack_with_big_memories_equals_a_bidirectional_encoder():
 
 def test_time_shifted_stack_drain_equals_flush_with_per_layer_delays():
   total = 24
-  config = stack_config(q_memory_size=6, memory_size=8, memory_policy='lra_max',
-                        layer_schedule={'q_memory_size': '6,4'})
+  config = stack_config(q_memory_size=6, memory_size=8, policy='lra_max',
+                        layer_schedule={'attendre': {'q_memory_size': '6,4'}})
   assert attendre_delay.total_delay(config) == 10
   assert attendre_delay.finishing_lengths(config, C, 'drain') == [C, C]
   x, positions, segments, valid = stream(total, seed=8, doc_len=10)

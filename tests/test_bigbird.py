@@ -19,7 +19,9 @@ import train as train_script
 from longformer_jax.attention.bigbird import (BigBirdAttention, bigbird_attention, pattern_key,
                                               random_block_pattern)
 from longformer_jax.config_errors import ConfigError
+from longformer_jax.config_validation import resolve_config
 from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.model_config import migrate_flat_model
 from tests.test_sparse_transformer import (B, D, H, HD, chunk_facts, context_for,
                                            dense_jax_attention, largest_intermediate,
                                            reference_layer)
@@ -162,26 +164,77 @@ def test_train_and_eval_see_the_same_pattern():
   assert (np.asarray(module.clone(seed=8).pattern(n)) != np.asarray(module.pattern(n))).any()
 
 
-@pytest.mark.parametrize('key,overrides', [
-    ('model.bigbird_block', dict(bigbird_block=0)),
-    ('model.bigbird_window_blocks', dict(bigbird_window_blocks=-1)),
-    ('model.bigbird_random_blocks', dict(bigbird_random_blocks=1.5)),
-    ('model.bigbird_global_blocks', dict(bigbird_global_blocks=-2)),
-    ('model.bigbird_max_global_tokens', dict(bigbird_max_global_tokens=-1)),
+@pytest.mark.parametrize('key,section', [
+    ('model.bigbird.block', dict(block=0)),
+    ('model.bigbird.window_blocks', dict(window_blocks=-1)),
+    ('model.bigbird.random_blocks', dict(random_blocks=1.5)),
+    ('model.bigbird.random_blocks', dict(random_blocks=-1)),
+    ('model.bigbird.global_blocks', dict(global_blocks=-2)),
+    ('model.bigbird.max_global_tokens', dict(max_global_tokens=-1)),
+    ('model.bigbird.blocks', dict(blocks=4)),
 ])
-def test_bad_settings_name_their_key(key, overrides):
-  cfg = tiny_model_config(attention='bigbird', mem_len=0, **overrides)
+def test_bad_settings_name_their_key(key, section):
   with pytest.raises(ConfigError) as error:
-    BigBirdAttention.from_config(cfg, jnp.float32)
+    tiny_config(attention='bigbird', bigbird=section)
   assert error.value.key == key
+
+
+def lm_config(bigbird: dict, **sections) -> dict:
+  return dict(model=dict(attention='bigbird', bigbird=bigbird), **sections)
+
+
+@pytest.mark.parametrize('sections,lengths', [
+    (dict(data=dict(chunk_len=64), eval=dict(chunk_len=128)), '64, 128'),
+    (dict(data=dict(chunk_len=64), train=dict(num_steps=4, phases=2)), '64, 128'),
+])
+def test_random_pattern_that_differs_between_chunk_lengths_is_refused(sections, lengths):
+  """Random blocks are drawn per number of blocks: training and evaluation would differ."""
+  with pytest.raises(ConfigError, match='depends on the chunk length') as error:
+    resolve_config(lm_config({'block': 16}, **sections))
+  assert error.value.key == 'model.bigbird.random_blocks'
+  assert f'({lengths}: ' in str(error.value) and '4, 8 blocks of 16' in str(error.value)
+
+
+@pytest.mark.parametrize('bigbird,sections', [
+    ({'random_blocks': 0}, dict(data=dict(chunk_len=64), eval=dict(chunk_len=128))),
+    ({'block': 16}, dict(data=dict(chunk_len=60), eval=dict(chunk_len=64))),   # 4 blocks each
+    ({'block': 16}, dict(data=dict(chunk_len=64), eval=dict(chunk_len=64))),
+])
+def test_chunk_lengths_with_one_random_pattern_are_accepted(bigbird, sections):
+  resolve_config(lm_config(bigbird, **sections))
+  # The pattern is indeed the same for lengths with the same number of blocks.
+  module = BigBirdAttention(num_heads=H, head_dim=HD, d_model=D, block=16)
+  np.testing.assert_array_equal(module.pattern(60), module.pattern(64))
+  assert module.pattern(64).shape != module.pattern(128).shape
+
+
+def test_old_flat_names_move_to_the_section():
+  flat = dict(attention='bigbird', bigbird_block=8, bigbird_window_blocks=2,
+              bigbird_random_blocks=1, bigbird_global_blocks=0, bigbird_max_global_tokens=3,
+              bigbird_seed=5)
+  values, moved = migrate_flat_model(flat)
+  assert values == dict(attention='bigbird', bigbird=dict(
+      block=8, window_blocks=2, random_blocks=1, global_blocks=0, max_global_tokens=3, seed=5))
+  assert ('bigbird_block', 'bigbird.block') in moved
+  with pytest.raises(ConfigError, match=r'model\.bigbird_seed: unknown key; it is now '
+                                        r'model\.bigbird\.seed'):
+    resolve_config(dict(model=dict(attention='bigbird', bigbird_seed=5)))
+
+
+def test_config_reading():
+  cfg = tiny_model_config(attention='bigbird', causal=False, bigbird=dict(
+      block=8, window_blocks=2, random_blocks=1, global_blocks=0, max_global_tokens=3, seed=5))
+  module = BigBirdAttention.from_config(cfg, jnp.float32)
+  assert (module.block, module.window_blocks, module.random_blocks, module.global_blocks,
+          module.max_global_tokens, module.seed, module.causal, module.layer_index) == (
+              8, 2, 1, 0, 3, 5, False, 0)
 
 
 def test_layers_draw_their_own_pattern_in_the_model():
   """The stack gives each layer its index, folded into its key: layers draw different patterns."""
   n = 24
-  cfg = tiny_model_config(attention='bigbird', mem_len=0, causal=False, bigbird_block=BLOCK,
-                          bigbird_window_blocks=WINDOW, bigbird_random_blocks=RANDOM,
-                          bigbird_global_blocks=0, bigbird_seed=4)
+  cfg = tiny_model_config(attention='bigbird', causal=False, bigbird=dict(
+      block=BLOCK, window_blocks=WINDOW, random_blocks=RANDOM, global_blocks=0, seed=4))
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (B, n)), jnp.int32)
@@ -206,8 +259,8 @@ def test_layers_draw_their_own_pattern_in_the_model():
 
 @pytest.mark.slow
 def test_trains_as_a_causal_language_model(tmp_path):
-  config = tiny_config(attention='bigbird', mem_len=0, causal=True, bigbird_block=4,
-                       bigbird_random_blocks=1, bigbird_global_blocks=1)
+  config = tiny_config(attention='bigbird', causal=True,
+                       bigbird=dict(block=4, random_blocks=1, global_blocks=1))
   config.data.chunk_len = 16
   config.train.update(num_steps=3, log_every=1, checkpoint_every=3)
   state, metrics = train_script.train(config, str(tmp_path))

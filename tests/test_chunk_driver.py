@@ -43,7 +43,8 @@ def test_chunk_scan_equals_one_shot(attention):
   chunked = chunked_logits(scanned, params, batch, chunk_len=8)
   # One shot: the whole input as one chunk, no memory. For XL the one-shot
   # path uses the gather implementation, independent of the relative shift.
-  one_shot_config = tiny_model_config(attention=attention, mem_len=0, relative_impl='gather')
+  gather = {'xl': {'relative_impl': 'gather'}} if attention == 'xl' else {}
+  one_shot_config = tiny_model_config(attention=attention, mem_len=0, **gather)
   one_shot = chunked_logits(one_shot_config, params, batch, chunk_len=T)
   np.testing.assert_allclose(np.asarray(chunked), np.asarray(one_shot), rtol=1e-4, atol=1e-4)
 

@@ -18,8 +18,10 @@ from longformer_jax.attention.compressive import CompressiveAttention, Compressi
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config_errors import ConfigError
+from longformer_jax.config_validation import resolve_config
 from longformer_jax.memory import compression, fifo
 from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.model_config import migrate_flat_model
 from tests.tiny_models import context_of, stream_batch, tiny_config, tiny_model_config
 
 B, C, D, H, HD = 2, 4, 16, 2, 8
@@ -279,8 +281,8 @@ def compression_leaf(path) -> bool:
 
 
 def test_reconstruction_loss_reaches_only_the_compression_network():
-  config = tiny_model_config(attention='compressive', compression='conv', compression_rate=2,
-                             compressed_mem_len=4, mem_len=8)
+  config = tiny_model_config(attention='compressive', mem_len=8,
+                             compressive={'function': 'conv', 'rate': 2, 'compressed_mem_len': 4})
   model = DecoderLM(config)
   batch = stream_batch(2, 16, seed=1)
   chunks = [jax.tree_util.tree_map(lambda a: a[:, s], batch) for s in (slice(0, 8), slice(8, 16))]
@@ -311,19 +313,68 @@ def test_reconstruction_loss_reaches_only_the_compression_network():
       assert np.abs(np.asarray(grad)).max() == 0, name
 
 
-@pytest.mark.parametrize('key,value', [('compression', 'avg_pool'), ('compression_rate', 0)])
-def test_bad_settings_name_their_config_key(key, value):
-  config = tiny_model_config(attention='compressive', **{key: value})
-  with pytest.raises(ConfigError, match=f'model.{key}'):
-    CompressiveAttention.from_config(config, jnp.float32)
+# ---- config section ---------------------------------------------------------
+
+@pytest.mark.parametrize('settings,key', [
+    ({'function': 'avg_pool'}, 'function'),
+    ({'rate': 0}, 'rate'),
+    ({'compressed_mem_len': -1}, 'compressed_mem_len'),
+    ({'function': 'dilated_conv', 'kernel': -1}, 'kernel'),
+    ({'function': 'dilated_conv', 'dilation': 0}, 'dilation'),
+    ({'function': 'conv', 'kernel': 4}, 'kernel'),         # read by dilated_conv only
+    ({'function': 'max_pool', 'dilation': 3}, 'dilation'),
+    ({'clamp_len': 0}, 'clamp_len'),
+    # tiny_config's chunks have 8 tokens: a rate of 9 would compress them into nothing.
+    ({'rate': 9, 'compressed_mem_len': 4}, 'rate'),
+])
+def test_bad_settings_name_their_config_key(settings, key):
+  with pytest.raises(ConfigError, match=rf'model\.compressive\.{key}: '):
+    tiny_config(attention='compressive', compressive=settings)
+
+
+def test_rate_may_exceed_the_chunk_without_a_compressed_memory():
+  config = tiny_config(attention='compressive', compressive={'rate': 9})
+  assert config.model.compressive.rate == 9 and config.model.compressive.compressed_mem_len == 0
+
+
+def test_rate_is_checked_against_the_evaluation_chunk_length():
+  values = {'model': {'attention': 'compressive', 'mem_len': 16,
+                      'compressive': {'rate': 32, 'compressed_mem_len': 8}},
+            'data': {'chunk_len': 64}, 'eval': {'chunk_len': 16}}
+  with pytest.raises(ConfigError, match=r'model\.compressive\.rate: 32 must be <= every chunk '
+                                        r'length \(16\)'):
+    resolve_config(values)
+
+
+def test_old_flat_names_migrate_to_the_section():
+  values, moved = migrate_flat_model({
+      'attention': 'compressive', 'compressed_mem_len': 8, 'compression': 'dilated_conv',
+      'compression_rate': 2, 'compression_kernel': 3, 'compression_dilation': 2,
+      'clamp_len': 5})
+  assert values == {'attention': 'compressive', 'compressive': {
+      'compressed_mem_len': 8, 'function': 'dilated_conv', 'rate': 2, 'kernel': 3,
+      'dilation': 2, 'clamp_len': 5}}
+  assert ('compression_rate', 'compressive.rate') in moved
+
+
+def test_from_config_reads_the_section():
+  config = tiny_model_config(attention='compressive', compressive={
+      'function': 'dilated_conv', 'rate': 2, 'kernel': 3, 'dilation': 4, 'clamp_len': 7})
+  module = CompressiveAttention.from_config(config, jnp.float32)
+  assert (module.compression, module.compression_rate, module.compression_kernel,
+          module.compression_dilation, module.clamp_len) == ('dilated_conv', 2, 3, 4, 7)
+  # kernel 0 (the default) means the rate.
+  default = CompressiveAttention.from_config(
+      tiny_model_config(attention='compressive', compressive={'rate': 2}), jnp.float32)
+  assert default.compression_kernel == 2
 
 
 # ---- end to end ------------------------------------------------------------
 
 @pytest.mark.parametrize('function', ['conv', pytest.param('most_used', marks=pytest.mark.slow)])
 def test_tiny_training_reports_reconstruction_loss(tmp_path, function):
-  config = tiny_config(attention='compressive', compression=function, compression_rate=2,
-                       compressed_mem_len=8)
+  config = tiny_config(attention='compressive',
+                       compressive={'function': function, 'rate': 2, 'compressed_mem_len': 8})
   config.model.aux_loss_weights.reconstruction_loss = 1.0
   config.train.update(num_steps=2, log_every=1, checkpoint_every=2)
   state, metrics = train_script.train(config, str(tmp_path))

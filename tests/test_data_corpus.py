@@ -6,6 +6,7 @@ import pytest
 
 from configs import default
 from longformer_jax.config_errors import ConfigError
+from longformer_jax.config_validation import resolve_config
 from longformer_jax.data import corpus, tokenizers
 from longformer_jax.data import stdlib_corpus
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
@@ -15,7 +16,7 @@ from longformer_jax.data.sentencepiece_tokenizer import train_sentencepiece
 
 
 def data_config(**overrides) -> ml_collections.ConfigDict:
-  config = default.get_config().data
+  config = ml_collections.ConfigDict(resolve_config(default.get_config())).data
   config.update(overrides)
   return config
 
@@ -40,6 +41,23 @@ def test_default_config_loads_the_stdlib_corpus():
 def test_unknown_corpus():
   with pytest.raises(ConfigError, match='wikitext') as error:
     corpus.load_corpus(data_config(corpus='wikitext'), 'train')
+  assert error.value.key == 'data.corpus'
+  assert './wikitext' in str(error.value)  # Says how to name a directory.
+
+
+def test_a_corpus_with_a_slash_is_a_directory_of_text_files(tmp_path):
+  names = [f'doc_{i}.txt' for i in range(300)]  # Each split gets some.
+  for name in names:
+    (tmp_path / name).write_text(f'text of {name}')
+  config = data_config(corpus=str(tmp_path))
+  loaded = [d.name for split in ('train', 'valid', 'test')
+            for d in corpus.load_corpus(config, split)]
+  assert sorted(loaded) == sorted(names)
+  train = corpus.load_corpus(data_config(corpus=f'{tmp_path}/doc_2?.txt'), 'train')
+  assert {d.name for d in train} == {
+      f'doc_2{i}.txt' for i in range(10)} & {d.name for d in corpus.load_corpus(config, 'train')}
+  with pytest.raises(ConfigError, match='missing') as error:
+    corpus.load_corpus(data_config(corpus=f'{tmp_path}/missing'), 'train')
   assert error.value.key == 'data.corpus'
 
 

@@ -19,6 +19,7 @@ from longformer_jax.attention.expire_span import ExpireSpanAttention, soft_expir
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.memory import fifo
+from longformer_jax.models.model_config import migrate_flat_model
 from tests.tiny_models import tiny_config, tiny_model_config
 
 B, C, D, H, HD = 2, 4, 16, 2, 8
@@ -222,18 +223,44 @@ def test_very_large_spans_equal_xl():
   assert np.asarray(state.valid).sum() > 0
 
 
-@pytest.mark.parametrize('key,value', [('expire_span_max', 0), ('expire_span_ramp', 0),
-                                       ('expire_span_init_fraction', 1.0)])
-def test_bad_settings_name_their_config_key(key, value):
-  config = tiny_model_config(attention='expire_span', **{key: value})
-  with pytest.raises(ConfigError, match=f'model.{key}'):
-    ExpireSpanAttention.from_config(config, jnp.float32)
+@pytest.mark.parametrize('settings,key', [
+    ({'max_span': -1}, 'max_span'), ({'ramp': 0}, 'ramp'),
+    ({'init_fraction': 1.0}, 'init_fraction'), ({'init_fraction': 0.0}, 'init_fraction'),
+    ({'clamp_len': 0}, 'clamp_len')])
+def test_bad_settings_name_their_config_key(settings, key):
+  with pytest.raises(ConfigError, match=rf'model\.expire_span\.{key}: '):
+    tiny_config(attention='expire_span', expire_span=settings)
+
+
+def test_max_span_zero_needs_a_memory_length():
+  with pytest.raises(ConfigError, match=r'model\.expire_span\.max_span: 0 must be > 0 when '
+                                        r'model\.mem_len is 0'):
+    tiny_config(attention='expire_span', mem_len=0)
+  config = tiny_model_config(attention='expire_span', mem_len=0, expire_span={'max_span': 8})
+  assert ExpireSpanAttention.from_config(config, jnp.float32).max_span == 8
+
+
+def test_from_config_reads_the_section():
+  config = tiny_model_config(attention='expire_span', mem_len=12, expire_span={
+      'ramp': 4, 'init_fraction': 0.25, 'shorten': True, 'clamp_len': 9})
+  module = ExpireSpanAttention.from_config(config, jnp.float32)
+  assert (module.max_span, module.ramp, module.init_fraction, module.shorten,
+          module.clamp_len) == (12, 4, 0.25, True, 9)    # max_span 0 takes mem_len
+
+
+def test_old_flat_names_migrate_to_the_section():
+  values, moved = migrate_flat_model({
+      'attention': 'expire_span', 'expire_span_max': 64, 'expire_span_ramp': 8,
+      'expire_span_init_fraction': 0.2, 'expire_span_shorten': True, 'clamp_len': 5})
+  assert values == {'attention': 'expire_span', 'expire_span': {
+      'max_span': 64, 'ramp': 8, 'init_fraction': 0.2, 'shorten': True, 'clamp_len': 5}}
+  assert ('expire_span_max', 'expire_span.max_span') in moved
 
 
 @pytest.mark.slow  # a train.py smoke run; the layer tests cover the variant
 def test_tiny_training_reports_expire_span_loss(tmp_path):
-  config = tiny_config(attention='expire_span', expire_span_max=32, expire_span_ramp=4,
-                       expire_span_shorten=True)
+  config = tiny_config(attention='expire_span',
+                       expire_span={'max_span': 32, 'ramp': 4, 'shorten': True})
   config.model.aux_loss_weights.expire_span_loss = 1e-3
   config.train.update(num_steps=2, log_every=1, checkpoint_every=2)
   state, metrics = train_script.train(config, str(tmp_path))

@@ -3,14 +3,15 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
+from longformer_jax.config_errors import ConfigError
 from longformer_jax.layers.gating import Gate
 from longformer_jax.memory import fifo
+from longformer_jax.models.gtrxl_block import GatedBlock, GTrXLConfig
+from longformer_jax.models.model_config import migrate_flat_model
 from longformer_jax.models.pre_ln_block import DecoderBlock
-from longformer_jax.models.gtrxl_block import GatedBlock
 from tests.tiny_models import context_of, random_normal, stream_batch, tiny_config, tiny_model_config
 
 B, C = 2, 8
@@ -22,14 +23,12 @@ def _block_inputs(config):
   return x, state, context_of(stream_batch(B, C))
 
 
-def _gated_config(**overrides):
-  values = tiny_model_config().to_dict()
-  values.update(block='gtrxl', **overrides)
-  return ml_collections.FrozenConfigDict(values)
+def _gated_config(**gtrxl):
+  return tiny_model_config(block='gtrxl', gtrxl=gtrxl)
 
 
 def test_output_gate_saturated_open_equals_the_plain_residual_block():
-  config = _gated_config(gtrxl_gate='output', gtrxl_gate_bias=-1e4, gtrxl_relu=False)
+  config = _gated_config(gate='output', gate_bias=-1e4, relu=False)
   x, state, ctx = _block_inputs(config)
   gated = GatedBlock(config)
   params = gated.init(jax.random.PRNGKey(0), x, state, ctx)['params']
@@ -61,7 +60,7 @@ def test_gru_gate_matches_numpy_reference():
 @pytest.mark.parametrize('kind', ['gru', 'output', 'highway'])
 def test_large_gate_bias_starts_the_block_at_the_identity(kind):
   """b_g large: the GRU update gate and the output gate close, highway carries x."""
-  config = _gated_config(gtrxl_gate=kind, gtrxl_gate_bias=30.0)
+  config = _gated_config(gate=kind, gate_bias=30.0)
   x, state, ctx = _block_inputs(config)
   block = GatedBlock(config)
   params = block.init(jax.random.PRNGKey(0), x, state, ctx)['params']
@@ -78,8 +77,24 @@ def test_gtrxl_model_trains(tmp_path):
   assert np.isfinite(metrics['loss'])
 
 
-def test_unknown_gate_names_the_key():
-  from longformer_jax.config_errors import ConfigError
-  from longformer_jax.config_validation import validate_config
-  with pytest.raises(ConfigError, match='model.gtrxl_gate'):
-    validate_config(tiny_config(block='gtrxl', gtrxl_gate='lstm'))
+@pytest.mark.parametrize('settings,key', [({'gate': 'lstm'}, 'gate'),
+                                          ({'gate_bias': float('nan')}, 'gate_bias'),
+                                          ({'gate_bias': float('inf')}, 'gate_bias')])
+def test_bad_gate_settings_name_the_key(settings, key):
+  with pytest.raises(ConfigError, match=rf'model\.gtrxl\.{key}: '):
+    tiny_config(block='gtrxl', gtrxl=settings)
+
+
+def test_gate_settings_of_an_unused_block_are_an_error():
+  with pytest.raises(ConfigError, match=r"model\.gtrxl\.gate: 'output' is ignored"):
+    tiny_config(block='pre_ln', gtrxl={'gate': 'output'})
+
+
+def test_old_flat_names_migrate_to_the_section():
+  values, moved = migrate_flat_model({'block': 'gtrxl', 'gtrxl_gate': 'highway',
+                                      'gtrxl_gate_bias': 1.0, 'gtrxl_relu': False})
+  assert values == {'block': 'gtrxl',
+                    'gtrxl': {'gate': 'highway', 'gate_bias': 1.0, 'relu': False}}
+  assert sorted(moved) == [('gtrxl_gate', 'gtrxl.gate'), ('gtrxl_gate_bias', 'gtrxl.gate_bias'),
+                           ('gtrxl_relu', 'gtrxl.relu')]
+  assert GatedBlock.Config is GTrXLConfig

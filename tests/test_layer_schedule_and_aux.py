@@ -17,26 +17,34 @@ from tests.tiny_models import VOCAB, stream_batch, tiny_config, tiny_model_confi
 
 
 def test_layer_config_resolves_each_layer_with_the_default_type():
-  config = tiny_config(num_layers=3)
-  config.model.layer_schedule.mem_len = '4, 8,16'
-  config.model.layer_schedule.attention = ('vanilla', 'xl', 'xl')
-  config.model.layer_schedule.window = '2,4,8'   # a key the model config lacks: parsed as int
+  config = tiny_config(num_layers=3, layer_schedule={
+      'mem_len': '4, 8,16', 'attention': ('vanilla', 'xl', 'xl'),
+      'xl': {'clamp_len': '2,4,8'}})               # a section key: typed like its field
   model = config.model
   got = [(layer_config(model, i).mem_len, layer_config(model, i).attention,
-          layer_config(model, i).window) for i in range(3)]
+          layer_config(model, i).xl.clamp_len) for i in range(3)]
   assert got == [(4, 'vanilla', 2), (8, 'xl', 4), (16, 'xl', 8)]
-  assert isinstance(got[0][0], int)
+  assert isinstance(got[0][0], int) and isinstance(got[0][2], int)
+  layer = layer_config(model, 1)
+  assert layer.layer_schedule.to_dict() == {} and layer.layer_index == 1
 
 
-@pytest.mark.parametrize('schedule, key', [
-    (dict(mem_len='4,8,16'), 'model.layer_schedule.mem_len'),    # wrong count
-    (dict(mem_len='4,x'), 'model.layer_schedule.mem_len'),       # wrong type
-    (dict(attention='xl,nope'), 'model.attention'),              # unknown variant
+@pytest.mark.parametrize('schedule, message', [
+    (dict(mem_len='4,8,16'), r'model\.layer_schedule\.mem_len: .* needs one value per layer'),
+    (dict(mem_len='4,x'), r"model\.layer_schedule\.mem_len: 'x' is not a int"),
+    (dict(attention='xl,nope'), r"model\.attention: 'nope' is not a variant"),
+    (dict(xl={'clamp_len': '2,x'}), r"model\.layer_schedule\.xl\.clamp_len: 'x' is not a int"),
+    (dict(xl={'clamp_len': '0,4'}), r'model\.xl\.clamp_len: 0 must be -1 \(off\) or > 0'),
+    (dict(xl={'clamp_lem': '2,4'}), r'model\.layer_schedule\.xl\.clamp_lem: unknown key; '
+                                    r'did you mean clamp_len\?'),
+    (dict(window='2,4'), r'model\.layer_schedule\.window: unknown key'),   # not a shared key
+    (dict(xl='2,4'), r'model\.layer_schedule\.xl: .*schedule the keys of the section'),
+    (dict(d_model='32,64'), r'model\.layer_schedule\.d_model: .*the same for every layer'),
 ])
-def test_bad_schedules_name_the_key(schedule, key):
+def test_bad_schedules_name_the_key(schedule, message):
   config = tiny_config()
   config.model.layer_schedule.update(schedule)
-  with pytest.raises(ConfigError, match=key):
+  with pytest.raises(ConfigError, match=message):
     validate_config(config)
 
 
@@ -103,6 +111,7 @@ class _PenalisedVanilla(nn.Module):
 def test_aux_losses_enter_the_objective_token_weighted(monkeypatch):
   monkeypatch.setitem(registry.ATTENTION_VARIANTS, 'penalised', _PenalisedVanilla)
   config = tiny_model_config(attention='penalised', mem_len=0)
+  assert config.penalised.to_dict() == {}    # no `Config` on the class: an empty section
   values = config.to_dict()
   values['aux_loss_weights'] = {'square_loss': 0.5}
   config = ml_collections.FrozenConfigDict(values)

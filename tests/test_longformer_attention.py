@@ -20,6 +20,7 @@ from longformer_jax.attention.core.dilated_window import dilated_window_attentio
 from longformer_jax.attention.longformer import LongformerAttention
 from longformer_jax.attention.core.sliding_window import blocked_window_attention
 from longformer_jax.config_errors import ConfigError
+from longformer_jax.models.model_config import migrate_flat_model, resolve_model
 from longformer_jax.memory import fifo
 
 B, D, H, HD = 2, 16, 2, 8
@@ -285,30 +286,66 @@ def test_blocked_path_is_linear_in_length():
   assert large < 4096 * 4096 * 4 / 8      # far below one head's dense score matrix
 
 
-def config_of(**keys):
-  base = dict(num_heads=H, head_dim=HD, d_model=D)
-  return ml_collections.ConfigDict(dict(base, **keys))
+def model_config(**longformer):
+  """A resolved model config (4 heads) with `model.longformer` set to `longformer`."""
+  causal = longformer.pop('causal', True)
+  return ml_collections.FrozenConfigDict(resolve_model(
+      dict(attention='longformer', num_heads=4, head_dim=HD, d_model=D, causal=causal,
+           longformer=longformer)))
 
 
 @pytest.mark.parametrize('keys,bad_key', [
-    (dict(window=0), 'model.window'),
-    (dict(head_dilations='1,2,2'), 'model.head_dilations'),
-    (dict(head_dilations='1,x'), 'model.head_dilations'),
-    (dict(dilation=0), 'model.dilation'),
-    (dict(causal=False, window_cache=True), 'model.window_cache'),
-    (dict(block_size=-1), 'model.block_size'),
-    (dict(global_tokens=-2), 'model.global_tokens'),
+    (dict(window=0), 'model.longformer.window'),
+    (dict(head_dilations='1,2,2'), 'model.longformer.head_dilations'),   # 3 values, 4 heads
+    (dict(head_dilations='1,x,1,1'), 'model.longformer.head_dilations'),
+    (dict(head_dilations='1,0,1,1'), 'model.longformer.head_dilations'),
+    (dict(dilation=0), 'model.longformer.dilation'),
+    (dict(dilation=2, head_dilations='1,1,2,2'), 'model.longformer.dilation'),  # one of them
+    (dict(block_size=-1), 'model.longformer.block_size'),
+    (dict(global_tokens=-2), 'model.longformer.global_tokens'),
+    (dict(window='wide'), 'model.longformer.window'),
+    (dict(windows=8), 'model.longformer.windows'),
 ])
 def test_bad_config_names_its_key(keys, bad_key):
   with pytest.raises(ConfigError) as error:
-    LongformerAttention.from_config(config_of(**keys), jnp.float32)
+    model_config(**keys)
   assert error.value.key == bad_key
 
 
+def test_bad_scheduled_value_names_the_section_key():
+  with pytest.raises(ConfigError, match=r'model\.longformer\.window: 0 must be >= 1'):
+    resolve_model(dict(attention='longformer', num_layers=2,
+                       layer_schedule={'longformer': {'window': '4,0'}}))
+
+
+def test_old_flat_names_move_to_the_section():
+  flat = dict(attention='longformer', window=8, dilation=1, head_dilations='1,1,2,2',
+              block_size=4, global_tokens=2, global_projections=False, window_cache=False,
+              rotary=False, layer_schedule={'window': '8,16,32,64'})
+  values, moved = migrate_flat_model(flat)
+  assert values == dict(attention='longformer', layer_schedule={'longformer': {
+      'window': '8,16,32,64'}}, longformer=dict(
+          window=8, dilation=1, head_dilations='1,1,2,2', block_size=4, global_tokens=2,
+          global_projections=False, window_cache=False, rotary=False))
+  assert ('window', 'longformer.window') in moved
+  assert ('layer_schedule.window', 'layer_schedule.longformer.window') in moved
+  with pytest.raises(ConfigError, match=r'model\.window: unknown key; it is now '
+                                        r'model\.longformer\.window'):
+    resolve_model(dict(attention='longformer', window=8))
+
+
 def test_config_reading_and_cache_length():
-  module = LongformerAttention.from_config(config_of(window=8, head_dilations='1:1'), jnp.float32)
-  assert module.head_dilations == (1, 1) and module.causal and module.window_cache
-  state = LongformerAttention.init_state(config_of(window=8, head_dilations='1,3'), 2)
+  module = LongformerAttention.from_config(model_config(window=8, head_dilations='1:1:1 1'),
+                                           jnp.float32)
+  assert module.head_dilations == (1, 1, 1, 1) and module.causal and module.window_cache
+  assert module.window == 8 and module.rotary and module.global_projections
+  state = LongformerAttention.init_state(model_config(window=8, head_dilations='1,3,1,1'), 2)
   assert state.values.shape == (2, 24, D)
-  encoder = LongformerAttention.init_state(config_of(window=8, causal=False), 2)
-  assert encoder.values.shape == (2, 0, D)
+  dilated = LongformerAttention.from_config(model_config(dilation=2), jnp.float32)
+  assert dilated.head_dilations == (2, 2, 2, 2)
+  # Two-sided layers never cache (their window would need the next chunk's keys).
+  encoder = model_config(window=8, causal=False)
+  assert not LongformerAttention.from_config(encoder, jnp.float32).window_cache
+  assert LongformerAttention.init_state(encoder, 2).values.shape == (2, 0, D)
+  no_cache = model_config(window=8, window_cache=False)
+  assert LongformerAttention.init_state(no_cache, 2).values.shape == (2, 0, D)

@@ -8,8 +8,9 @@ from tests.tiny_models import context_of, stream_batch, tiny_model_config
 
 
 def test_lm_with_per_layer_windows_streams_with_cache():
-  config = tiny_model_config(attention='longformer', window=3, head_dilations='1,2',
-                             block_size=4, layer_schedule={'window': '3,5'})
+  config = tiny_model_config(attention='longformer',
+                             longformer={'window': 3, 'head_dilations': '1,2', 'block_size': 4},
+                             layer_schedule={'longformer': {'window': '3,5'}})
   model = DecoderLM(config)
   batch = stream_batch(2, 16, doc_len=11)
   states = DecoderLM.init_state(config, 2)

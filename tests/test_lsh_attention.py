@@ -21,6 +21,8 @@ from longformer_jax.attention.lsh import (SELF_LOGIT, LSHAttention, hash_buckets
                                           lsh_attention, random_rotations)
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.config_errors import ConfigError
+from longformer_jax.config_validation import resolve_config
+from longformer_jax.models.model_config import migrate_flat_model, resolve_model
 
 B, N, H, D = 2, 32, 2, 8
 
@@ -204,12 +206,11 @@ def test_lsh_never_builds_an_n_by_n_array():
   assert max(sizes) <= 2 * 2 * chunk * n * H < n * n * H / 4
 
 
-def tiny_lsh_config(**overrides):
-  config = ml_collections.ConfigDict(dict(
-      num_heads=H, head_dim=D, d_model=16, causal=True, lsh_num_hashes=2, lsh_num_buckets=4,
-      lsh_chunk_len=8, lsh_seed=0, lsh_rotations_per_step=False))
-  config.update(overrides)
-  return ml_collections.FrozenConfigDict(config)
+def tiny_lsh_config(**lsh):
+  """A resolved model config with `model.lsh` = 4 buckets, chunks of 8, and `lsh`."""
+  return ml_collections.FrozenConfigDict(resolve_model(dict(
+      attention='lsh', num_heads=H, head_dim=D, d_model=16,
+      lsh=dict(dict(num_buckets=4, chunk_len=8), **lsh))))
 
 
 def module_context(deterministic=True):
@@ -242,7 +243,7 @@ def test_module_rotations_fixed_per_layer_or_fresh_per_step():
   assert not np.allclose(eval_a[0], eval_a[1])                # per-layer rotations differ
   for a, b in zip(eval_a, eval_b):                            # fixed: train == eval
     np.testing.assert_allclose(a, b, rtol=1e-6)
-  per_step = TwoLayers(tiny_lsh_config(lsh_rotations_per_step=True))
+  per_step = TwoLayers(tiny_lsh_config(rotations_per_step=True))
   def step(key):
     return per_step.apply(same, x, module_context(False), rngs={'dropout': key})
   assert not np.allclose(step(jax.random.PRNGKey(1))[0], step(jax.random.PRNGKey(2))[0])
@@ -250,15 +251,57 @@ def test_module_rotations_fixed_per_layer_or_fresh_per_step():
     np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
-@pytest.mark.parametrize('key,value', [('lsh_num_buckets', 3), ('lsh_num_hashes', 0),
-                                       ('lsh_chunk_len', 0)])
+@pytest.mark.parametrize('key,value', [('num_buckets', 3), ('num_buckets', 0),
+                                       ('num_hashes', 0), ('chunk_len', 0),
+                                       ('rotary', 'maybe'), ('num_bucket', 4)])
 def test_bad_lsh_config_names_the_key(key, value):
-  with pytest.raises(ConfigError, match=f'model.{key}'):
-    LSHAttention.from_config(tiny_lsh_config(**{key: value}), jnp.float32)
+  with pytest.raises(ConfigError) as error:
+    tiny_lsh_config(**{key: value})
+  assert error.value.key == f'model.lsh.{key}'
+
+
+@pytest.mark.parametrize('sections,bad', [
+    (dict(data=dict(chunk_len=96)), '96'),                               # 96 = 1.5 x 64
+    (dict(data=dict(chunk_len=64), eval=dict(chunk_len=100)), '100'),
+    (dict(data=dict(chunk_len=48), train=dict(num_steps=4, phases=2)), '96'),   # phase 1: 96
+])
+def test_chunk_lengths_not_cut_into_lsh_chunks_are_refused(sections, bad):
+  """Every chunk the model sees, if longer than lsh.chunk_len (64), is a multiple of it."""
+  with pytest.raises(ConfigError, match=f'must divide every model chunk .* {bad} is not') as error:
+    resolve_config(dict(model=dict(attention='lsh', lsh=dict(chunk_len=64)), **sections))
+  assert error.value.key == 'model.lsh.chunk_len'
+
+
+@pytest.mark.parametrize('sections', [
+    dict(data=dict(chunk_len=128), eval=dict(chunk_len=256)),
+    dict(data=dict(chunk_len=32)),                       # shorter: one LSH chunk of 32
+    dict(data=dict(chunk_len=32), train=dict(num_steps=6, phases=3)),   # 32, 64, 128
+])
+def test_chunk_lengths_cut_into_lsh_chunks_are_accepted(sections):
+  resolve_config(dict(model=dict(attention='lsh', lsh=dict(chunk_len=64)), **sections))
+
+
+def test_old_flat_names_move_to_the_section():
+  flat = dict(attention='lsh', lsh_num_buckets=4, lsh_num_hashes=3, lsh_chunk_len=16,
+              lsh_seed=2, lsh_rotations_per_step=True, lsh_rotary=False)
+  values, moved = migrate_flat_model(flat)
+  assert values == dict(attention='lsh', lsh=dict(
+      num_buckets=4, num_hashes=3, chunk_len=16, seed=2, rotations_per_step=True, rotary=False))
+  assert ('lsh_num_buckets', 'lsh.num_buckets') in moved
+  assert migrate_flat_model({'attention': 'lsh', 'lsh_num_buckets': 4})[0] == {
+      'attention': 'lsh', 'lsh': {'num_buckets': 4}}
+
+
+def test_config_reading():
+  module = LSHAttention.from_config(
+      tiny_lsh_config(num_hashes=3, seed=2, rotations_per_step=True, rotary=False), jnp.float32)
+  assert (module.num_hashes, module.num_buckets, module.chunk_len, module.seed,
+          module.rotations_per_step, module.rotary, module.causal) == (3, 4, 8, 2, True, False,
+                                                                       True)
 
 
 def test_chunk_not_multiple_of_lsh_chunk_is_a_config_error():
   qk, v, positions, segments, valid = random_inputs()
-  with pytest.raises(ConfigError, match='model.lsh_chunk_len'):
+  with pytest.raises(ConfigError, match='model.lsh.chunk_len'):
     lsh_attention(qk, v, positions, segments, valid, jnp.zeros((H, D, 1, 1)), chunk_len=12,
                   causal=True)

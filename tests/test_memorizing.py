@@ -2,7 +2,7 @@
 
 The reference does not use the layer's memory at all: for query t of chunk
 c (first position cs) it lists the past tokens the memory must hold (the
-`knn_memory_size` positions before cs, same document), takes per head the
+`memorizing.memory_size` positions before cs, same document), takes per head the
 top-k of them by q.k with plain numpy sorting, and combines the softmax over
 them with the local attention (RoPE over the `mem_len` cache and the chunk,
 causal, same document) by the configured gate.
@@ -20,6 +20,7 @@ from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.memorizing import MemorizingAttention
 from longformer_jax.attention.vanilla import VanillaAttention
 from longformer_jax.config_errors import ConfigError
+from longformer_jax.models.model_config import migrate_flat_model, resolve_model
 from tests.test_vanilla_attention import numpy_rotate
 from tests.tiny_models import tiny_config, tiny_model_config
 from train import train
@@ -82,8 +83,10 @@ def reference_outputs(params, x, segments, *, mem_len, memory_size, top_k, gate,
   return np.einsum('bthe,hed->btd', out, p['out']['kernel'])
 
 
-def layer_config(**overrides):
-  return tiny_model_config(attention='memorizing', d_model=D, num_heads=H, head_dim=HD, **overrides)
+def layer_config(mem_len=0, **memorizing):
+  """A tiny memorizing model; `memorizing` are keys of `model.memorizing`."""
+  return tiny_model_config(attention='memorizing', d_model=D, num_heads=H, head_dim=HD,
+                           mem_len=mem_len, memorizing=memorizing)
 
 
 def chunk_context(c, segments):
@@ -132,12 +135,11 @@ def params_for(gate, normalize=False):
 CASES = {
     # The issue's check: memory holds the whole past, k >= memory size, memory only:
     # dense attention over every past key of the document.
-    'whole_past_memory_only': dict(mem_len=0, knn_memory_size=T, knn_top_k=T, knn_gate='memory_only'),
-    'learned_gate_topk_and_cache': dict(mem_len=3, knn_memory_size=6, knn_top_k=3, knn_gate='learned'),
-    'joint_capped_rope': dict(mem_len=2, knn_memory_size=8, knn_top_k=5, knn_gate='joint',
+    'whole_past_memory_only': dict(mem_len=0, memory_size=T, top_k=T, gate='memory_only'),
+    'learned_gate_topk_and_cache': dict(mem_len=3, memory_size=6, top_k=3, gate='learned'),
+    'joint_capped_rope': dict(mem_len=2, memory_size=8, top_k=5, gate='joint',
                               rope_max_distance=2),
-    'normalized_qk': dict(mem_len=0, knn_memory_size=5, knn_top_k=2, knn_gate='learned',
-                          knn_normalize_qk=True),
+    'normalized_qk': dict(mem_len=0, memory_size=5, top_k=2, gate='learned', normalize_qk=True),
 }
 
 
@@ -145,14 +147,14 @@ CASES = {
 def test_matches_reference(case):
   settings = CASES[case]
   config = layer_config(**settings)
-  normalize = settings.get('knn_normalize_qk', False)
-  params = params_for(settings['knn_gate'], normalize)
+  normalize = settings.get('normalize_qk', False)
+  params = params_for(settings['gate'], normalize)
   x = random_inputs()
   segments = stream_segments()
   got, _, aux = run_stream(config, params, x, segments)
   expected = reference_outputs(params, np.asarray(x, np.float64), segments,
-                               mem_len=settings['mem_len'], memory_size=settings['knn_memory_size'],
-                               top_k=settings['knn_top_k'], gate=settings['knn_gate'],
+                               mem_len=settings['mem_len'], memory_size=settings['memory_size'],
+                               top_k=settings['top_k'], gate=settings['gate'],
                                cap=settings.get('rope_max_distance', -1), normalize=normalize)
   np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-5)
   assert set(aux) >= {'knn_memory_fill'} and all(a.shape == () for a in aux.values())
@@ -175,7 +177,7 @@ def test_document_does_not_depend_on_previous_document():
 
 
 def test_memory_keeps_the_most_recent_past_positions():
-  config = layer_config(mem_len=0, knn_memory_size=6, knn_top_k=2, knn_gate='joint')
+  config = layer_config(mem_len=0, memory_size=6, top_k=2, gate='joint')
   _, state, _ = run_stream(config, params_for('joint'), random_inputs(), stream_segments())
   memory = state['knn']
   for row in range(B):
@@ -187,7 +189,7 @@ def test_memory_is_stop_gradient():
   """With every query of chunk 2 reading the memory and the gate at memory
   only, chunk 2's output depends on the key/value kernels only through the
   memory written by chunk 1: their gradients must be exactly zero."""
-  config = layer_config(mem_len=0, knn_memory_size=8, knn_top_k=3, knn_gate='memory_only')
+  config = layer_config(mem_len=0, memory_size=8, top_k=3, gate='memory_only')
   module = MemorizingAttention.from_config(config, jnp.float32)
   segments = np.zeros((B, T), np.int32)
   ctx0, ctx1 = chunk_context(0, segments), chunk_context(1, segments)
@@ -215,7 +217,7 @@ def test_vanilla_checkpoint_runs_as_memorizing_at_eval_time():
   expected, _, _ = jax.jit(vanilla.apply)({'params': params}, x,
                                           VanillaAttention.init_state(layer_config(mem_len=0), B), ctx)
   for gate in ('joint', 'memory_only', 'fixed'):
-    config = layer_config(mem_len=0, knn_memory_size=8, knn_top_k=4, knn_gate=gate)
+    config = layer_config(mem_len=0, memory_size=8, top_k=4, gate=gate)
     module = MemorizingAttention.from_config(config, jnp.float32)
     state = MemorizingAttention.init_state(config, B)
     fresh = jax.eval_shape(module.init, jax.random.PRNGKey(3), x, state, ctx)['params']
@@ -224,17 +226,54 @@ def test_vanilla_checkpoint_runs_as_memorizing_at_eval_time():
     np.testing.assert_allclose(np.asarray(y), np.asarray(expected), rtol=1e-5, atol=1e-6)
 
 
-def test_bad_config_values_name_their_key():
-  for key, value in (('knn_memory_size', 0), ('knn_top_k', 0), ('knn_method', 'faiss'),
-                     ('knn_gate', 'sometimes'), ('knn_recall_target', 1.5)):
-    with pytest.raises(ConfigError, match=f'model.{key}'):
-      MemorizingAttention.from_config(layer_config(**{key: value}), jnp.float32)
+BAD_SETTINGS = [(dict(memory_size=0), 'memory_size'), (dict(top_k=0), 'top_k'),
+                (dict(method='faiss'), 'method'),
+                (dict(method='approx', recall_target=1.5), 'recall_target'),
+                (dict(recall_target=0.9), 'recall_target'),     # read only by method='approx'
+                (dict(gate='sometimes'), 'gate'),
+                (dict(gate='fixed', gate_value=1.5), 'gate_value'),
+                (dict(gate='learned', gate_value=0.3), 'gate_value'),  # read only by 'fixed'
+                (dict(normalize_qk=True, qk_scale_init=0.0), 'qk_scale_init'),
+                (dict(qk_scale_init=8.0), 'qk_scale_init'),     # read only with normalize_qk
+                (dict(rope_max_distance=-2), 'rope_max_distance'),
+                (dict(top_k='many'), 'top_k')]
+
+
+@pytest.mark.parametrize('settings,key', BAD_SETTINGS, ids=[str(s) for s, _ in BAD_SETTINGS])
+def test_bad_config_values_name_their_key(settings, key):
+  with pytest.raises(ConfigError) as error:
+    layer_config(**settings)
+  assert error.value.key == f'model.memorizing.{key}'
+  assert len(str(error.value).splitlines()) == 1
+
+
+def test_good_settings_reach_the_layer():
+  config = layer_config(mem_len=4, memory_size=64, top_k=8, method='approx', recall_target=0.9,
+                        gate='fixed', gate_value=0.25, normalize_qk=True, qk_scale_init=8.0,
+                        rope_max_distance=7)
+  module = MemorizingAttention.from_config(config, jnp.float32)
+  assert (module.top_k, module.method, module.recall_target, module.gate, module.gate_value,
+          module.normalize_qk, module.qk_scale_init, module.rope_max_distance) == (
+              8, 'approx', 0.9, 'fixed', 0.25, True, 8.0, 7)
+  state = MemorizingAttention.init_state(config, B)
+  assert state['knn'].capacity == 64 and state['local'].capacity == 4
+
+
+def test_old_flat_names_move_to_the_memorizing_section():
+  model, moved = migrate_flat_model({
+      'attention': 'vanilla', 'layer_schedule': {'attention': 'vanilla,memorizing'},
+      'knn_memory_size': 2048, 'knn_top_k': 16, 'knn_gate': 'joint', 'knn_normalize_qk': True,
+      'knn_qk_scale_init': 8.0, 'rope_max_distance': 5, 'mem_len': 64})
+  assert model['memorizing'] == dict(memory_size=2048, top_k=16, gate='joint',
+                                     normalize_qk=True, qk_scale_init=8.0, rope_max_distance=5)
+  assert ('knn_top_k', 'memorizing.top_k') in moved and model['mem_len'] == 64
+  assert resolve_model(dict(model, num_layers=2))['memorizing']['top_k'] == 16
 
 
 def test_tiny_training_run_with_a_knn_layer(tmp_path):
   """Two training steps of a 2-layer model whose second layer has the kNN memory."""
-  config = tiny_config(layer_schedule={'attention': 'vanilla,memorizing'}, knn_memory_size=32,
-                       knn_top_k=4, knn_normalize_qk=True)
+  config = tiny_config(layer_schedule={'attention': 'vanilla,memorizing'},
+                       memorizing=dict(memory_size=32, top_k=4, normalize_qk=True))
   config.train.update(num_steps=2, log_every=1, checkpoint_every=2)
   state, metrics = train(config, str(tmp_path))
   assert int(state.step) == 2 and np.isfinite(metrics['loss'])

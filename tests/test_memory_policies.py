@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ml_collections import ConfigDict
-
+from longformer_jax.attention.attendre import AttendreConfig
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.memory import data_only, entries, policies
 
@@ -281,25 +280,52 @@ def test_eviction_order_ranks_invalid_then_lowest_score_then_oldest():
   np.testing.assert_array_equal(np.asarray(policies.eviction_order(fifo, memory))[0], [4, 3, 2, 0, 1])
 
 
-def test_make_policy_from_config_and_errors():
-  config = ConfigDict(dict(memory_policy='lfa', lfa_gamma=0.5, init_std_multiplier=2.0))
-  assert policies.make_policy(config) == policies.EvictionPolicy('lfa', gamma=0.5, init_std_multiplier=2.0)
-  assert policies.make_policy(ConfigDict(dict(memory_policy='lra_sum'))).pooling == 'sum'
-  assert policies.make_policy(ConfigDict()).name == 'fifo'
-  assert policies.make_policy(ConfigDict(dict(memory_policy='lra', recent_window=16))).recent_window == 16
-  assert policies.make_policy(ConfigDict(dict(memory_policy='lfa', admission='score'))).admission == 'score'
-  bad = [(dict(memory_policy='lifo'), 'model.memory_policy'),
-         (dict(memory_policy='lra', lra_pooling='mean'), 'model.lra_pooling'),
-         (dict(memory_policy='lfa', lfa_gamma=1.5), 'model.lfa_gamma'),
-         (dict(memory_policy='sink', num_sinks=-1), 'model.num_sinks'),
-         (dict(memory_policy='lra', init_std_multiplier=-1.0), 'model.init_std_multiplier'),
-         (dict(memory_policy='lra', recent_window=-2), 'model.recent_window'),
-         (dict(memory_policy='lra', recent_window=1.5), 'model.recent_window'),
-         (dict(memory_policy='lra', admission='never'), 'model.admission')]
+def test_make_policy_from_the_attendre_section():
+  section = AttendreConfig.build(dict(policy='lfa', lfa_gamma=0.5, init_std_multiplier=2.0),
+                                 'model.attendre')
+  assert policies.make_policy(section) == policies.EvictionPolicy('lfa', gamma=0.5,
+                                                                  init_std_multiplier=2.0)
+  assert policies.make_policy(AttendreConfig(policy='lra_sum')).pooling == 'sum'
+  assert policies.make_policy(AttendreConfig(policy='lra', lra_pooling='last')).pooling == 'last'
+  assert policies.make_policy(AttendreConfig()).name == 'fifo'
+  assert policies.make_policy(AttendreConfig(policy='lra', recent_window=16)).recent_window == 16
+  assert policies.make_policy(AttendreConfig(policy='lfa', admission='score')).admission == 'score'
+  assert policies.make_policy(AttendreConfig(per_head_scores=True)).per_head
+
+
+def test_section_names_the_bad_policy_setting():
+  bad = [(dict(policy='lifo'), 'policy'),
+         (dict(policy='lra', lra_pooling='mean'), 'lra_pooling'),
+         (dict(policy='lfa', lfa_gamma=1.5), 'lfa_gamma'),
+         (dict(policy='sink', num_sinks=-1), 'num_sinks'),
+         (dict(policy='lra', init_std_multiplier=-1.0), 'init_std_multiplier'),
+         (dict(policy='lra', recent_window=-2), 'recent_window'),
+         (dict(policy='lra', recent_window=1.5), 'recent_window'),
+         (dict(policy='lra', admission='never'), 'admission')]
   for settings, key in bad:
     with pytest.raises(ConfigError) as error:
-      policies.make_policy(ConfigDict(settings))
-    assert error.value.key == key
+      AttendreConfig.build(settings, 'model.attendre')
+    assert error.value.key == f'model.attendre.{key}'
+
+
+@pytest.mark.parametrize('name,setting,reads', [
+    ('lra', 'lra_pooling', True), ('lra_max', 'lra_pooling', False),
+    ('lfa', 'lfa_gamma', True), ('lra_sum', 'lfa_gamma', False),
+    ('sink', 'num_sinks', True), ('fifo', 'num_sinks', False),
+    ('lru', 'admission', True), ('lra_last', 'init_std_multiplier', True),
+    ('sink', 'init_std_multiplier', False), ('fifo', 'recent_window', True)])
+def test_which_policy_reads_which_setting(name, setting, reads):
+  assert policies.reads_setting(name, setting) is reads
+
+
+@pytest.mark.parametrize('settings', [dict(name='lifo'), dict(name='lra', pooling='mean'),
+                                      dict(name='lfa', gamma=0.0), dict(name='sink', num_sinks=-1),
+                                      dict(name='lra', recent_window=1.5),
+                                      dict(name='lra', admission='never'),
+                                      dict(name='lra', init_std_multiplier=-1.0)])
+def test_a_policy_built_in_code_rejects_bad_values(settings):
+  with pytest.raises(ValueError, match='EvictionPolicy'):
+    policies.EvictionPolicy(**settings)
 
 
 def test_insert_sorts_once_over_capacity():

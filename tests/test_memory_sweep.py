@@ -20,6 +20,7 @@ from longformer_jax.config_errors import ConfigError
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.model_config import resolve_model
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.evaluation import memory_sweep
 from longformer_jax.train.batches import step_arrays
@@ -31,16 +32,22 @@ from tests.tiny_models import tiny_config
 
 def test_sweep_is_the_product_of_the_settings():
   points = memory_sweep.parse_sweep(
-      'variant=attendre; policy=fifo,lra_max ;memory_size=128,256;chunk=64;'
+      'variant=attendre; policy=fifo,lfa ;memory_size=128,256;chunk=64;'
       'rope_max_distance=63;lfa_gamma=0.9,1', default_chunk=32)
-  assert len(points) == 2 * 2 * 2
-  assert {p.policy for p in points} == {'fifo', 'lra_max'}
+  # fifo does not read lfa_gamma: its points do not multiply by it.
+  assert len(points) == 2 * 1 + 2 * 2
+  assert {p.policy for p in points} == {'fifo', 'lfa'}
   assert {p.memory_size for p in points} == {128, 256}
   assert all(p.chunk == 64 and p.q_memory_size == 0 for p in points)
-  assert {p.extra for p in points} == {(('lfa_gamma', 0.9), ('rope_max_distance', 63)),
-                                       (('lfa_gamma', 1), ('rope_max_distance', 63))}
+  assert {p.extra for p in points if p.policy == 'lfa'} == {
+      (('lfa_gamma', 0.9), ('rope_max_distance', 63)),
+      (('lfa_gamma', 1), ('rope_max_distance', 63))}
+  assert {p.extra for p in points if p.policy == 'fifo'} == {
+      (('lfa_gamma', memory_sweep.NOT_READ), ('rope_max_distance', 63))}
   default = memory_sweep.parse_sweep('policy=lfa', default_chunk=32)
   assert default == [memory_sweep.SweepPoint('attendre', 'lfa', 128, 0, 32)]
+  mixed = memory_sweep.parse_sweep('variant=attendre,vanilla;top_k=4', default_chunk=32)
+  assert [p.extra for p in mixed] == [(('top_k', 4),), (('top_k', memory_sweep.NOT_READ),)]
 
 
 @pytest.mark.parametrize('spec,message', [
@@ -50,11 +57,29 @@ def test_sweep_is_the_product_of_the_settings():
     ('memory_size=big', 'memory_size must be integers'),
     ('policy', "expected 'key=value"),
     ('policy=fifo;policy=lfa', 'given twice'),
+    ('policy=lra_mx', "unknown policy 'lra_mx'.*did you mean lra_max"),
+    ('policy=lfa;rope_max_distanc=63', "unknown key 'rope_max_distanc'.*did you mean rope_max_distance"),
+    ('policy=lfa;memory_sizes=64', 'did you mean memory_size'),
+    ('variant=vanilla;top_k=4', "unknown key 'top_k'"),
+    ('policy=lfa;memory_top_k=4', "unknown key 'memory_top_k'; it is now 'top_k'"),
+    ('variant=memorizing;knn_top_k=4', "it is now 'top_k'"),
+    ('policy=fifo,lra_max;lfa_gamma=0.9', "'lfa_gamma' is read only by policy lfa"),
+    ('policy=fifo;admission=score', "'admission' is read only by policy lru"),
+    ('variant=streaming_sinks;policy=sink;window=8', "'window' of streaming_sinks is set by the sweep"),
 ])
 def test_bad_sweeps_name_the_flag(spec, message):
   with pytest.raises(ConfigError, match=message) as error:
     memory_sweep.parse_sweep(spec, default_chunk=32)
   assert error.value.key == 'eval.memory_sweep'
+  assert len(str(error.value).splitlines()) == 1
+
+
+def resolved_sweep_model(trained, point) -> dict:
+  """The eval-time model of `point`, checked as a config is (every section, every layer)."""
+  overrides = memory_sweep.model_overrides(point, trained)
+  model = lm_model_config(trained, 259, **overrides).to_dict()
+  del model['vocab_size']
+  return resolve_model(model)
 
 
 def test_overrides_map_memory_size_to_each_variant():
@@ -63,13 +88,53 @@ def test_overrides_map_memory_size_to_each_variant():
   point = lambda variant, policy: memory_sweep.SweepPoint(variant, policy, 96, 0, 32,
                                                           (('num_sinks', 2),))
   attendre = memory_sweep.model_overrides(point('attendre', 'sink'), trained)
-  assert attendre['memory_size'] == 96 and attendre['memory_policy'] == 'sink'
-  assert attendre['num_sinks'] == 2 and attendre['layer_schedule'] == {}
+  assert attendre['attention'] == 'attendre' and attendre['mem_len'] == 0
+  assert attendre['attendre']['memory_size'] == 96 and attendre['attendre']['policy'] == 'sink'
+  assert attendre['attendre']['num_sinks'] == 2 and attendre['layer_schedule'] == {}
   assert memory_sweep.model_overrides(point('vanilla', 'fifo'), trained)['mem_len'] == 96
   sinks = memory_sweep.model_overrides(point('streaming_sinks', 'sink'), trained)
-  assert sinks['sink_window'] + sinks['num_sinks'] == 96 + 32
+  assert sinks['streaming_sinks']['window'] + sinks['streaming_sinks']['num_sinks'] == 96 + 32
   knn = memory_sweep.model_overrides(point('memorizing', 'fifo'), trained)
-  assert knn['knn_memory_size'] == 96 and knn['knn_gate'] == 'joint'
+  assert knn['memorizing']['memory_size'] == 96 and knn['memorizing']['gate'] == 'joint'
+  assert knn['mem_len'] == 0
+  for variant, policy in (('attendre', 'sink'), ('vanilla', 'fifo'), ('streaming_sinks', 'sink'),
+                          ('memorizing', 'fifo')):
+    model = resolved_sweep_model(trained, point(variant, policy))
+    assert model['attention'] == variant
+  # The sink default, and a policy's settings only where the policy reads them.
+  fifo = memory_sweep.parse_sweep('policy=fifo,sink,lfa;lfa_gamma=0.5;admission=score', 32)
+  models = {p.policy: resolved_sweep_model(trained, p)['attendre'] for p in fifo}
+  assert models['sink']['num_sinks'] == memory_sweep.DEFAULT_SINKS
+  assert models['lfa']['lfa_gamma'] == 0.5 and models['lfa']['admission'] == 'score'
+  assert models['fifo']['lfa_gamma'] == 1.0 and models['fifo']['admission'] == 'always'
+
+
+def test_overrides_keep_the_trained_sections_and_schedule_the_sweep_does_not_set():
+  trained = tiny_config(attention='attendre', stack='attendre_delay', causal=False,
+                        attendre=dict(policy='lfa', lfa_gamma=0.5, top_k=2),
+                        layer_schedule={'attendre': {'q_memory_size': '2,0',
+                                                     'rope_max_distance': '7,9'}}).model
+  point = memory_sweep.parse_sweep('policy=lra_max;memory_size=32', 8)[0]
+  overrides = memory_sweep.model_overrides(point, trained)
+  assert overrides['layer_schedule'] == {'attendre': {'rope_max_distance': '7,9'}}
+  model = resolved_sweep_model(trained, point)
+  # The trained top_k stays; lfa_gamma goes back to its default (lra_max does not read it).
+  assert model['attendre']['top_k'] == 2 and model['attendre']['lfa_gamma'] == 1.0
+  assert model['attendre']['q_memory_size'] == 0 and model['attendre']['policy'] == 'lra_max'
+
+
+def test_overrides_reset_the_sections_of_the_attention_they_replace():
+  trained = tiny_config(attention='xl', mem_len=16, xl=dict(clamp_len=8),
+                        memorizing=dict(top_k=4),
+                        layer_schedule={'attention': 'xl,memorizing',
+                                        'memorizing': {'memory_size': '64,128'}}).model
+  point = memory_sweep.parse_sweep('policy=fifo;memory_size=32', 8)[0]
+  overrides = memory_sweep.model_overrides(point, trained)
+  assert overrides['layer_schedule'] == {} and overrides['xl'] == {'clamp_len': -1,
+                                                                    'relative_impl': 'shift'}
+  model = resolved_sweep_model(trained, point)
+  assert model['attention'] == 'attendre' and model['mem_len'] == 0
+  assert model['memorizing']['top_k'] == 32
 
 
 @pytest.fixture(scope='module')

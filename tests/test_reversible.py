@@ -8,17 +8,21 @@ with depth the way an ordinary stack's does.
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 import train as train_script
 from configs import reformer
+from longformer_jax.config.overrides import merged
 from longformer_jax.config_errors import ConfigError
+from longformer_jax.config_validation import resolve_config
 from longformer_jax.layers.reversible import reversible_sequence
 from longformer_jax.models.layer_schedule import layer_config
-from longformer_jax.models.reversible_stack import LayerAt, ReversibleStack
+from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.models.reversible_stack import LayerAt, ReversibleConfig, ReversibleStack
 from longformer_jax.models.stack_registry import stack_class
-from tests.tiny_models import context_of, stream_batch, tiny_model_config
+from tests.tiny_models import context_of, stream_batch, tiny_config, tiny_model_config
 
 B, C = 2, 16
 
@@ -155,22 +159,28 @@ def test_backward_memory_does_not_grow_with_depth():
 
 @pytest.mark.parametrize('key,value', [('scan_layers', True), ('remat_policy', 'full')])
 def test_reversible_stack_config_errors(key, value):
-  config = tiny_model_config(stack='reversible', **{key: value})
-  x = jnp.zeros((B, C, config.d_model))
-  ctx = context_of(stream_batch(B, C))
-  with pytest.raises(ConfigError, match=f'model.{key}'):
-    ReversibleStack(config).init(jax.random.PRNGKey(0), x, ReversibleStack.init_state(config, B),
-                                 ctx)
+  """The `reversible` section rejects shared settings the unrolled stack cannot honour."""
+  with pytest.raises(ConfigError, match=rf'model\.{key}: {value!r}'):
+    tiny_config(stack='reversible', **{key: value})
+  tiny_config(stack='standard', **{key: value})      # the standard stack honours both
+
+
+def test_reversible_stack_registers_its_section():
+  assert ReversibleStack.Config is ReversibleConfig
+  assert resolve_config({'model': {'stack': 'reversible'}})['model']['reversible'] == {}
 
 
 @pytest.mark.slow  # a train.py smoke run; the layer tests cover the variant
 def test_reformer_config_trains(tmp_path):
-  config = reformer.get_config()
-  config.model.update(num_layers=2, d_model=32, num_heads=2, head_dim=16, d_ff=64,
-                      vocab_multiple=8, lsh_chunk_len=8, lsh_num_buckets=4, ff_chunk_size=8,
-                      dropout_rate=0.1)
-  config.data.update(batch_size=8, chunk_len=32, chunks_per_step=1, eval_batch_size=8)
-  config.train.update(num_steps=4, log_every=2, eval_every=0, checkpoint_every=4,
-                      async_checkpointing=False, eval_max_tokens=512)
+  # The LSH settings by their old flat names: they go to the `lsh` section.
+  model, _ = migrate_flat_model(dict(num_layers=2, d_model=32, num_heads=2, head_dim=16, d_ff=64,
+                                     vocab_multiple=8, lsh_chunk_len=8, lsh_num_buckets=4,
+                                     ff_chunk_size=8, dropout_rate=0.1))
+  values = merged(reformer.get_config(), {
+      'model': model,
+      'data': dict(batch_size=8, chunk_len=32, chunks_per_step=1, eval_batch_size=8),
+      'train': dict(num_steps=4, log_every=2, eval_every=0, checkpoint_every=4,
+                    async_checkpointing=False, eval_max_tokens=512)})
+  config = ml_collections.ConfigDict(resolve_config(values))
   state, metrics = train_script.train(config, str(tmp_path))
   assert int(state.step) == 4 and np.isfinite(metrics['loss'])

@@ -12,6 +12,7 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -21,6 +22,7 @@ from longformer_jax.attention.sparse_transformer import (SparseTransformerAttent
                                                          sparse_transformer_attention)
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.model_config import migrate_flat_model
 from tests.gradient_checks import assert_gradients_match
 from tests.tiny_models import context_of, stream_batch, tiny_config, tiny_model_config
 
@@ -193,9 +195,10 @@ def test_forward_and_backward_never_build_an_n_by_n_array(pattern):
 
 
 def test_interleaved_layers_follow_the_layer_schedule():
-  """layer_schedule.sparse_pattern gives layer 0 the local and layer 1 the summary component."""
-  cfg = tiny_model_config(attention='sparse_transformer', mem_len=0, sparse_stride=STRIDE,
-                          layer_schedule={'sparse_pattern': 'strided_local,strided_summary'})
+  """The schedule of `pattern` gives layer 0 the local and layer 1 the summary component."""
+  cfg = tiny_model_config(
+      attention='sparse_transformer', sparse_transformer={'stride': STRIDE},
+      layer_schedule={'sparse_transformer': {'pattern': 'strided_local,strided_summary'}})
   n = 16
   batch = stream_batch(B, n, seed=1)
   batch['positions'] = batch['positions'] + START
@@ -218,28 +221,62 @@ def test_interleaved_layers_follow_the_layer_schedule():
     np.testing.assert_allclose(np.asarray(attention_out), expected, rtol=2e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize('key,overrides', [
-    ('model.sparse_pattern', dict(sparse_pattern='dilated')),
-    ('model.sparse_integration', dict(sparse_integration='interleaved')),
-    ('model.sparse_integration', dict(sparse_pattern='strided_local',
-                                      sparse_integration='multihead')),
-    ('model.num_heads', dict(num_heads=1, sparse_integration='multihead')),
-    ('model.sparse_stride', dict(sparse_stride=0)),
-    ('model.sparse_summary_len', dict(sparse_pattern='fixed', sparse_stride=4,
-                                      sparse_summary_len=5)),
-    ('model.causal', dict(causal=False)),
+@pytest.mark.parametrize('key,section,shared', [
+    ('model.sparse_transformer.pattern', dict(pattern='dilated'), {}),
+    ('model.sparse_transformer.integration', dict(integration='interleaved'), {}),
+    ('model.sparse_transformer.integration', dict(pattern='strided_local',
+                                                  integration='multihead'), {}),
+    ('model.sparse_transformer.integration', dict(integration='multihead'), dict(num_heads=1)),
+    ('model.sparse_transformer.stride', dict(stride=0), {}),
+    ('model.sparse_transformer.summary_len', dict(pattern='fixed', stride=4, summary_len=5), {}),
+    ('model.sparse_transformer.summary_len', dict(summary_len=0), {}),
+    ('model.sparse_transformer.strides', dict(strides=4), {}),
+    ('model.causal', {}, dict(causal=False)),
 ])
-def test_bad_settings_name_their_key(key, overrides):
-  cfg = tiny_model_config(attention='sparse_transformer', mem_len=0, **overrides)
+def test_bad_settings_name_their_key(key, section, shared):
   with pytest.raises(ConfigError) as error:
-    SparseTransformerAttention.from_config(cfg, jnp.float32)
+    tiny_config(attention='sparse_transformer', sparse_transformer=section, **shared)
   assert error.value.key == key
+
+
+def test_a_bad_scheduled_pattern_names_the_section_key():
+  with pytest.raises(ConfigError, match=r'model\.sparse_transformer\.pattern: \'dilated\''):
+    tiny_config(attention='sparse_transformer',
+                layer_schedule={'sparse_transformer': {'pattern': 'strided_local,dilated'}})
+
+
+def test_an_encoder_made_bidirectional_after_the_check_is_refused():
+  """models/encoder.py sets causal=False on a checked config: building the layer refuses it."""
+  cfg = dict(tiny_model_config(attention='sparse_transformer').to_dict(), causal=False)
+  with pytest.raises(ConfigError) as error:
+    SparseTransformerAttention.from_config(ml_collections.FrozenConfigDict(cfg), jnp.float32)
+  assert error.value.key == 'model.causal'
+
+
+def test_old_flat_names_move_to_the_section():
+  flat = dict(attention='sparse_transformer', sparse_pattern='fixed', sparse_stride=8,
+              sparse_summary_len=2, sparse_integration='multihead',
+              layer_schedule={'sparse_pattern': 'fixed_local,fixed_summary'})
+  values, moved = migrate_flat_model(flat)
+  assert values == dict(
+      attention='sparse_transformer',
+      sparse_transformer=dict(pattern='fixed', stride=8, summary_len=2, integration='multihead'),
+      layer_schedule={'sparse_transformer': {'pattern': 'fixed_local,fixed_summary'}})
+  assert ('sparse_stride', 'sparse_transformer.stride') in moved
+
+
+def test_config_reading():
+  cfg = tiny_model_config(attention='sparse_transformer', sparse_transformer=dict(
+      pattern='fixed', stride=4, summary_len=2, integration='multihead'))
+  module = SparseTransformerAttention.from_config(cfg, jnp.float32)
+  assert (module.pattern, module.stride, module.summary_len, module.integration) == (
+      'fixed', 4, 2, 'multihead')
 
 
 @pytest.mark.slow
 def test_trains_as_a_language_model(tmp_path):
-  config = tiny_config(attention='sparse_transformer', mem_len=0, sparse_pattern='fixed',
-                       sparse_stride=4, sparse_summary_len=1)
+  config = tiny_config(attention='sparse_transformer',
+                       sparse_transformer=dict(pattern='fixed', stride=4, summary_len=1))
   config.data.chunk_len = 16
   config.train.update(num_steps=3, log_every=1, checkpoint_every=3)
   state, metrics = train_script.train(config, str(tmp_path))

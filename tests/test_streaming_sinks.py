@@ -20,6 +20,7 @@ import pytest
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
 from longformer_jax.config_errors import ConfigError
+from longformer_jax.models.model_config import migrate_flat_model
 from tests.test_vanilla_attention import numpy_rotate
 from tests.tiny_models import tiny_config, tiny_model_config
 from train import train
@@ -81,18 +82,22 @@ def run_stream(module, params, x, state, segments):
 
 def module_and_params(num_sinks, window, mode):
   """The layer, shared parameters (their shapes do not depend on s, w, mode), inputs, state."""
-  config = tiny_model_config(attention='streaming_sinks', num_sinks=num_sinks, sink_window=window,
-                             sink_positions=mode, d_model=D, num_heads=H, head_dim=HD)
+  config = sinks_config(num_sinks=num_sinks, window=window, positions=mode)
   module = StreamingSinkAttention.from_config(config, jnp.float32)
   state = StreamingSinkAttention.init_state(config, B, jnp.float32)
   return module, shared_params(), random_inputs(), state
 
 
+def sinks_config(**sinks):
+  """A tiny streaming_sinks model; `sinks` are keys of `model.streaming_sinks`."""
+  return tiny_model_config(attention='streaming_sinks', d_model=D, num_heads=H, head_dim=HD,
+                           streaming_sinks=sinks)
+
+
 @functools.lru_cache(maxsize=None)
 def shared_params():
   module = StreamingSinkAttention(num_heads=H, head_dim=HD, d_model=D, num_sinks=1, window=2)
-  state = StreamingSinkAttention.init_state(
-      tiny_model_config(num_sinks=1, sink_window=2, d_model=D, num_heads=H, head_dim=HD), B)
+  state = StreamingSinkAttention.init_state(sinks_config(num_sinks=1, window=2), B)
   ctx = AttentionContext(positions=jnp.zeros((B, C), jnp.int32), segment_ids=jnp.zeros((B, C), jnp.int32),
                          reset=jnp.ones((B,), bool), valid=jnp.ones((B, C), bool))
   return jax.jit(module.init)(jax.random.PRNGKey(0), random_inputs()[:, :C], state, ctx)['params']
@@ -131,16 +136,36 @@ def test_cache_keeps_exactly_sinks_and_window():
       assert st['doc_start'][b] == doc_start and st['last_segment'][b] == segments[b, end - 1]
 
 
-def test_bad_config_values_name_their_key():
-  for key, value in (('sink_window', 0), ('num_sinks', -1), ('sink_positions', 'slots')):
-    config = tiny_model_config(attention='streaming_sinks', **{key: value})
-    with pytest.raises(ConfigError, match=f'model.{key}'):
-      StreamingSinkAttention.from_config(config, jnp.float32)
+@pytest.mark.parametrize('key,value', [('window', 0), ('num_sinks', -1), ('positions', 'slots'),
+                                       ('window', 2.5)])
+def test_bad_config_values_name_their_key(key, value):
+  with pytest.raises(ConfigError) as error:
+    sinks_config(**{key: value})
+  assert error.value.key == f'model.streaming_sinks.{key}'
+  assert len(str(error.value).splitlines()) == 1
+
+
+def test_good_settings_reach_the_layer():
+  config = sinks_config(num_sinks=0, window=1, positions='original')
+  module = StreamingSinkAttention.from_config(config, jnp.float32)
+  assert (module.num_sinks, module.window, module.sink_positions) == (0, 1, 'original')
+  state = StreamingSinkAttention.init_state(config, B)
+  assert state['sinks'].capacity == 0 and state['window'].capacity == 0
+
+
+def test_old_flat_names_move_to_the_streaming_sinks_section():
+  model, moved = migrate_flat_model({'attention': 'streaming_sinks', 'num_sinks': 2,
+                                     'sink_window': 64, 'sink_positions': 'original'})
+  assert model['streaming_sinks'] == dict(num_sinks=2, window=64, positions='original')
+  assert ('sink_window', 'streaming_sinks.window') in moved
+  # num_sinks is also Attendre's (its sink policy): it goes to the variant the model uses.
+  assert migrate_flat_model({'attention': 'attendre', 'num_sinks': 2})[0]['attendre'] == {
+      'num_sinks': 2}
 
 
 @pytest.mark.slow  # a train.py smoke run; the layer tests cover the variant
 def test_tiny_training_run(tmp_path):
-  config = tiny_config(attention='streaming_sinks', num_sinks=2, sink_window=6)
+  config = tiny_config(attention='streaming_sinks', streaming_sinks=dict(num_sinks=2, window=6))
   config.train.update(num_steps=2, log_every=1, checkpoint_every=2)
   state, metrics = train(config, str(tmp_path))
   assert int(state.step) == 2 and np.isfinite(metrics['loss'])

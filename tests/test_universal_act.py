@@ -3,21 +3,22 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
+import pytest
 
+from longformer_jax.config_errors import ConfigError
 from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.models.pre_ln_block import DecoderBlock
+from longformer_jax.models.model_config import migrate_flat_model
 from longformer_jax.models.universal_stack import UniversalTransformerACT
 from tests.tiny_models import context_of, random_normal, stream_batch, tiny_config, tiny_model_config
 
 B, C = 2, 8
 
 
-def _config(max_steps, **overrides):
-  values = tiny_model_config(attention='vanilla', mem_len=0).to_dict()
-  values.update(stack='universal_act', act_max_steps=max_steps, act_epsilon=0.01, **overrides)
-  return ml_collections.FrozenConfigDict(values)
+def _config(max_steps):
+  return tiny_model_config(attention='vanilla', mem_len=0, stack='universal_act',
+                           universal_act={'max_steps': max_steps, 'epsilon': 0.01})
 
 
 def _run(config, seed=0, halting_bias=None):
@@ -95,19 +96,33 @@ def test_act_matches_python_reference():
 
 def test_universal_act_model_trains(tmp_path):
   from train import train
-  config = tiny_config(attention='vanilla', mem_len=0, stack='universal_act', act_max_steps=3,
-                       act_epsilon=0.01)
+  config = tiny_config(attention='vanilla', mem_len=0, stack='universal_act',
+                       universal_act={'max_steps': 3, 'epsilon': 0.01})
   config.model.aux_loss_weights.ponder_loss = 0.01
   config.train.update(num_steps=2, checkpoint_every=2)
   _, metrics = train(config, str(tmp_path))
   assert np.isfinite(metrics['loss']) and 'aux/ponder_loss' in metrics
 
 
-def test_bad_act_settings_name_the_key():
-  import pytest
-  from longformer_jax.config_errors import ConfigError
-  from longformer_jax.config_validation import validate_config
-  with pytest.raises(ConfigError, match='model.act_max_steps'):
-    validate_config(tiny_config(stack='universal_act', act_max_steps=0))
-  with pytest.raises(ConfigError, match='model.act_epsilon'):
-    validate_config(tiny_config(stack='universal_act', act_max_steps=2, act_epsilon=1.5))
+@pytest.mark.parametrize('settings,key', [
+    ({'max_steps': 0}, 'max_steps'), ({'epsilon': 1.5}, 'epsilon'), ({'epsilon': 0.0}, 'epsilon')])
+def test_bad_act_settings_name_the_key(settings, key):
+  with pytest.raises(ConfigError, match=rf'model\.universal_act\.{key}: '):
+    tiny_config(stack='universal_act', universal_act=settings)
+
+
+@pytest.mark.parametrize('shared,key', [
+    ({'scan_layers': True}, 'scan_layers'), ({'remat_policy': 'full'}, 'remat_policy'),
+    ({'layer_schedule': {'mem_len': '8,16'}}, 'layer_schedule')])
+def test_shared_settings_the_loop_ignores_are_errors(shared, key):
+  """One block config is applied at every step: per-layer settings would be ignored."""
+  with pytest.raises(ConfigError, match=rf'model\.{key}: '):
+    tiny_config(stack='universal_act', **shared)
+
+
+def test_old_flat_names_migrate_to_the_section():
+  values, moved = migrate_flat_model({'stack': 'universal_act', 'act_max_steps': 6,
+                                      'act_epsilon': 0.05})
+  assert values == {'stack': 'universal_act', 'universal_act': {'max_steps': 6, 'epsilon': 0.05}}
+  assert sorted(moved) == [('act_epsilon', 'universal_act.epsilon'),
+                           ('act_max_steps', 'universal_act.max_steps')]

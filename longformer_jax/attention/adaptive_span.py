@@ -1,6 +1,6 @@
 """Adaptive-Span attention (Sukhbaatar et al., 2019) on Transformer-XL scores.
 
-Each head learns a span z in [0, S] (S = `span_max`, default `mem_len`,
+Each head learns a span z in [0, S] (S = `max_span`, default `mem_len`,
 the memory kept; S = mem_len + chunk lets every query see its whole
 context), and
 its attention weights are multiplied by the soft mask (eq. 2)
@@ -8,23 +8,27 @@ its attention weights are multiplied by the soft mask (eq. 2)
   m_z(x) = clamp((R + z - x) / R, 0, 1),   x = t - r the query-key distance,
 
 before renormalisation (eq. 3): a_tr = m_z(t - r) e^{s_tr} / sum_q m_z(t - q) e^{s_tq}.
-R (`span_ramp`) is the softness. The L1 penalty (eq. 4, lambda/M sum_i z_i)
+R (`ramp`) is the softness. The L1 penalty (eq. 4, lambda/M sum_i z_i)
 is reported as the aux loss `span_loss` = mean of z over heads (its weight
 lambda is `model.aux_loss_weights.span_loss`).
 
-Dynamic span (`span_dynamic=True`, section 3.2): z_t = S sigmoid(v . x_t + b)
+Dynamic span (`dynamic=True`, section 3.2): z_t = S sigmoid(v . x_t + b)
 per head and query token; the penalty is the mean of z_t over valid tokens.
 
 The scores are Transformer-XL's (u, v, W_kR, sinusoid R, clamp_len) with
 XL's parameter names; relative positions are gathered from the entries'
 stored positions. Cost follows the spans: only the newest
-n = min(S, ceil(R + max z)) memory entries (rounded up to `span_block`) can
+n = min(S, ceil(R + max z)) memory entries (rounded up to `block`) can
 get a non-zero weight, so the key/value projections and the attention run
 over those n entries plus the chunk, chosen at run time by `jax.lax.switch`
-among ceil(S / span_block) + 1 compiled sizes. The memory itself keeps S
+among ceil(S / block) + 1 compiled sizes (`trim`). The memory itself keeps S
 entries (a fixed shape), so a span that grows again finds its context.
+
+Settings: `config.model.adaptive_span` (`AdaptiveSpanConfig`); the memory
+length is the shared `model.mem_len`.
 """
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -36,9 +40,44 @@ from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import soft_masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import ProjectionKernel, projection
 from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.memory import fifo
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveSpanConfig(Section):
+  """`config.model.adaptive_span`; the memory length is the shared `model.mem_len`."""
+  max_span: int = 0         # S, the largest span (0: model.mem_len)
+  ramp: float = 32.0        # R, the soft mask's ramp
+  init: float = 0.0         # z / S at initialisation (learned spans)
+  block: int = 64           # trimming granularity: memory sizes are multiples of this
+  dynamic: bool = False     # True: z_t = S sigmoid(v . x_t + b) per head and token
+  trim: bool = True         # attend only over the memory entries a span can reach
+  clamp_len: int = -1       # clamp relative distances to this (-1: off)
+
+  legacy_names = {'span_max': 'max_span', 'span_ramp': 'ramp', 'span_init': 'init',
+                  'span_block': 'block', 'span_dynamic': 'dynamic', 'span_trim': 'trim',
+                  'clamp_len': 'clamp_len'}
+
+  def validate(self, env) -> None:
+    self.require(self.max_span >= 0, 'max_span', 'must be >= 0 (0: model.mem_len)')
+    self.require(self.ramp > 0, 'ramp', 'must be > 0')
+    self.require(0.0 <= self.init <= 1.0, 'init', 'must be in [0, 1] (a fraction of S)')
+    self.require(self.block >= 1, 'block', 'must be >= 1')
+    self.require(not self.dynamic or self.init == 0.0, 'init',
+                 'is read only by learned spans (dynamic=False)')
+    self.require(self.clamp_len == -1 or self.clamp_len > 0, 'clamp_len',
+                 'must be -1 (off) or > 0')
+    if env is not None:
+      self.require(self.max_span > 0 or env.model.mem_len > 0, 'max_span',
+                   'must be > 0 when model.mem_len is 0 (0 takes mem_len)')
+
+
+def largest_span(config) -> int:
+  """S of a resolved model config: `adaptive_span.max_span`, or `mem_len` when 0."""
+  return config.adaptive_span.max_span or config.mem_len
 
 
 def span_mask(spans: jax.Array, distances: jax.Array, ramp: float) -> jax.Array:
@@ -76,14 +115,16 @@ class AdaptiveSpanAttention(nn.Module):
   clamp_len: int = -1
   dtype: jnp.dtype = jnp.float32
 
+  Config = AdaptiveSpanConfig
+  reads_mem_len = True
+
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    section = config.adaptive_span
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               mem_len=config.mem_len, span_max=config.get('span_max', 0),
-               span_ramp=config.get('span_ramp', 32.0),
-               span_init=config.get('span_init', 0.0), span_block=config.get('span_block', 64),
-               dynamic=config.get('span_dynamic', False), trim=config.get('span_trim', True),
-               clamp_len=config.get('clamp_len', -1), dtype=dtype, name=name)
+               mem_len=config.mem_len, span_max=section.max_span, span_ramp=section.ramp,
+               span_init=section.init, span_block=section.block, dynamic=section.dynamic,
+               trim=section.trim, clamp_len=section.clamp_len, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):

@@ -64,13 +64,15 @@ Parameters are vanilla's (`query`, `key`, `value`, `out`, same shapes), so a
 model trained with `attention='vanilla'` runs with this layer at evaluation
 time.
 
-Config keys (per layer, all optional): `memory_size` (M, 128),
-`q_memory_size` (N, 0), `memory_policy` and the policy's keys (see
-`memory/policies.py make_policy`; `per_head_scores` True gives every head its
-own memory of M entries, rows `b * heads + h`), `memory_top_k` (0 = all entries),
-`memory_top_k_method` ('exact' | 'approx'), `memory_recall_target` (0.95),
-`rope_max_distance` (-1), `causal` (True).
+Settings: `config.model.attendre` (`AttendreConfig`, per layer through
+`model.layer_schedule.attendre`): `memory_size` (M), `q_memory_size` (N),
+`policy` and the policy's settings (memory/policies.py; `per_head_scores`
+gives every head its own memory of M entries, rows `b * heads + h`),
+`top_k` (0 = all entries), `top_k_method`, `recall_target`,
+`rope_max_distance`; and the shared `model.causal`.
 """
+
+import dataclasses
 
 import flax.linen as nn
 import flax.struct
@@ -82,7 +84,7 @@ from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
-from longformer_jax.config_errors import require
+from longformer_jax.config.section import Section
 from longformer_jax.layers.capped_rotary import capped_rotary_scores
 from longformer_jax.memory import entries, fifo, key_value, policies
 from longformer_jax.memory.entries import MemoryEntries
@@ -107,19 +109,66 @@ class AttendreState:
   document_start: jax.Array
 
 
-def check_attendre_config(config) -> None:
-  """ConfigError for bad Attendre settings (policy settings: `policies.make_policy`)."""
-  for key, low in (('memory_size', 0), ('q_memory_size', 0), ('memory_top_k', 0)):
-    value = config.get(key, {'memory_size': 128}.get(key, 0))
-    require(isinstance(value, int) and value >= low, f'model.{key}',
-            f'must be an integer >= {low}, got {value!r}')
-  method = config.get('memory_top_k_method', 'exact')
-  require(method in METHODS, 'model.memory_top_k_method',
-          f'must be one of {METHODS}, got {method!r}')
-  rope_max_distance = config.get('rope_max_distance', -1)
-  require(isinstance(rope_max_distance, int), 'model.rope_max_distance',
-          f'must be an integer (-1: no cap), got {rope_max_distance!r}')
-  policies.make_policy(config)
+@dataclasses.dataclass(frozen=True)
+class AttendreConfig(Section):
+  """`config.model.attendre`: the two memories, the eviction policy, retrieval, positions."""
+  memory_size: int = 128            # M: K/V memory entries per row (per head with per_head_scores)
+  q_memory_size: int = 0            # N: delayed queries (> 0 needs model.stack='attendre_delay')
+  policy: str = 'fifo'              # fifo | sink | lru | lfu | lra | lra_{last,max,sum} | lfa
+  lra_pooling: str = 'max'          # policy 'lra': last | max | sum ('lra_max' names it instead)
+  lfa_gamma: float = 1.0            # policy 'lfa': decay in (0, 1] (1: LFA-0)
+  num_sinks: int = 0                # policy 'sink': the first positions of a document kept
+  init_std_multiplier: float = 1.0  # scored policies: new entries score mean - k * std
+  admission: str = 'always'         # scored policies: new entries 'always' go in | compete on 'score'
+  recent_window: int = 0            # the r most recent entries are never evicted (0: none)
+  per_head_scores: bool = False     # one memory per head, evicting on its own head's attention
+  top_k: int = 0                    # attend to the k best memory entries per query/head (0: all)
+  top_k_method: str = 'exact'       # exact (lax.top_k) | approx (lax.approx_max_k)
+  recall_target: float = 0.95       # top_k_method='approx': its recall target
+  rope_max_distance: int = -1       # LM-Infinite cap on RoPE distances (-1: off)
+
+  legacy_names = {'memory_size': 'memory_size', 'q_memory_size': 'q_memory_size',
+                  'memory_policy': 'policy', 'lra_pooling': 'lra_pooling',
+                  'lfa_gamma': 'lfa_gamma', 'num_sinks': 'num_sinks',
+                  'init_std_multiplier': 'init_std_multiplier', 'admission': 'admission',
+                  'recent_window': 'recent_window', 'per_head_scores': 'per_head_scores',
+                  'memory_top_k': 'top_k', 'memory_top_k_method': 'top_k_method',
+                  'memory_recall_target': 'recall_target',
+                  'rope_max_distance': 'rope_max_distance'}
+
+  def validate(self, env) -> None:
+    self.require(self.memory_size >= 0, 'memory_size', 'must be >= 0')
+    self.require(self.q_memory_size >= 0, 'q_memory_size', 'must be >= 0 (0: no delay)')
+    self.require(self.policy in policies.POLICY_CHOICES, 'policy',
+                 f'is not an eviction policy; choose one of {policies.POLICY_CHOICES}')
+    self.require(self.lra_pooling in policies.LRA_POOLINGS, 'lra_pooling',
+                 f'must be one of {policies.LRA_POOLINGS}')
+    self.require(0.0 < self.lfa_gamma <= 1.0, 'lfa_gamma', 'must be in (0, 1]')
+    self.require(self.num_sinks >= 0, 'num_sinks', 'must be >= 0')
+    self.require(self.policy != 'sink' or self.num_sinks >= 1, 'num_sinks',
+                 "must be >= 1 with policy='sink' (no sinks is policy 'fifo')")
+    self.require(self.init_std_multiplier >= 0.0, 'init_std_multiplier', 'must be >= 0')
+    self.require(self.admission in policies.ADMISSIONS, 'admission',
+                 f'must be one of {policies.ADMISSIONS}')
+    # num_sinks is left out: runs made before the sections set it beside other policies.
+    for name in ('lra_pooling', 'lfa_gamma', 'init_std_multiplier', 'admission'):
+      readers = policies.POLICY_SETTINGS[name]
+      self.require(policies.reads_setting(self.policy, name)
+                   or getattr(self, name) == getattr(AttendreConfig, name), name,
+                   f'is read only by policy {" | ".join(readers)} (policy is {self.policy!r})')
+    self.require(self.recent_window >= 0, 'recent_window', 'must be >= 0 (0: none)')
+    self.require(self.top_k >= 0, 'top_k', 'must be >= 0 (0: every memory entry)')
+    self.require(self.top_k_method in METHODS, 'top_k_method', f'must be one of {METHODS}')
+    self.require(self.top_k > 0 or self.top_k_method == 'exact', 'top_k_method',
+                 'is read only with top_k > 0')
+    self.require(0.0 < self.recall_target <= 1.0, 'recall_target', 'must be in (0, 1]')
+    self.require(self.top_k_method == 'approx' or self.recall_target == 0.95, 'recall_target',
+                 "is read only by top_k_method='approx'")
+    self.require(self.rope_max_distance >= -1, 'rope_max_distance', 'must be -1 (off) or >= 0')
+    if env is not None:
+      self.require(self.q_memory_size == 0 or env.model.stack == 'attendre_delay',
+                   'q_memory_size', f"> 0 needs model.stack='attendre_delay', not "
+                   f"{env.model.stack!r}: a delayed output needs a skip path delayed as much")
 
 
 def as_head_rows(tree, heads: int):
@@ -179,6 +228,8 @@ class AttendreAttention(nn.Module):
   `y[:, j]` is the output for the query evicted at slot j (position
   `ctx.positions[:, j] - q_memory_size` on a continuous stream).
   """
+  Config = AttendreConfig
+
   num_heads: int
   head_dim: int
   d_model: int
@@ -194,27 +245,23 @@ class AttendreAttention(nn.Module):
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    check_attendre_config(config)
+    section = config.attendre
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               memory_size=config.get('memory_size', 128),
-               q_memory_size=config.get('q_memory_size', 0),
-               policy=policies.make_policy(config),
-               top_k=config.get('memory_top_k', 0),
-               top_k_method=config.get('memory_top_k_method', 'exact'),
-               recall_target=float(config.get('memory_recall_target', 0.95)),
-               rope_max_distance=config.get('rope_max_distance', -1),
-               causal=config.get('causal', True), dtype=dtype, name=name)
+               memory_size=section.memory_size, q_memory_size=section.q_memory_size,
+               policy=policies.make_policy(section), top_k=section.top_k,
+               top_k_method=section.top_k_method, recall_target=float(section.recall_target),
+               rope_max_distance=section.rope_max_distance, causal=config.causal, dtype=dtype,
+               name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
     """Empty Q memory (N queries) and K/V memory (M entries) per row."""
-    check_attendre_config(config)
+    section = config.attendre
     heads = (config.num_heads, config.head_dim)
-    per_head = policies.make_policy(config).per_head
     return AttendreState(
-        queries=fifo.create(batch_size, config.get('q_memory_size', 0), heads, dtype),
-        memory=key_value.create(batch_size, config.get('memory_size', 128), *heads, dtype,
-                                per_head_rows=per_head),
+        queries=fifo.create(batch_size, section.q_memory_size, heads, dtype),
+        memory=key_value.create(batch_size, section.memory_size, *heads, dtype,
+                                per_head_rows=section.per_head_scores),
         document_start=jnp.full((batch_size,), _INT32_MIN, jnp.int32))
 
   def attend(self, queries: fifo.FifoMemory, memory: MemoryEntries, chunk: MemoryEntries,

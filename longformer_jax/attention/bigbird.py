@@ -12,18 +12,20 @@ positions relative to the chunk's first token, query i may attend to key j
 Global tokens (section 2, "BigBird-ITC"): every token of the first g blocks,
 plus tokens flagged in `ctx.global_flags` (e.g. [CLS] or a question), at most
 `max_global_tokens` of them, the earliest first; padded tokens are never
-global. Encoder (bidirectional) by default in an encoder model; the LM
-configs set `causal` (read from `config.causal`, default True as in
-vanilla.py), which applies the causal rule to the same block pattern and
-draws random blocks among past blocks only.
+global. Bidirectional in an encoder model (models/encoder.py); a decoder LM
+with the shared `model.causal = True` applies the causal rule to the same
+block pattern and draws random blocks among past blocks only.
 
-The random pattern R `[num_blocks, r]` is drawn from an explicit key,
-`fold_in(PRNGKey(bigbird_seed), layer_index)` (`layer_index` is the layer's
-number, set by `models/layer_schedule.layer_config`; 0 outside a stack), by `random_block_pattern`: it
-depends only on (key, number of blocks), so train and eval see the same
-pattern for the same key and chunk length (a different eval chunk length
-gives a different number of blocks, hence a different pattern). It is the
-same for every row and every chunk. Each query block draws r distinct blocks
+Settings: `config.model.bigbird` (`BigBirdConfig`). The random pattern R
+`[num_blocks, r]` is drawn from an explicit key, `fold_in(PRNGKey(seed),
+layer_index)` (`layer_index` is the layer's number, set by
+`models/layer_schedule.layer_config`; 0 outside a stack and under
+`scan_layers`), by `random_block_pattern`: it depends only on (key, number of
+blocks), so train and eval see the same pattern for the same key and chunk
+length. A chunk length with another number of blocks draws another pattern,
+so `BigBirdConfig.validate` refuses random blocks when the model would see
+several such lengths (phases, an evaluation chunk length). It is the same for
+every row and every chunk. Each query block draws r distinct blocks
 outside its window and the ITC blocks (and, causal, in the past); when fewer
 than r such blocks exist, the rest of its draws repeat window or global
 blocks, whose keys the random set then masks.
@@ -36,6 +38,8 @@ masked); the G global queries then attend to the whole chunk, O(n * G), and
 their rows replace the sparse ones.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -44,7 +48,41 @@ import ml_collections
 from longformer_jax.attention.core import block_sparse, cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
-from longformer_jax.config_errors import require
+from longformer_jax.config.section import Section
+
+
+@dataclasses.dataclass(frozen=True)
+class BigBirdConfig(Section):
+  """`config.model.bigbird`; causal or bidirectional is the shared `model.causal`."""
+  block: int = 16                 # b: tokens per block (the chunk is padded to whole blocks)
+  window_blocks: int = 1          # w: blocks on each side of the query's own block
+  random_blocks: int = 2          # r: random key blocks per query block
+  global_blocks: int = 1          # g: the chunk's first g blocks are global (ITC)
+  max_global_tokens: int = 0      # most tokens flagged in ctx.global_flags made global
+  seed: int = 0                   # random blocks of layer i: fold_in(PRNGKey(seed), i)
+
+  legacy_names = {'bigbird_block': 'block', 'bigbird_window_blocks': 'window_blocks',
+                  'bigbird_random_blocks': 'random_blocks',
+                  'bigbird_global_blocks': 'global_blocks',
+                  'bigbird_max_global_tokens': 'max_global_tokens', 'bigbird_seed': 'seed'}
+
+  def validate(self, env) -> None:
+    self.require(self.block >= 1, 'block', 'must be >= 1')
+    for name in ('window_blocks', 'random_blocks', 'global_blocks', 'max_global_tokens'):
+      self.require(getattr(self, name) >= 0, name, 'must be >= 0')
+    if env is not None and self.random_blocks:
+      lengths = sorted(set(env.chunk_lens))
+      blocks = sorted({block_sparse.num_blocks_for(n, self.block) for n in lengths})
+      self.require(len(blocks) <= 1, 'random_blocks',
+                   f'random blocks per query block: the random pattern depends on the chunk '
+                   f'length, and the chunk lengths the model sees ({_join(lengths)}: training '
+                   f'phases, evaluation) give {_join(blocks)} blocks of {self.block}, so it '
+                   f'differs between them; use lengths with one number of blocks or '
+                   f'random_blocks=0')
+
+
+def _join(values) -> str:
+  return ', '.join(str(v) for v in values)
 
 
 def random_block_pattern(key: jax.Array, num_blocks: int, num_random: int, window_blocks: int,
@@ -152,21 +190,19 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.A
   return out[:, :n]
 
 
-def check_settings(block: int, window_blocks: int, random_blocks: int, global_blocks: int,
-                   max_global_tokens: int) -> None:
-  """Raises ConfigError naming the model key of a bad setting."""
-  require(isinstance(block, int) and block > 0, 'model.bigbird_block',
-          f'must be a positive integer, got {block!r}')
-  for key, value in (('bigbird_window_blocks', window_blocks),
-                     ('bigbird_random_blocks', random_blocks),
-                     ('bigbird_global_blocks', global_blocks),
-                     ('bigbird_max_global_tokens', max_global_tokens)):
-    require(isinstance(value, int) and value >= 0, f'model.{key}',
-            f'must be a non-negative integer, got {value!r}')
+def stack_layer_index(config: ml_collections.ConfigDict) -> int:
+  """The layer's number, set by `layer_schedule.layer_config`; 0 where it is not (scan_layers).
+
+  Not a setting: the stack writes it into each layer's config.
+  """
+  return config['layer_index'] if 'layer_index' in config else 0
 
 
 class BigBirdAttention(nn.Module):
   """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  Config = BigBirdConfig
+  reads_mem_len = False           # stateless: attends within the chunk
+
   num_heads: int
   head_dim: int
   d_model: int
@@ -182,17 +218,13 @@ class BigBirdAttention(nn.Module):
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    """Keys: bigbird_block, bigbird_window_blocks, bigbird_random_blocks,
-    bigbird_global_blocks, bigbird_max_global_tokens, bigbird_seed; causal; layer_index."""
-    settings = dict(block=config.get('bigbird_block', 16),
-                    window_blocks=config.get('bigbird_window_blocks', 1),
-                    random_blocks=config.get('bigbird_random_blocks', 2),
-                    global_blocks=config.get('bigbird_global_blocks', 1),
-                    max_global_tokens=config.get('bigbird_max_global_tokens', 0))
-    check_settings(**settings)
+    section = config.bigbird
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               seed=config.get('bigbird_seed', 0), layer_index=config.get('layer_index', 0),
-               causal=config.get('causal', True), dtype=dtype, name=name, **settings)
+               block=section.block, window_blocks=section.window_blocks,
+               random_blocks=section.random_blocks, global_blocks=section.global_blocks,
+               max_global_tokens=section.max_global_tokens, seed=section.seed,
+               layer_index=stack_layer_index(config), causal=config.causal, dtype=dtype,
+               name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):

@@ -5,8 +5,11 @@ parameter names included) over `[compressed memory; memory; chunk]`:
 - memory: the last `mem_len` (n_m) hidden states of this layer's input, FIFO;
 - compressed memory: `compressed_mem_len` (n_cm) entries, FIFO; each chunk, the
   n_s entries evicted from the memory are compressed by rate c
-  (`compression_rate`) into floor(n_s / c) entries (see
-  `longformer_jax/memory/compression.py`) that are pushed into it.
+  (`rate`) into floor(n_s / c) entries (see `longformer_jax/memory/compression.py`)
+  that are pushed into it.
+
+Settings: `config.model.compressive` (`CompressiveConfig`); the memory
+length n_m is the shared `model.mem_len`.
 
 A compressed entry sits at the position of the newest valid entry of its
 group (of its own position for `most_used`); relative positions are gathered
@@ -28,6 +31,8 @@ the attention it received averaged over heads and the chunk's valid queries;
 its "average attention" is that sum divided by the number of chunks.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import flax.struct
 import jax
@@ -39,8 +44,42 @@ from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.xl import XLAttention
-from longformer_jax.config_errors import require
+from longformer_jax.config.section import Section
 from longformer_jax.memory import compression, fifo
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressiveConfig(Section):
+  """`config.model.compressive`; the memory length n_m is the shared `model.mem_len`."""
+  compressed_mem_len: int = 0  # n_cm, entries of the compressed memory (0: none)
+  function: str = 'conv'       # max_pool | mean_pool | conv | dilated_conv | most_used
+  rate: int = 3                # c: n_s evicted entries become floor(n_s / c)
+  kernel: int = 0              # dilated_conv window length (0: the rate c)
+  dilation: int = 2            # dilated_conv spacing of the window
+  clamp_len: int = -1          # clamp relative distances to this (-1: off)
+
+  legacy_names = {'compressed_mem_len': 'compressed_mem_len', 'compression': 'function',
+                  'compression_rate': 'rate', 'compression_kernel': 'kernel',
+                  'compression_dilation': 'dilation', 'clamp_len': 'clamp_len'}
+
+  def validate(self, env) -> None:
+    self.require(self.compressed_mem_len >= 0, 'compressed_mem_len', 'must be >= 0')
+    self.require(self.function in compression.COMPRESSION_FUNCTIONS, 'function',
+                 f'must be one of {compression.COMPRESSION_FUNCTIONS}')
+    self.require(self.rate >= 1, 'rate', 'must be >= 1')
+    self.require(self.kernel >= 0, 'kernel', 'must be >= 0 (0: the rate)')
+    self.require(self.dilation >= 1, 'dilation', 'must be >= 1')
+    dilated = self.function == 'dilated_conv'
+    self.require(dilated or self.kernel == 0, 'kernel', "is read only by function='dilated_conv'")
+    self.require(dilated or self.dilation == 2, 'dilation',
+                 "is read only by function='dilated_conv'")
+    self.require(self.clamp_len == -1 or self.clamp_len > 0, 'clamp_len',
+                 'must be -1 (off) or > 0')
+    # Each chunk evicts as many entries as it has tokens (n_s = chunk length).
+    for chunk_len in (env.chunk_lens if env is not None else ()):
+      self.require(self.compressed_mem_len == 0 or self.rate <= chunk_len, 'rate',
+                   f'must be <= every chunk length ({chunk_len}): the n_s = {chunk_len} '
+                   'entries a chunk evicts must compress into at least one')
 
 
 @flax.struct.dataclass
@@ -78,27 +117,22 @@ class CompressiveAttention(XLAttention):
   compression_kernel: int = 3
   compression_dilation: int = 2
 
+  Config = CompressiveConfig
+  reads_mem_len = True
+
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    rate = config.get('compression_rate', 3)
-    function = config.get('compression', 'conv')
-    require(function in compression.COMPRESSION_FUNCTIONS, 'model.compression',
-            f'unknown compression {function!r}; choose one of {list(compression.COMPRESSION_FUNCTIONS)}')
-    require(rate >= 1, 'model.compression_rate', f'must be >= 1, got {rate}')
+    section = config.compressive
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               clamp_len=config.get('clamp_len', -1), relative_impl='gather',
-               compression=function, compression_rate=rate,
-               compression_kernel=config.get('compression_kernel', rate),
-               compression_dilation=config.get('compression_dilation', 2),
-               dtype=dtype, name=name)
+               clamp_len=section.clamp_len, relative_impl='gather',
+               compression=section.function, compression_rate=section.rate,
+               compression_kernel=section.kernel or section.rate,
+               compression_dilation=section.dilation, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
-    """Empty memory (`mem_len`) and compressed memory (`compressed_mem_len`)."""
-    n_cm = config.get('compressed_mem_len', 0)
-    require(n_cm >= 0, 'model.compressed_mem_len', f'must be >= 0, got {n_cm}')
-    require(config.get('compression_rate', 3) >= 1, 'model.compression_rate',
-            f"must be >= 1, got {config.get('compression_rate', 3)}")
+    """Empty memory (`mem_len`) and compressed memory (`compressive.compressed_mem_len`)."""
+    n_cm = config.compressive.compressed_mem_len
     zeros = jnp.zeros((batch_size, config.mem_len), jnp.float32)
     return CompressiveMemory(
         memory=fifo.create(batch_size, config.mem_len, (config.d_model,), dtype),

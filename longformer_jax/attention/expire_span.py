@@ -30,11 +30,15 @@ entries are compacted (oldest first, free slots in front) and the chunk's
 tokens fill the freed slots; if more than `mem_len` entries are alive, the
 oldest ones are dropped, as in an XL cache.
 
-Random memory shortening (the paper's regularisation, `expire_span_shorten`): in training,
+Random memory shortening (the paper's regularisation, `shorten`): in training,
 each chunk draws u ~ U(0, 1) from the 'dropout' stream and the masks use
 min(e_i, u * L); the loss and the keep/drop decisions use e_i.
+
+Settings: `config.model.expire_span` (`ExpireSpanConfig`); the memory
+capacity is the shared `model.mem_len`.
 """
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -46,9 +50,38 @@ from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import soft_masked_softmax
 from longformer_jax.attention.xl import XLAttention
-from longformer_jax.config_errors import require
+from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.memory import fifo
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpireSpanConfig(Section):
+  """`config.model.expire_span`; the memory capacity is the shared `model.mem_len`."""
+  max_span: int = 0             # L, the largest span (0: model.mem_len)
+  ramp: int = 32                # R, the length of the soft phase-out
+  init_fraction: float = 0.5    # e_i / L at initialisation (sets the span bias)
+  shorten: bool = False         # random memory shortening in training
+  clamp_len: int = -1           # clamp relative distances to this (-1: off)
+
+  legacy_names = {'expire_span_max': 'max_span', 'expire_span_ramp': 'ramp',
+                  'expire_span_init_fraction': 'init_fraction',
+                  'expire_span_shorten': 'shorten', 'clamp_len': 'clamp_len'}
+
+  def validate(self, env) -> None:
+    self.require(self.max_span >= 0, 'max_span', 'must be >= 0 (0: model.mem_len)')
+    self.require(self.ramp > 0, 'ramp', 'must be > 0')
+    self.require(0.0 < self.init_fraction < 1.0, 'init_fraction', 'must be in (0, 1)')
+    self.require(self.clamp_len == -1 or self.clamp_len > 0, 'clamp_len',
+                 'must be -1 (off) or > 0')
+    if env is not None:
+      self.require(self.max_span > 0 or env.model.mem_len > 0, 'max_span',
+                   'must be > 0 when model.mem_len is 0 (0 takes mem_len)')
+
+
+def largest_span(config) -> int:
+  """L of a resolved model config: `expire_span.max_span`, or `mem_len` when 0."""
+  return config.expire_span.max_span or config.mem_len
 
 
 def soft_expire_mask(spans: jax.Array, q_positions: jax.Array, k_positions: jax.Array,
@@ -103,19 +136,17 @@ class ExpireSpanAttention(XLAttention):
   init_fraction: float = 0.5
   shorten: bool = False
 
+  Config = ExpireSpanConfig
+  reads_mem_len = True
+
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    max_span = config.get('expire_span_max', config.mem_len)
-    ramp = config.get('expire_span_ramp', 32)
-    init_fraction = config.get('expire_span_init_fraction', 0.5)
-    require(max_span > 0, 'model.expire_span_max', f'must be > 0, got {max_span}')
-    require(ramp > 0, 'model.expire_span_ramp', f'must be > 0, got {ramp}')
-    require(0.0 < init_fraction < 1.0, 'model.expire_span_init_fraction',
-            f'must be in (0, 1), got {init_fraction}')
+    section = config.expire_span
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               clamp_len=config.get('clamp_len', -1), relative_impl='gather',
-               max_span=max_span, ramp=ramp, init_fraction=init_fraction,
-               shorten=config.get('expire_span_shorten', False), dtype=dtype, name=name)
+               clamp_len=section.clamp_len, relative_impl='gather',
+               max_span=largest_span(config), ramp=section.ramp,
+               init_fraction=section.init_fraction, shorten=section.shorten,
+               dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):

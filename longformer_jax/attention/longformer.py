@@ -3,33 +3,23 @@
 Every path costs O(n·w) (plus O(n·g) for g global tokens); no n x n array is
 ever built.
 
-Window convention: `model.window` is ONE-SIDED (the original code's
-`attention_window`; Hugging Face's `attention_window` is twice this): with
-dilation d a query at position i attends to keys at i - j in {0, d, ..., w·d}
-(causal: w + 1 keys) or |i - j| in {0, d, ..., w·d} (two-sided: 2w + 1 keys).
+Window convention: `model.longformer.window` is ONE-SIDED (the original
+code's `attention_window`; Hugging Face's `attention_window` is twice this):
+with dilation d a query at position i attends to keys at i - j in
+{0, d, ..., w·d} (causal: w + 1 keys) or |i - j| in {0, d, ..., w·d}
+(two-sided: 2w + 1 keys).
 
-Config keys (`model.*`, all optional):
-  window             one-sided window w (default 256).
-  dilation           dilation of every head (default 1), or
-  head_dilations     one per head, e.g. '1,1,2,2' (',', ':' or spaces), as in
-                     the paper's LM setup (a few heads dilated in upper layers).
-  causal             decoder (True, default) or encoder (False).
-  block_size         queries per block of the blocked kernel (0: automatic).
-  global_tokens      the most global tokens per row and chunk (0: no global attention).
-  global_projections separate Q_g, K_g, V_g for global rows (default True).
-  window_cache       keep a FIFO cache of the last w·max(d) hidden states so that
-                     windows cross chunk boundaries (default: True when causal; the
-                     chunked stream is then processed exactly as one long sequence).
-  rotary             RoPE on queries and keys (default True); False for models that
-                     add absolute position embeddings themselves.
-Per-layer windows and dilations come from `model.layer_schedule` (the model
-builds layer i from its own config), so this module reads `window` only.
+Settings: `config.model.longformer` (`LongformerConfig`); causal (decoder) or
+two-sided (encoder) is the shared `model.causal`. Per-layer windows and
+dilations come from `model.layer_schedule.longformer` (the model builds
+layer i from its own config), so this module reads one value of each.
 
 Positions: RoPE (as attention/vanilla.py), rotated relative to the chunk's
 first position; the cache holds hidden states (keys are re-made and rotated at
 their stored positions), which keeps it exact. The cache is stop-gradient.
 """
 
+import dataclasses
 import re
 
 import flax.linen as nn
@@ -43,7 +33,7 @@ from longformer_jax.attention.core.dilated_window import dilated_window_attentio
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
 from longformer_jax.attention.core.sliding_window import auto_block_size
-from longformer_jax.config_errors import ConfigError, require
+from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
@@ -51,32 +41,62 @@ from longformer_jax.memory import fifo
 KERNEL_AXES = ('embed', 'heads', 'head_dim')
 
 
-def parse_head_dilations(config: ml_collections.ConfigDict) -> tuple[int, ...]:
-  """`head_dilations` ('1,1,2,2', '1:1:2:2' or a sequence), else `dilation` for every head."""
-  num_heads = config.num_heads
-  spec = config.get('head_dilations', '')
-  if isinstance(spec, str):
-    parts = [p for p in re.split(r'[,:\s]+', spec.strip()) if p]
+def parse_dilation_list(spec: str) -> tuple[int, ...]:
+  """'1,1,2,2', '1:1:2:2' or '1 1 2 2' -> (1, 1, 2, 2); '' -> (); ValueError if not integers."""
+  return tuple(int(p) for p in re.split(r'[,:\s]+', spec.strip()) if p)
+
+
+@dataclasses.dataclass(frozen=True)
+class LongformerConfig(Section):
+  """`config.model.longformer`; causal or two-sided is the shared `model.causal`."""
+  window: int = 256               # ONE-SIDED window w: w + 1 keys causal, 2w + 1 two-sided
+                                  # (Hugging Face's attention_window is 2w)
+  dilation: int = 1               # d of every head: keys at distances 0, d, ..., w·d
+  head_dilations: str = ''        # one d per head, e.g. '1,1,2,2' (',', ':' or spaces);
+                                  # '' = `dilation` for every head
+  block_size: int = 0             # queries per block of the blocked kernel (0: automatic)
+  global_tokens: int = 0          # most global tokens per row and chunk (0: no global
+                                  # attention; task training sets the task's number)
+  global_projections: bool = True  # separate Q_g, K_g, V_g for global rows (paper, sec. 3.1)
+  window_cache: bool = True       # causal layers: cache the last w·max(d) hidden states so
+                                  # windows cross chunk boundaries (two-sided: never)
+  rotary: bool = True             # RoPE on queries and keys (False: the model adds positions)
+
+  legacy_names = {name: name for name in (
+      'window', 'dilation', 'head_dilations', 'block_size', 'global_tokens',
+      'global_projections', 'window_cache', 'rotary')}
+
+  def validate(self, env) -> None:
+    self.require(self.window >= 1, 'window', 'must be >= 1 (one-sided: keys on each side)')
+    self.require(self.dilation >= 1, 'dilation', 'must be >= 1')
     try:
-      dilations = tuple(int(p) for p in parts)
+      dilations = parse_dilation_list(self.head_dilations)
     except ValueError:
-      raise ConfigError('model.head_dilations', f'expected integers, got {spec!r}') from None
-  else:
-    dilations = tuple(int(d) for d in spec or ())
-  if not dilations:
-    dilation = config.get('dilation', 1)
-    require(isinstance(dilation, int) and dilation >= 1, 'model.dilation',
-            f'must be an integer >= 1, got {dilation!r}')
-    return (dilation,) * num_heads
-  require(len(dilations) == num_heads, 'model.head_dilations',
-          f'needs one value per head ({num_heads}), got {len(dilations)}: {spec!r}')
-  require(all(d >= 1 for d in dilations), 'model.head_dilations',
-          f'dilations must be >= 1, got {spec!r}')
-  return dilations
+      dilations = None
+    self.require(dilations is not None, 'head_dilations',
+                 "must be integers separated by ',', ':' or spaces")
+    self.require(all(d >= 1 for d in dilations), 'head_dilations', 'must all be >= 1')
+    self.require(not dilations or self.dilation == 1, 'dilation',
+                 'is ignored: head_dilations sets every head\'s dilation; set only one of them')
+    if env is not None:
+      num_heads = env.model.num_heads
+      self.require(not dilations or len(dilations) == num_heads, 'head_dilations',
+                   f'needs one dilation per head (model.num_heads={num_heads}), '
+                   f'got {len(dilations)}')
+    self.require(self.block_size >= 0, 'block_size', 'must be >= 0 (0: automatic)')
+    self.require(self.global_tokens >= 0, 'global_tokens', 'must be >= 0 (0: none)')
+
+
+def dilations_per_head(section, num_heads: int) -> tuple[int, ...]:
+  """Each head's dilation: `head_dilations` if set, else `dilation` for every head."""
+  return parse_dilation_list(section.head_dilations) or (section.dilation,) * num_heads
 
 
 class LongformerAttention(nn.Module):
   """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
+  Config = LongformerConfig
+  reads_mem_len = False           # its cache length follows the window, not model.mem_len
+
   num_heads: int
   head_dim: int
   d_model: int
@@ -96,28 +116,15 @@ class LongformerAttention(nn.Module):
 
   @staticmethod
   def settings(config: ml_collections.ConfigDict) -> dict:
-    """The module's fields from the (per-layer) model config, validated."""
-    window = config.get('window', 256)
-    require(isinstance(window, int) and window >= 1, 'model.window',
-            f'the one-sided window must be an integer >= 1, got {window!r}')
-    causal = config.get('causal', True)
-    block_size = config.get('block_size', 0)
-    require(isinstance(block_size, int) and block_size >= 0, 'model.block_size',
-            f'must be an integer >= 0 (0: automatic), got {block_size!r}')
-    num_global = config.get('global_tokens', 0)
-    require(isinstance(num_global, int) and num_global >= 0, 'model.global_tokens',
-            f'must be an integer >= 0, got {num_global!r}')
-    window_cache = config.get('window_cache', causal)
-    require(causal or not window_cache, 'model.window_cache',
-            'a two-sided (causal=False) window needs keys of the next chunk; set it False')
-    rotary = config.get('rotary', True)
-    require(not rotary or config.head_dim % 2 == 0, 'model.head_dim',
-            f'rotary positions need an even head_dim, got {config.head_dim}')
+    """The module's fields from a (per-layer, resolved) model config."""
+    section = config.longformer
     return dict(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-                window=window, head_dilations=parse_head_dilations(config), causal=causal,
-                block_size=block_size, global_tokens=num_global,
-                global_projections=config.get('global_projections', True),
-                window_cache=window_cache, rotary=rotary)
+                window=section.window,
+                head_dilations=dilations_per_head(section, config.num_heads),
+                causal=config.causal, block_size=section.block_size,
+                global_tokens=section.global_tokens,
+                global_projections=section.global_projections,
+                window_cache=section.window_cache and config.causal, rotary=section.rotary)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):

@@ -23,15 +23,17 @@ i.e. a softmax over the multiset union of the rounds' key sets (a key that
 shares a bucket with the query in several rounds counts once per round).
 Work and memory are O(n * num_hashes * chunk_len), never n x n.
 
-Random rotations come from an explicit key (`rotation_key`):
-  * fixed (default): `fold_in(PRNGKey(model.lsh_seed), crc32(module path))`,
+Settings: `config.model.lsh` (`LSHConfig`); causal or not is the shared
+`model.causal`. Random rotations come from an explicit key (`rotation_key`):
+  * fixed (default): `fold_in(PRNGKey(model.lsh.seed), crc32(module path))`,
     different per layer and identical in training and evaluation. Under
     `scan_layers` every layer has the same path, hence the same rotations.
-  * `model.lsh_rotations_per_step=True`: fresh rotations at every training
+  * `model.lsh.rotations_per_step=True`: fresh rotations at every training
     step from the `dropout` rng; deterministic calls (evaluation) use the
     fixed rotations.
 """
 
+import dataclasses
 import zlib
 
 import flax.linen as nn
@@ -42,10 +44,38 @@ import ml_collections
 from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.masking import causal_document_mask
-from longformer_jax.config_errors import ConfigError, require
+from longformer_jax.config.section import Section
+from longformer_jax.config_errors import ConfigError
 from longformer_jax.layers.positional import apply_rotary
 
 SELF_LOGIT = -1e5
+
+
+@dataclasses.dataclass(frozen=True)
+class LSHConfig(Section):
+  """`config.model.lsh`; causal or not is the shared `model.causal`."""
+  num_hashes: int = 2             # hash rounds (n_rounds)
+  num_buckets: int = 8            # buckets per round: argmax over [xR; -xR], so even
+  chunk_len: int = 64             # m: a query sees its bucket in its own and the previous chunk
+  seed: int = 0                   # fixed rotations per layer from this seed
+  rotations_per_step: bool = False  # True: fresh rotations each training step (eval: fixed)
+  rotary: bool = True             # RoPE on the shared QK vectors before hashing
+
+  legacy_names = {'lsh_num_hashes': 'num_hashes', 'lsh_num_buckets': 'num_buckets',
+                  'lsh_chunk_len': 'chunk_len', 'lsh_seed': 'seed',
+                  'lsh_rotations_per_step': 'rotations_per_step', 'lsh_rotary': 'rotary'}
+
+  def validate(self, env) -> None:
+    self.require(self.num_hashes >= 1, 'num_hashes', 'must be >= 1 (hash rounds)')
+    self.require(self.num_buckets >= 2 and self.num_buckets % 2 == 0, 'num_buckets',
+                 'must be even and >= 2 (argmax over [xR; -xR])')
+    self.require(self.chunk_len >= 1, 'chunk_len', 'must be >= 1')
+    if env is not None:
+      # A model chunk shorter than chunk_len is one LSH chunk; a longer one is cut into them.
+      bad = [n for n in env.chunk_lens if n > self.chunk_len and n % self.chunk_len]
+      self.require(not bad, 'chunk_len',
+                   f'must divide every model chunk length longer than it (training phases, '
+                   f'evaluation); {", ".join(map(str, bad))} is not a multiple')
 
 
 def random_rotations(key: jax.Array, num_heads: int, head_dim: int, num_hashes: int,
@@ -131,8 +161,8 @@ def lsh_attention(qk: jax.Array, v: jax.Array, positions: jax.Array, segment_ids
   batch, n, heads, head_dim = qk.shape
   rounds, num_buckets = rotations.shape[2], 2 * rotations.shape[3]
   if n % chunk_len:
-    raise ConfigError('model.lsh_chunk_len',
-                      f'the attention length {n} is not a multiple of lsh_chunk_len {chunk_len}')
+    raise ConfigError('model.lsh.chunk_len',
+                      f'{chunk_len}: the attention length {n} is not a multiple of it')
   # Buckets of different rounds never meet: offset them by round * num_buckets,
   # then sort all rounds at once by (bucket, position, slot).
   buckets = hash_buckets(jax.lax.stop_gradient(qk), rotations)
@@ -208,12 +238,11 @@ def lsh_attention(qk: jax.Array, v: jax.Array, positions: jax.Array, segment_ids
 class LSHAttention(nn.Module):
   """`__call__(x [b, c, d_model], {}, ctx) -> (y [b, c, d_model], {}, {})`; stateless.
 
-  Config keys (`model.*`): `lsh_num_hashes` (rounds, default 2),
-  `lsh_num_buckets` (even, default 8), `lsh_chunk_len` (default 64; the
-  model chunk must be a multiple), `lsh_seed` (default 0),
-  `lsh_rotations_per_step` (default False), `lsh_rotary` (RoPE on the shared
-  QK vectors before hashing, default True), `causal` (default True).
+  Settings: `model.lsh` (`LSHConfig`) and the shared `model.causal`.
   """
+  Config = LSHConfig
+  reads_mem_len = False           # stateless: attends within the chunk
+
   num_heads: int
   head_dim: int
   d_model: int
@@ -228,19 +257,12 @@ class LSHAttention(nn.Module):
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    num_hashes = config.get('lsh_num_hashes', 2)
-    num_buckets = config.get('lsh_num_buckets', 8)
-    chunk_len = config.get('lsh_chunk_len', 64)
-    require(num_hashes >= 1, 'model.lsh_num_hashes', f'needs at least 1 round, got {num_hashes}')
-    require(num_buckets >= 2 and num_buckets % 2 == 0, 'model.lsh_num_buckets',
-            f'must be even and >= 2 (argmax over [xR; -xR]), got {num_buckets}')
-    require(chunk_len >= 1, 'model.lsh_chunk_len', f'must be positive, got {chunk_len}')
+    section = config.lsh
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               num_hashes=num_hashes, num_buckets=num_buckets, chunk_len=chunk_len,
-               seed=config.get('lsh_seed', 0),
-               rotations_per_step=config.get('lsh_rotations_per_step', False),
-               rotary=config.get('lsh_rotary', True), causal=config.get('causal', True),
-               dtype=dtype, name=name)
+               num_hashes=section.num_hashes, num_buckets=section.num_buckets,
+               chunk_len=section.chunk_len, seed=section.seed,
+               rotations_per_step=section.rotations_per_step, rotary=section.rotary,
+               causal=config.causal, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):

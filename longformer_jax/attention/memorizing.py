@@ -5,26 +5,29 @@ Each query attends to
   of the previous `mem_len` hidden states, with rotary positions exactly as
   in attention/vanilla.py (optionally with the LM-Infinite distance cap
   `rope_max_distance`, layers/capped_rotary.py);
-- its top-`knn_top_k` (key, value) pairs, per head, retrieved by dot product
-  from a key-value memory of the `knn_memory_size` most recent tokens of past
+- its top-`top_k` (key, value) pairs, per head, retrieved by dot product
+  from a key-value memory of the `memory_size` most recent tokens of past
   chunks (FIFO, memory/key_value.py). The memory is stop-gradient and holds
   the keys before rotation: as in the paper, retrieved memories carry no
   position encoding (their positions are kept, for masking only).
 
-The two results are combined per head by `knn_gate`:
+Settings: `config.model.memorizing` (`MemorizingConfig`); the local cache
+length is the shared `model.mem_len`.
+
+The two results are combined per head by `gate`:
 - 'learned' (the paper, section 3.2): g = sigmoid(b_g), one scalar b_g per
   head (parameter `knn_gate`, initialised at 0), out = g * mem + (1 - g) * local;
-- 'fixed': g = `knn_gate_value` (no parameter); 'memory_only' is g = 1;
+- 'fixed': g = `gate_value` (no parameter); 'memory_only' is g = 1;
 - 'joint': no gate, one softmax over the local and the retrieved keys
   together (no parameter).
 A query with no valid retrieved entry (an empty memory, a new document) uses
 its local result only (g = 0 for it), so the gate never scales the local
 output down for want of memories.
 
-Normalisation (`knn_normalize_qk`, the paper's remedy for stale keys):
+Normalisation (`normalize_qk`, the paper's remedy for stale keys):
 queries and keys are L2-normalised over head_dim in both the local and the
 memory attention, and the logits are multiplied by a learned per-head scale
-(`qk_scale`, initialised at `knn_qk_scale_init`) instead of 1/sqrt(head_dim).
+(`qk_scale`, initialised at `qk_scale_init`) instead of 1/sqrt(head_dim).
 Off by default.
 
 The memory is cleared at document starts (`ctx.reset`), and entries of
@@ -34,9 +37,11 @@ memory (retrieved entries of another document are masked as well).
 
 Evaluation-time use of a model trained with `attention='vanilla'`: the
 query/key/value/out parameters have vanilla's names and shapes, and
-`knn_gate` in ('joint', 'fixed', 'memory_only') with `knn_normalize_qk=False`
+`gate` in ('joint', 'fixed', 'memory_only') with `normalize_qk=False`
 adds no parameter, so the vanilla checkpoint loads as is.
 """
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -47,7 +52,7 @@ from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
-from longformer_jax.config_errors import require
+from longformer_jax.config.section import Section
 from longformer_jax.layers.capped_rotary import capped_rotary_scores
 from longformer_jax.memory import fifo, key_value
 from longformer_jax.memory.policies import policy_from_name
@@ -57,23 +62,41 @@ KNN_METHODS = ('exact', 'approx')
 FIFO = policy_from_name('fifo')
 
 
-def check_knn_config(config) -> None:
-  """ConfigError naming the first bad `knn_*` key."""
-  size, top_k = config.get('knn_memory_size', 1024), config.get('knn_top_k', 32)
-  require(isinstance(size, int) and size > 0, 'model.knn_memory_size',
-          f'must be a positive integer, got {size!r}')
-  require(isinstance(top_k, int) and top_k > 0, 'model.knn_top_k',
-          f'must be a positive integer, got {top_k!r}')
-  require(config.get('knn_method', 'exact') in KNN_METHODS, 'model.knn_method',
-          f"must be one of {KNN_METHODS}, got {config.get('knn_method', 'exact')!r}")
-  recall = config.get('knn_recall_target', 0.95)
-  require(0.0 < recall <= 1.0, 'model.knn_recall_target', f'must be in (0, 1], got {recall}')
-  require(config.get('knn_gate', 'learned') in KNN_GATES, 'model.knn_gate',
-          f"must be one of {KNN_GATES}, got {config.get('knn_gate', 'learned')!r}")
-  gate_value = config.get('knn_gate_value', 0.5)
-  require(0.0 <= gate_value <= 1.0, 'model.knn_gate_value', f'must be in [0, 1], got {gate_value}')
-  require(config.get('knn_qk_scale_init', 16.0) > 0, 'model.knn_qk_scale_init',
-          f"must be > 0, got {config.get('knn_qk_scale_init', 16.0)}")
+@dataclasses.dataclass(frozen=True)
+class MemorizingConfig(Section):
+  """`config.model.memorizing`; the local cache length is the shared `model.mem_len`."""
+  memory_size: int = 1024       # (key, value) entries of the kNN memory per row
+  top_k: int = 32               # entries retrieved per query and head
+  method: str = 'exact'         # exact (lax.top_k) | approx (lax.approx_max_k)
+  recall_target: float = 0.95   # method='approx': its recall target
+  gate: str = 'learned'         # learned | fixed | memory_only | joint
+  gate_value: float = 0.5       # gate='fixed': the memory's weight g
+  normalize_qk: bool = False    # L2-normalised q, k with a learned per-head scale (the paper)
+  qk_scale_init: float = 16.0   # normalize_qk: the scale's initial value
+  rope_max_distance: int = -1   # LM-Infinite cap of local RoPE distances (-1: off)
+
+  legacy_names = {'knn_memory_size': 'memory_size', 'knn_top_k': 'top_k',
+                  'knn_method': 'method', 'knn_recall_target': 'recall_target',
+                  'knn_gate': 'gate', 'knn_gate_value': 'gate_value',
+                  'knn_normalize_qk': 'normalize_qk', 'knn_qk_scale_init': 'qk_scale_init',
+                  'rope_max_distance': 'rope_max_distance'}
+
+  def validate(self, env) -> None:
+    del env
+    self.require(self.memory_size > 0, 'memory_size', 'must be > 0')
+    self.require(self.top_k > 0, 'top_k', 'must be > 0')
+    self.require(self.method in KNN_METHODS, 'method', f'must be one of {KNN_METHODS}')
+    self.require(0.0 < self.recall_target <= 1.0, 'recall_target', 'must be in (0, 1]')
+    self.require(self.method == 'approx' or self.recall_target == 0.95, 'recall_target',
+                 "is read only by method='approx'")
+    self.require(self.gate in KNN_GATES, 'gate', f'must be one of {KNN_GATES}')
+    self.require(0.0 <= self.gate_value <= 1.0, 'gate_value', 'must be in [0, 1]')
+    self.require(self.gate == 'fixed' or self.gate_value == 0.5, 'gate_value',
+                 "is read only by gate='fixed'")
+    self.require(self.qk_scale_init > 0, 'qk_scale_init', 'must be > 0')
+    self.require(self.normalize_qk or self.qk_scale_init == 16.0, 'qk_scale_init',
+                 'is read only with normalize_qk=True')
+    self.require(self.rope_max_distance >= -1, 'rope_max_distance', 'must be -1 (off) or >= 0')
 
 
 def l2_normalize(x: jax.Array) -> jax.Array:
@@ -86,8 +109,11 @@ class MemorizingAttention(nn.Module):
   """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`.
 
   `state = {'local': FifoMemory of hidden states [b, mem_len, d_model],
-  'knn': key-value MemoryEntries [b, knn_memory_size, heads, head_dim]}`.
+  'knn': key-value MemoryEntries [b, memorizing.memory_size, heads, head_dim]}`.
   """
+  Config = MemorizingConfig
+  reads_mem_len = True
+
   num_heads: int
   head_dim: int
   d_model: int
@@ -103,22 +129,19 @@ class MemorizingAttention(nn.Module):
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    check_knn_config(config)
+    section = config.memorizing
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               top_k=config.get('knn_top_k', 32), method=config.get('knn_method', 'exact'),
-               recall_target=config.get('knn_recall_target', 0.95),
-               gate=config.get('knn_gate', 'learned'), gate_value=config.get('knn_gate_value', 0.5),
-               normalize_qk=config.get('knn_normalize_qk', False),
-               qk_scale_init=config.get('knn_qk_scale_init', 16.0),
-               rope_max_distance=config.get('rope_max_distance', -1), dtype=dtype, name=name)
+               top_k=section.top_k, method=section.method, recall_target=section.recall_target,
+               gate=section.gate, gate_value=section.gate_value,
+               normalize_qk=section.normalize_qk, qk_scale_init=section.qk_scale_init,
+               rope_max_distance=section.rope_max_distance, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32) -> dict:
     """An empty local cache (`mem_len` hidden states) and an empty kNN memory."""
-    check_knn_config(config)
     return {
         'local': fifo.create(batch_size, config.mem_len, (config.d_model,), dtype),
-        'knn': key_value.create(batch_size, config.get('knn_memory_size', 1024), config.num_heads,
+        'knn': key_value.create(batch_size, config.memorizing.memory_size, config.num_heads,
                                 config.head_dim, dtype),
     }
 

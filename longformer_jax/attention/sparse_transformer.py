@@ -15,14 +15,15 @@ follow its released code, `matrix_band_part(ones, l - 1, 0)`: l positions.)
 Document boundaries and padding are masked on top (a key of another document
 or a padded key is never attended).
 
+Settings: `config.model.sparse_transformer` (`SparseTransformerConfig`).
 The three integrations of section 4.3 are config choices:
 
-- merged (`sparse_integration='merged'`, pattern 'strided' or 'fixed'): every
+- merged (`integration='merged'`, pattern 'strided' or 'fixed'): every
   head attends to the union of both components, one softmax.
-- multihead (`sparse_integration='multihead'`): the first num_heads // 2
+- multihead (`integration='multihead'`): the first num_heads // 2
   heads attend with the local component, the others with the summary one.
 - interleaved: one component per layer, e.g.
-  `model.layer_schedule.sparse_pattern = 'strided_local,strided_summary'`
+  `model.layer_schedule.sparse_transformer.pattern = 'strided_local,strided_summary'`
   (resolved per layer by models/layer_schedule.layer_config), with a
   single-component pattern in each layer.
 
@@ -36,6 +37,8 @@ the paper. In the merged integration the summary set drops the keys that the
 local set already holds, so the concatenated key sets are disjoint.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -43,13 +46,44 @@ import ml_collections
 
 from longformer_jax.attention.core import block_sparse, cached_context
 from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.config_errors import require
+from longformer_jax.config.section import Section
+from longformer_jax.config_errors import ConfigError
 
 COMPONENTS = ('strided_local', 'strided_summary', 'fixed_local', 'fixed_summary')
 UNIONS = {'strided': ('strided_local', 'strided_summary'),
           'fixed': ('fixed_local', 'fixed_summary')}
 PATTERNS = tuple(UNIONS) + COMPONENTS
 INTEGRATIONS = ('merged', 'multihead')
+CAUSAL_ONLY = 'sparse_transformer is causal only (its patterns look back); set it True'
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseTransformerConfig(Section):
+  """`config.model.sparse_transformer`; needs the shared `model.causal = True`."""
+  pattern: str = 'strided'        # strided | fixed (unions), or one component (PATTERNS)
+  stride: int = 16                # l: block length and stride (the paper: l ~ sqrt(chunk))
+  summary_len: int = 1            # c: fixed pattern's summary positions per block, 1 <= c <= l
+  integration: str = 'merged'     # merged: one softmax over the union | multihead: heads split
+
+  legacy_names = {'sparse_pattern': 'pattern', 'sparse_stride': 'stride',
+                  'sparse_summary_len': 'summary_len', 'sparse_integration': 'integration'}
+
+  def validate(self, env) -> None:
+    self.require(self.pattern in PATTERNS, 'pattern', f'must be one of {list(PATTERNS)}')
+    self.require(self.integration in INTEGRATIONS, 'integration',
+                 f'must be one of {list(INTEGRATIONS)} (interleaved: a layer_schedule of '
+                 f'pattern, see configs/sparse_transformer.py)')
+    self.require(self.stride >= 1, 'stride', 'must be >= 1')
+    self.require(1 <= self.summary_len <= self.stride, 'summary_len',
+                 f'must be in [1, stride={self.stride}]')
+    self.require(self.integration != 'multihead' or self.pattern in UNIONS, 'integration',
+                 f"'multihead' splits heads between the two components of 'strided' or "
+                 f"'fixed', not pattern {self.pattern!r}")
+    if env is not None:
+      self.require(self.integration != 'multihead' or env.model.num_heads >= 2, 'integration',
+                   f"'multihead' needs at least 2 heads (model.num_heads={env.model.num_heads})")
+      if not env.model.causal:
+        raise ConfigError('model.causal', f'False: {CAUSAL_ONLY}')
 
 
 def component_allows(component: str, q_rel: jax.Array, k_rel: jax.Array, stride: int,
@@ -168,28 +202,11 @@ def sparse_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, posit
   return block_sparse.from_blocks(out)[:, :n]
 
 
-def check_settings(pattern: str, integration: str, stride: int, summary_len: int,
-                   num_heads: int, causal: bool) -> None:
-  """Raises ConfigError naming the model key of a bad setting."""
-  require(pattern in PATTERNS, 'model.sparse_pattern',
-          f'unknown pattern {pattern!r}; choose one of {list(PATTERNS)}')
-  require(integration in INTEGRATIONS, 'model.sparse_integration',
-          f'must be one of {list(INTEGRATIONS)}, got {integration!r}')
-  require(isinstance(stride, int) and stride > 0, 'model.sparse_stride',
-          f'must be a positive integer, got {stride!r}')
-  require(isinstance(summary_len, int) and 1 <= summary_len <= stride, 'model.sparse_summary_len',
-          f'must be an integer in [1, sparse_stride={stride}], got {summary_len!r}')
-  if integration == 'multihead':
-    require(pattern in UNIONS, 'model.sparse_integration',
-            f"'multihead' splits heads between the two components of 'strided' or 'fixed', "
-            f'got pattern {pattern!r}')
-    require(num_heads >= 2, 'model.num_heads',
-            f"'multihead' integration needs at least 2 heads, got {num_heads}")
-  require(causal, 'model.causal', 'sparse_transformer is causal only')
-
-
 class SparseTransformerAttention(nn.Module):
   """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  Config = SparseTransformerConfig
+  reads_mem_len = False           # stateless: attends within the chunk
+
   num_heads: int
   head_dim: int
   d_model: int
@@ -201,14 +218,13 @@ class SparseTransformerAttention(nn.Module):
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    """Keys: sparse_pattern, sparse_integration, sparse_stride, sparse_summary_len (module doc)."""
-    settings = dict(pattern=config.get('sparse_pattern', 'strided'),
-                    integration=config.get('sparse_integration', 'merged'),
-                    stride=config.get('sparse_stride', 16),
-                    summary_len=config.get('sparse_summary_len', 1))
-    check_settings(**settings, num_heads=config.num_heads, causal=config.get('causal', True))
+    if not config.causal:
+      # models/encoder.py makes any model bidirectional after the config was checked.
+      raise ConfigError('model.causal', f'False: {CAUSAL_ONLY}')
+    section = config.sparse_transformer
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               dtype=dtype, name=name, **settings)
+               pattern=section.pattern, stride=section.stride, summary_len=section.summary_len,
+               integration=section.integration, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):

@@ -2,9 +2,10 @@
 
 Every query attends to
 - the `num_sinks` first tokens of its document (the "attention sinks"), and
-- the `sink_window` most recent tokens of its document, itself included,
+- the `window` most recent tokens of its document, itself included,
 exactly what a token-by-token StreamingLLM decoder with a KV cache of
-`num_sinks + sink_window` entries sees. Both rules compare positions
+`num_sinks + window` entries sees (settings: `config.model.streaming_sinks`,
+`StreamingSinksConfig`). Both rules compare positions
 (docs/design.md, contract 2): a key is a window key iff 0 <= p_q - p_k < w, and a
 sink iff p_k - d_q < s, where d_q is the position of the query's document
 start.
@@ -17,11 +18,11 @@ a window key is at rotary distance p_q - p_k (the window is contiguous) and a
 sink outside the window at distance p_q - gap_q - p_k. RoPE's score depends
 only on that distance, so this is computed exactly with two query rotations
 (at p_q and at p_q - gap_q), one score matrix each, picked per (query, key)
-pair. `sink_positions='original'` uses the text positions instead (gap 0),
+pair. `positions='original'` uses the text positions instead (gap 0),
 for the paper's ablation.
 
 State (all stop-gradient, pre-rotation keys and values):
-- `window`: a FIFO of the `sink_window - 1` most recent tokens
+- `window`: a FIFO of the `window - 1` most recent tokens
   (`values [batch, w - 1, heads, 2 * head_dim]`: keys then values per head);
 - `sinks`: `[batch, num_sinks, heads, 2 * head_dim]`, slot o holds the token at
   offset o of the row's current (latest) document once it has arrived;
@@ -34,6 +35,8 @@ so a model trained with `attention='vanilla'` runs with this layer at
 evaluation time.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -42,7 +45,7 @@ import ml_collections
 from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
-from longformer_jax.config_errors import require
+from longformer_jax.config.section import Section
 from longformer_jax.layers.capped_rotary import rotary_scores
 from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
@@ -50,17 +53,22 @@ from longformer_jax.memory import fifo
 SINK_POSITION_MODES = ('cache', 'original')
 
 
-def check_sink_config(config) -> None:
-  """ConfigError for bad `num_sinks`, `sink_window`, `sink_positions`."""
-  num_sinks = config.get('num_sinks', 4)
-  window = config.get('sink_window', 256)
-  require(isinstance(num_sinks, int) and num_sinks >= 0, 'model.num_sinks',
-          f'must be an integer >= 0, got {num_sinks!r}')
-  require(isinstance(window, int) and window >= 1, 'model.sink_window',
-          f'must be an integer >= 1 (the query itself counts), got {window!r}')
-  mode = config.get('sink_positions', 'cache')
-  require(mode in SINK_POSITION_MODES, 'model.sink_positions',
-          f'must be one of {SINK_POSITION_MODES}, got {mode!r}')
+@dataclasses.dataclass(frozen=True)
+class StreamingSinksConfig(Section):
+  """`config.model.streaming_sinks`: the sinks, the window and the cache positions."""
+  num_sinks: int = 4          # first tokens of the document kept (the attention sinks)
+  window: int = 256           # most recent tokens each query sees, itself included
+  positions: str = 'cache'    # RoPE positions: cache (slots in the cache, the paper) | original
+
+  legacy_names = {'num_sinks': 'num_sinks', 'sink_window': 'window',
+                  'sink_positions': 'positions'}
+
+  def validate(self, env) -> None:
+    del env
+    self.require(self.num_sinks >= 0, 'num_sinks', 'must be >= 0')
+    self.require(self.window >= 1, 'window', 'must be >= 1 (the query itself counts)')
+    self.require(self.positions in SINK_POSITION_MODES, 'positions',
+                 f'must be one of {SINK_POSITION_MODES}')
 
 
 def document_starts(ctx: AttentionContext, doc_start: jax.Array,
@@ -106,6 +114,8 @@ def updated_sinks(sinks: fifo.FifoMemory, chunk: fifo.FifoMemory, chunk_doc_star
 
 class StreamingSinkAttention(nn.Module):
   """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
+  Config = StreamingSinksConfig
+
   num_heads: int
   head_dim: int
   d_model: int
@@ -116,19 +126,19 @@ class StreamingSinkAttention(nn.Module):
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    check_sink_config(config)
+    section = config.streaming_sinks
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               num_sinks=config.get('num_sinks', 4), window=config.get('sink_window', 256),
-               sink_positions=config.get('sink_positions', 'cache'), dtype=dtype, name=name)
+               num_sinks=section.num_sinks, window=section.window,
+               sink_positions=section.positions, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32) -> dict:
     """Empty sink store and window; no current document."""
-    check_sink_config(config)
+    section = config.streaming_sinks
     features = (config.num_heads, 2 * config.head_dim)
     return {
-        'sinks': fifo.create(batch_size, config.get('num_sinks', 4), features, dtype),
-        'window': fifo.create(batch_size, config.get('sink_window', 256) - 1, features, dtype),
+        'sinks': fifo.create(batch_size, section.num_sinks, features, dtype),
+        'window': fifo.create(batch_size, section.window - 1, features, dtype),
         'doc_start': jnp.zeros((batch_size,), jnp.int32),
         'last_segment': jnp.full((batch_size,), -1, jnp.int32),
     }

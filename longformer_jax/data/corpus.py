@@ -9,6 +9,7 @@ import numpy as np
 
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.data import stdlib_corpus
+from longformer_jax.data import text_files_corpus
 from longformer_jax.data import tfds_corpus
 from longformer_jax.data.document import Document
 from longformer_jax.data.tokenizer_interface import Tokenizer
@@ -21,16 +22,23 @@ def load_corpus(data_config: ml_collections.ConfigDict,
   """The raw documents of `split` ('train' | 'valid' | 'test') of
   `data_config.corpus`; tfds corpora read `data_config.tfds_data_dir`.
 
+  A `data_config.corpus` with a `/` or a glob character (`*`, `?`, `[`) is a
+  directory or glob of the user's own text files (`text_files_corpus`).
+
   Raises:
-    ConfigError: unknown corpus or split, or tfds data not prepared.
+    ConfigError: unknown corpus or split, tfds data not prepared, or no
+      usable text files.
   """
   name = data_config.corpus
   if name == 'stdlib':
     return stdlib_corpus.load_documents(split)
   if name in ('tiny_shakespeare', 'pg19'):
     return tfds_corpus.load_documents(name, split, data_config.tfds_data_dir)
+  if text_files_corpus.is_text_files_corpus(name):
+    return text_files_corpus.load_documents(name, split)
   raise ConfigError('data.corpus',
-                    f'unknown corpus {name!r}; expected one of {CORPORA}')
+                    f'unknown corpus {name!r}; expected one of {CORPORA}, or a '
+                    f'directory or glob of text files with a / in it (./{name})')
 
 
 def tokenize_documents(tokenizer: Tokenizer, documents: Sequence[Document],

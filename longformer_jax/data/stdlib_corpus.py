@@ -36,7 +36,10 @@ def stdlib_root() -> pathlib.Path:
 
 
 def split_of(relative_path: str) -> str:
-  """The split ('train' | 'valid' | 'test') of a relative POSIX path."""
+  """The split ('train' | 'valid' | 'test') of a relative POSIX path.
+
+  Also splits the user's text files (`text_files_corpus`).
+  """
   digest = hashlib.sha256(relative_path.encode('utf-8')).digest()
   bucket = int.from_bytes(digest[:8], 'big') % NUM_BUCKETS
   if bucket in TEST_BUCKETS:
@@ -60,9 +63,11 @@ def _all_nonempty_sources() -> tuple[str, ...]:
   return tuple(sorted(paths))
 
 
-def _check_split(split: str) -> None:
+def check_split(split: str, corpus: str = 'stdlib') -> None:
+  """Raises `ConfigError` unless `split` is one of `SPLITS` (for any corpus
+  split by `split_of`)."""
   if split not in SPLITS:
-    raise ConfigError('eval.split', f'unknown split {split!r} of the stdlib '
+    raise ConfigError('eval.split', f'unknown split {split!r} of the {corpus} '
                       f'corpus; expected one of {SPLITS}')
 
 
@@ -72,7 +77,7 @@ def list_documents(split: str) -> list[str]:
   Raises:
     ConfigError: `split` is not 'train', 'valid' or 'test'.
   """
-  _check_split(split)
+  check_split(split)
   return [p for p in _all_nonempty_sources() if split_of(p) == split]
 
 

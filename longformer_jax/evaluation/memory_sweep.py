@@ -12,25 +12,33 @@ checkpoint loads unchanged. `eval.memory_sweep` is one string:
 sweep evaluates every combination (the cartesian product). Settings:
 
 - `variant`: attendre (the K/V memory with any policy), memorizing (kNN
-  memory, FIFO, `knn_gate='joint'` unless given: no extra parameter),
+  memory, FIFO, `gate='joint'` unless given: no extra parameter),
   streaming_sinks (StreamingLLM), vanilla (a FIFO cache of hidden states).
 - `policy`: an eviction policy name of memory/policies.py (fifo, lru, lfu,
-  lra_last, lra_max, lra_sum, lfa, sink); 'sink' keeps `num_sinks` (4 unless
-  given) first tokens. memorizing and vanilla are FIFO; streaming_sinks is
-  'sink'.
-- `memory_size` (M): attendre `memory_size`; memorizing `knn_memory_size`;
-  vanilla `mem_len`; streaming_sinks `sink_window = chunk + M - num_sinks`
-  (the last query of a chunk then sees M + chunk keys, as with attendre).
+  lra, lra_last, lra_max, lra_sum, lfa, sink); 'sink' keeps `num_sinks` (4
+  unless given) first tokens. memorizing and vanilla are FIFO;
+  streaming_sinks is 'sink'.
+- `memory_size` (M): `model.attendre.memory_size`; `model.memorizing.memory_size`;
+  vanilla `model.mem_len`; streaming_sinks `model.streaming_sinks.window =
+  chunk + M - num_sinks` (the last query of a chunk then sees M + chunk
+  keys, as with attendre).
 - `q_memory_size` (N): attendre only. A decoder LM must use 0: delayed
   queries would see (and, bidirectional, leak) the tokens they predict, and
   their outputs would be N positions late; the sweep refuses N > 0.
 - `chunk`: the evaluation chunk length (default `eval.chunk_len`, else the
   training one).
-- any other key is a model config key set on every layer, e.g.
-  `rope_max_distance=63` (LM-Infinite cap), `memory_top_k=32`,
+- any other key is a setting of the variant's section, `model.<variant>.<key>`
+  (attention/attendre.py, memorizing.py, streaming_sinks.py), set on every
+  layer, e.g. `rope_max_distance=63` (LM-Infinite cap), `top_k=32`,
   `lfa_gamma=0.9`, `init_std_multiplier=1`, `num_sinks=4`, `recent_window=48`,
-  `admission=score` (memory/policies.py); values are read as
-  int, then float, then bool ('true'/'false'), then str.
+  `admission=score` (memory/policies.py); values are read as int, then
+  float, then bool ('true'/'false'), then str. A key applies to the points
+  whose variant reads it (and, for the settings of some policies only, such
+  as `lfa_gamma` or `admission`, whose policy reads it); the other points'
+  rows show '-' for it. A key no point reads is an error naming the closest
+  valid key.
+- The trained model's sections of other attention variants go back to their
+  defaults, and its layer schedule keeps only what the sweep does not set.
 
 Results: one row per point with `variant`, `policy`, `memory_size`,
 `q_memory_size`, `chunk`, the extra settings, `bits_per_byte`, `loss`,
@@ -48,14 +56,24 @@ import itertools
 import json
 import os
 
+from longformer_jax.attention.registry import ATTENTION_VARIANTS
+from longformer_jax.config.section import closest_name
 from longformer_jax.config_errors import ConfigError, require
 from longformer_jax.evaluation.line_plots import save_line_plot
+from longformer_jax.memory import policies
+from longformer_jax.models.model_config import section_classes
 
 SWEEP_KEY = 'eval.memory_sweep'
 VARIANTS = ('attendre', 'memorizing', 'streaming_sinks', 'vanilla')
 FIFO_ONLY = ('memorizing', 'vanilla')
 DEFAULT_SINKS = 4
 _BOOLS = {'true': True, 'false': False}
+# Keys of the sweep itself (not section settings).
+SWEEP_SETTINGS = ('variant', 'policy', 'memory_size', 'q_memory_size', 'chunk')
+# Section keys each variant's points set from the sweep's own settings.
+SET_BY_SWEEP = {'attendre': ('memory_size', 'q_memory_size', 'policy'),
+                'memorizing': ('memory_size',), 'streaming_sinks': ('window',), 'vanilla': ()}
+NOT_READ = '-'           # the value of an extra key at a point that does not read it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +84,7 @@ class SweepPoint:
   memory_size: int
   q_memory_size: int
   chunk: int
-  extra: tuple = ()        # ((model key, value), ...) set on every layer
+  extra: tuple = ()        # ((section key, value or NOT_READ), ...) set on every layer
 
   def describe(self) -> dict:
     return dict(variant=self.variant, policy=self.policy, memory_size=self.memory_size,
@@ -110,6 +128,41 @@ def _ints(settings: dict, key: str, default: list[int]) -> list[int]:
   return values
 
 
+def section_keys(variant: str) -> tuple:
+  """The keys of `model.<variant>` a sweep may set (those it does not set itself)."""
+  names = section_classes()[variant].field_names()
+  return tuple(name for name in names if name not in SET_BY_SWEEP[variant])
+
+
+def reads(variant: str, policy: str, key: str) -> bool:
+  """Whether a point of `variant` and `policy` reads the extra key `key`."""
+  if key not in section_keys(variant):
+    return False
+  return variant != 'attendre' or policies.reads_setting(policy, key)
+
+
+def _check_extra_key(key: str, pairs: list) -> None:
+  """ConfigError unless some (variant, policy) of the sweep reads `key`."""
+  variants = sorted({variant for variant, _ in pairs})
+  valid = sorted({name for variant in variants for name in section_keys(variant)})
+  if key in valid:
+    if not any(reads(variant, policy, key) for variant, policy in pairs):
+      readers = ' | '.join(policies.POLICY_SETTINGS[key])
+      raise ConfigError(SWEEP_KEY, f'{key!r} is read only by policy {readers}; '
+                        'no point of the sweep has one')
+    return
+  set_by = [v for v in variants if key in SET_BY_SWEEP[v]]
+  require(not set_by, SWEEP_KEY,
+          f'{key!r} of {set_by[0] if set_by else ""} is set by the sweep from memory_size and chunk')
+  renamed = [f'{cls.legacy_names[key]!r}' for name, cls in section_classes().items()
+             if name in variants and key in cls.legacy_names]
+  if renamed:
+    raise ConfigError(SWEEP_KEY, f'unknown key {key!r}; it is now {renamed[0]}')
+  raise ConfigError(SWEEP_KEY, f'unknown key {key!r} (variant {", ".join(variants)}: one of '
+                    f'{", ".join(SWEEP_SETTINGS + tuple(valid))})'
+                    f'{closest_name(key, SWEEP_SETTINGS + tuple(valid))}')
+
+
 def parse_sweep(spec: str, default_chunk: int) -> list[SweepPoint]:
   """Every point of the sweep `spec` (module docstring), in a stable order."""
   settings = parse_settings(spec)
@@ -117,6 +170,10 @@ def parse_sweep(spec: str, default_chunk: int) -> list[SweepPoint]:
   for variant in variants:
     require(variant in VARIANTS, SWEEP_KEY, f'unknown variant {variant!r}; choose from {VARIANTS}')
   policy_names = settings.pop('policy', ['fifo'])
+  for policy in policy_names:
+    require(policy in policies.POLICY_CHOICES, SWEEP_KEY,
+            f'unknown policy {policy!r}; choose from {policies.POLICY_CHOICES}'
+            f'{closest_name(policy, policies.POLICY_CHOICES)}')
   memory_sizes = _ints(settings, 'memory_size', [128])
   q_sizes = _ints(settings, 'q_memory_size', [0])
   chunks = _ints(settings, 'chunk', [default_chunk])
@@ -124,44 +181,90 @@ def parse_sweep(spec: str, default_chunk: int) -> list[SweepPoint]:
   require(all(n == 0 for n in q_sizes), SWEEP_KEY,
           'q_memory_size must be 0 for language-model evaluation: delayed queries would see '
           'the tokens they predict (Attendre is bidirectional) and answer N positions late')
-  extra_keys = sorted(settings)
-  extra_values = [[parse_value(v) for v in settings[k]] for k in extra_keys]
-  points = []
-  for variant, policy, size, q_size, chunk, *extra in itertools.product(
-      variants, policy_names, memory_sizes, q_sizes, chunks, *extra_values):
+  for variant, policy in itertools.product(variants, policy_names):
     if variant in FIFO_ONLY:
       require(policy == 'fifo', SWEEP_KEY, f'{variant} memory is FIFO; got policy {policy!r}')
     if variant == 'streaming_sinks':
       require(policy == 'sink', SWEEP_KEY, f"streaming_sinks is policy 'sink'; got {policy!r}")
-    points.append(SweepPoint(variant, policy, size, q_size, chunk,
-                             tuple(zip(extra_keys, extra))))
+  extra_keys = sorted(settings)
+  for key in extra_keys:
+    _check_extra_key(key, list(itertools.product(variants, policy_names)))
+  extra_values = [[parse_value(v) for v in settings[k]] for k in extra_keys]
+  points = []
+  for variant, policy, size, q_size, chunk, *extra in itertools.product(
+      variants, policy_names, memory_sizes, q_sizes, chunks, *extra_values):
+    extra = tuple((key, value if reads(variant, policy, key) else NOT_READ)
+                  for key, value in zip(extra_keys, extra))
+    point = SweepPoint(variant, policy, size, q_size, chunk, extra)
+    if point not in points:       # keys a point does not read make no new point
+      points.append(point)
   return points
 
 
-def model_overrides(point: SweepPoint, trained_model) -> dict:
-  """Model config keys for `lm_model_config(trained_model, vocab, **overrides)`.
+def _plain(values) -> dict:
+  """A plain dict of a (Frozen)ConfigDict or mapping."""
+  return values.to_dict() if hasattr(values, 'to_dict') else dict(values)
 
-  The trained model's per-layer schedule is kept, except for the keys the
-  sweep sets on every layer (e.g. `attention`).
+
+def _section_override(point: SweepPoint, trained_model, settings: dict) -> dict:
+  """`model.<variant>` of the point: the trained model's section with the sweep's keys set.
+
+  `settings` holds the keys the sweep sets; the policy settings the point's
+  policy does not read go back to their defaults (they would be errors).
   """
-  extra = dict(point.extra)
+  defaults = section_classes()[point.variant]()
+  section = _plain(trained_model[point.variant])
+  section.update(settings)
   if point.variant == 'attendre':
-    overrides = dict(attention='attendre', memory_size=point.memory_size,
-                     q_memory_size=point.q_memory_size, memory_policy=point.policy)
+    for name in policies.POLICY_SETTINGS:
+      if not policies.reads_setting(point.policy, name):
+        section[name] = getattr(defaults, name)
+  return section
+
+
+def model_overrides(point: SweepPoint, trained_model) -> dict:
+  """Top-level model keys for `lm_model_config(trained_model, vocab, **overrides)`.
+
+  `attention`, `mem_len`, whole sections (`attendre={...}`: the trained
+  model's section with the sweep's keys merged in; the sections of other
+  attention variants at their defaults where they differ) and the layer
+  schedule: the trained model's, less the keys the sweep sets and the
+  sections of attention variants the point does not use.
+  """
+  extra = {key: value for key, value in point.extra if value != NOT_READ}
+  size = point.memory_size
+  if point.variant == 'attendre':
+    settings = dict(memory_size=size, q_memory_size=point.q_memory_size, policy=point.policy)
     if point.policy == 'sink':
-      overrides['num_sinks'] = extra.get('num_sinks', DEFAULT_SINKS)
+      settings['num_sinks'] = DEFAULT_SINKS
+    mem_len = 0
   elif point.variant == 'memorizing':
-    overrides = dict(attention='memorizing', knn_memory_size=point.memory_size,
-                     knn_gate='joint', mem_len=0)
+    settings, mem_len = dict(memory_size=size, gate='joint'), 0
   elif point.variant == 'streaming_sinks':
-    sinks = extra.get('num_sinks', DEFAULT_SINKS)
-    overrides = dict(attention='streaming_sinks', num_sinks=sinks,
-                     sink_window=max(1, point.chunk + point.memory_size - sinks))
+    settings, mem_len = dict(num_sinks=DEFAULT_SINKS), 0
   else:
-    overrides = dict(attention='vanilla', mem_len=point.memory_size)
-  overrides.update(extra)
-  schedule = trained_model.get('layer_schedule', None) or {}
-  overrides['layer_schedule'] = {k: v for k, v in schedule.items() if k not in overrides}
+    settings, mem_len = {}, size
+  settings.update(extra)
+  if point.variant == 'streaming_sinks':
+    settings['window'] = max(1, point.chunk + size - settings['num_sinks'])
+  overrides = dict(attention=point.variant, mem_len=mem_len)
+  for name, cls in section_classes().items():
+    if name in ATTENTION_VARIANTS and name != point.variant:
+      if _plain(trained_model[name]) != cls().to_dict():
+        overrides[name] = cls().to_dict()
+  if settings:
+    overrides[point.variant] = _section_override(point, trained_model, settings)
+  schedule = {}
+  for key, value in _plain(trained_model.layer_schedule).items():
+    if key in section_classes():
+      if key in ATTENTION_VARIANTS and key != point.variant:
+        continue
+      kept = {k: v for k, v in _plain(value).items() if not (key == point.variant and k in settings)}
+      if kept:
+        schedule[key] = kept
+    elif key not in overrides:
+      schedule[key] = value
+  overrides['layer_schedule'] = schedule
   return overrides
 
 

@@ -8,6 +8,7 @@ learned (not dynamic) spans: z = S * clip(span_fraction, 0, 1) per head
 import flax.linen as nn
 import numpy as np
 
+from longformer_jax.attention.adaptive_span import largest_span
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.models.param_layout import unrolled_layout
 from longformer_jax.evaluation.line_plots import save_line_plot
@@ -22,9 +23,9 @@ def learned_spans(params, model_config) -> list:
   rows = []
   for i in range(model_config.num_layers):
     cfg = layer_config(model_config, i)
-    if cfg.attention != 'adaptive_span' or cfg.get('span_dynamic', False):
+    if cfg.attention != 'adaptive_span' or cfg.adaptive_span.dynamic:
       continue
-    largest = cfg.get('span_max', 0) or cfg.mem_len
+    largest = largest_span(cfg)
     fraction = np.asarray(blocks[f'layer_{i}']['attention']['span_fraction'], np.float64)
     rows.append({'layer': i, 'spans': [float(z) for z in largest * np.clip(fraction, 0.0, 1.0)]})
   return rows

@@ -69,4 +69,4 @@ class FeedForward(nn.Module):
 def feed_forward_from_config(cfg, dtype, name: str = 'feed_forward') -> FeedForward:
   """The blocks' feed-forward: `d_model`, `d_ff`, `dropout_rate`, `ff_chunk_size` (0: off)."""
   return FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout_rate, dtype,
-                     cfg.get('ff_chunk_size', 0), name=name)
+                     cfg.ff_chunk_size, name=name)

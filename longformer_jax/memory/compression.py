@@ -12,7 +12,7 @@ compressed entry takes the anchor's position and segment id, and is valid iff
 the group has a valid entry. A window member takes part only if it is valid
 and of the anchor's document, so a compressed entry never mixes documents.
 
-Functions (`compression` config values):
+Functions (`model.compressive.function` values):
 - `max_pool`, `mean_pool`: over the group's participating entries.
 - `conv`: 1D convolution with kernel = stride = c, `[c, d, d]` weights and a bias.
 - `dilated_conv`: a causal dilated 1D convolution with stride c: output j sees
@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longformer_jax.config_errors import ConfigError
 from longformer_jax.layers.linear import projection
 from longformer_jax.memory import fifo
 
@@ -132,11 +131,12 @@ class Compressor(nn.Module):
 
   @nn.compact
   def __call__(self, evicted: fifo.FifoMemory, average_usage: jax.Array) -> fifo.FifoMemory:
+    # Configs are checked by `attention/compressive.CompressiveConfig`; these guard direct use.
     if self.function not in COMPRESSION_FUNCTIONS:
-      raise ConfigError('model.compression', f'unknown compression {self.function!r}; '
-                        f'choose one of {list(COMPRESSION_FUNCTIONS)}')
+      raise ValueError(f'unknown compression {self.function!r}; '
+                       f'choose one of {list(COMPRESSION_FUNCTIONS)}')
     if self.rate < 1:
-      raise ConfigError('model.compression_rate', f'must be >= 1, got {self.rate}')
+      raise ValueError(f'compression rate must be >= 1, got {self.rate}')
     n_out = num_compressed(evicted.capacity, self.rate)
     if self.function == 'most_used':
       return most_used(evicted, average_usage, n_out)

@@ -1,6 +1,7 @@
 """Eviction policies of the Attendre memory interface, as pure functions.
 
-A policy is a frozen dataclass selected by name in configs (`make_policy`).
+A policy is a frozen dataclass selected by name in configs (`make_policy`, from
+the `config.model.attendre` section, `attention/attendre.py`).
 Two pure functions do the work:
 
 - `update_scores(policy, entries, attention_weights, query_positions,
@@ -75,17 +76,27 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from longformer_jax.config_errors import ConfigError, require
 from longformer_jax.memory.entries import MemoryEntries
 
 POLICY_NAMES = ('fifo', 'lru', 'lfu', 'lra', 'lfa', 'sink')
 LRA_POOLINGS = ('last', 'max', 'sum')
+# Names a config may give: the policies, and 'lra' with its pooling ('lra_max').
+POLICY_CHOICES = POLICY_NAMES + tuple(f'lra_{pooling}' for pooling in LRA_POOLINGS)
 ADMISSIONS = ('always', 'score')
 SCORED_POLICIES = ('lru', 'lfu', 'lra', 'lfa')
+# Settings only some policies read -> those policies (`reads_setting`); 'lra_pooling'
+# is read by the name 'lra' alone ('lra_max' and the like set the pooling by name).
+POLICY_SETTINGS = {'lra_pooling': ('lra',), 'lfa_gamma': ('lfa',), 'num_sinks': ('sink',),
+                   'init_std_multiplier': SCORED_POLICIES, 'admission': SCORED_POLICIES}
 
 
 @dataclasses.dataclass(frozen=True)
 class EvictionPolicy:
+  """A policy and its settings (configs name it: `attention/attendre.py` `AttendreConfig`).
+
+  Bad values raise `ValueError`: configs are checked, with their keys, by the
+  section that holds them before a policy is built.
+  """
   name: str                          # one of POLICY_NAMES
   pooling: str = 'max'               # lra: 'last' | 'max' | 'sum'
   gamma: float = 1.0                 # lfa decay in (0, 1]
@@ -96,19 +107,20 @@ class EvictionPolicy:
   admission: str = 'always'          # new entries: 'always' go in | compete on 'score'
 
   def __post_init__(self):
-    require(self.name in POLICY_NAMES, 'model.memory_policy',
-            f'unknown eviction policy {self.name!r}; choose one of {POLICY_NAMES}')
-    require(self.pooling in LRA_POOLINGS, 'model.lra_pooling',
-            f'unknown pooling {self.pooling!r}; choose one of {LRA_POOLINGS}')
-    require(0.0 < self.gamma <= 1.0, 'model.lfa_gamma', f'must be in (0, 1], got {self.gamma}')
-    require(int(self.num_sinks) == self.num_sinks and self.num_sinks >= 0, 'model.num_sinks',
-            f'must be a non-negative integer, got {self.num_sinks}')
-    require(int(self.recent_window) == self.recent_window and self.recent_window >= 0,
-            'model.recent_window', f'must be a non-negative integer, got {self.recent_window}')
-    require(self.admission in ADMISSIONS, 'model.admission',
-            f'unknown admission {self.admission!r}; choose one of {ADMISSIONS}')
-    require(self.init_std_multiplier >= 0.0, 'model.init_std_multiplier',
-            f'must be >= 0, got {self.init_std_multiplier}')
+    problems = [
+        (self.name in POLICY_NAMES, f'name {self.name!r} is not one of {POLICY_NAMES}'),
+        (self.pooling in LRA_POOLINGS, f'pooling {self.pooling!r} is not one of {LRA_POOLINGS}'),
+        (0.0 < self.gamma <= 1.0, f'gamma {self.gamma} is not in (0, 1]'),
+        (int(self.num_sinks) == self.num_sinks and self.num_sinks >= 0,
+         f'num_sinks {self.num_sinks} is not an integer >= 0'),
+        (int(self.recent_window) == self.recent_window and self.recent_window >= 0,
+         f'recent_window {self.recent_window} is not an integer >= 0'),
+        (self.admission in ADMISSIONS, f'admission {self.admission!r} is not one of {ADMISSIONS}'),
+        (self.init_std_multiplier >= 0.0,
+         f'init_std_multiplier {self.init_std_multiplier} is not >= 0')]
+    for ok, problem in problems:
+      if not ok:
+        raise ValueError(f'EvictionPolicy: {problem}')
 
   @property
   def uses_scores(self) -> bool:
@@ -122,26 +134,37 @@ def policy_from_name(name: str, **settings) -> EvictionPolicy:
   return EvictionPolicy(name, **settings)
 
 
-def make_policy(config_like) -> EvictionPolicy:
-  """The policy named by a (model) ConfigDict.
+def base_name(name: str) -> str:
+  """The policy of a config name: 'lra_max' -> 'lra', 'lfa' -> 'lfa'."""
+  return 'lra' if name.startswith('lra_') else name
 
-  Keys (all optional): `memory_policy` (or `policy`; default 'fifo'),
-  `lra_pooling` ('max'), `lfa_gamma` (1.0), `num_sinks` (0),
-  `init_std_multiplier` (1.0), `per_head_scores` (False), `recent_window` (0),
-  `admission` ('always').
+
+def reads_setting(name: str, setting: str) -> bool:
+  """Whether the policy named `name` (a POLICY_CHOICES item) reads `setting`.
+
+  Settings outside POLICY_SETTINGS (recent_window, per_head_scores) are read
+  by every policy.
   """
-  name = config_like.get('memory_policy', config_like.get('policy', 'fifo'))
-  if not isinstance(name, str):
-    raise ConfigError('model.memory_policy', f'must be a string, got {name!r}')
-  settings = dict(gamma=float(config_like.get('lfa_gamma', 1.0)),
-                  num_sinks=config_like.get('num_sinks', 0),
-                  init_std_multiplier=float(config_like.get('init_std_multiplier', 1.0)),
-                  per_head=bool(config_like.get('per_head_scores', False)),
-                  recent_window=config_like.get('recent_window', 0),
-                  admission=config_like.get('admission', 'always'))
-  if not name.startswith('lra_'):
-    settings['pooling'] = config_like.get('lra_pooling', 'max')
-  return policy_from_name(name, **settings)
+  readers = POLICY_SETTINGS.get(setting)
+  if readers is None:
+    return True
+  return (name if setting == 'lra_pooling' else base_name(name)) in readers
+
+
+def make_policy(settings) -> EvictionPolicy:
+  """The policy of an Attendre section (`config.model.attendre`, checked).
+
+  Reads `policy` (a POLICY_CHOICES name), `lra_pooling` (for 'lra'),
+  `lfa_gamma`, `num_sinks`, `init_std_multiplier`, `per_head_scores`,
+  `recent_window` and `admission`.
+  """
+  kwargs = dict(gamma=float(settings.lfa_gamma), num_sinks=settings.num_sinks,
+                init_std_multiplier=float(settings.init_std_multiplier),
+                per_head=bool(settings.per_head_scores), recent_window=settings.recent_window,
+                admission=settings.admission)
+  if not settings.policy.startswith('lra_'):
+    kwargs['pooling'] = settings.lra_pooling
+  return policy_from_name(settings.policy, **kwargs)
 
 
 # ----------------------------------------------------------------- scoring

@@ -21,14 +21,17 @@ Output j of a step belongs to stream index (input index of slot j) - D.
 
 Parameters are named as in the standard stack (`layer_{i}/attention_norm`,
 `attention`, `feed_forward_norm`, `feed_forward`), so a checkpoint of the
-standard stack runs here unchanged. Unrolled layers only (a layer schedule
-is fine; `scan_layers` and remat are not supported). The residual delay line
+standard stack runs here unchanged. Unrolled pre-LN layers only (a layer
+schedule is fine; `scan_layers`, remat and other block kinds are not
+supported: `AttendreDelayConfig` checks them). The residual delay line
 is not stop-gradient: a delayed token's gradient reaches the step it came
 from through the chunk scan.
 
 State per layer: `{'attention': the variant's state, 'residual': FifoMemory
 values [batch, N, d_model], 'starts': FifoMemory values [batch, N] bool}`.
 """
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -37,7 +40,8 @@ import ml_collections
 
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
-from longformer_jax.config_errors import require
+from longformer_jax.config.section import Section
+from longformer_jax.config_errors import ConfigError, require
 from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.norms import layer_norm
 from longformer_jax.memory import fifo
@@ -45,9 +49,30 @@ from longformer_jax.models.standard_stack import BlockStack
 from longformer_jax.models.layer_schedule import layer_config
 
 
+@dataclasses.dataclass(frozen=True)
+class AttendreDelayConfig(Section):
+  """`config.model.attendre_delay`: no settings; checks the shared ones the stack cannot honour.
+
+  (An Attendre layer with a Q memory needs this stack: `AttendreConfig` checks that.)
+  """
+
+  def validate(self, env) -> None:
+    if env is None:
+      return
+    if env.model.scan_layers:
+      raise ConfigError('model.scan_layers', "True: the time-shifted stack runs unrolled "
+                        "layers; use scan_layers=False with stack='attendre_delay'")
+    if env.model.remat_policy != 'none':
+      raise ConfigError('model.remat_policy', f'{env.model.remat_policy!r}: the time-shifted '
+                        "stack does not rematerialise; use remat_policy='none'")
+    if env.model.block != 'pre_ln':
+      raise ConfigError('model.block', f'{env.model.block!r}: the time-shifted stack builds '
+                        "its own pre-LN blocks (with a delayed skip path); use block='pre_ln'")
+
+
 def layer_delay(layer_cfg) -> int:
   """Positions by which a layer delays its output (its Q memory size, if Attendre)."""
-  return layer_cfg.get('q_memory_size', 0) if layer_cfg.attention == 'attendre' else 0
+  return layer_cfg.attendre.q_memory_size if layer_cfg.attention == 'attendre' else 0
 
 
 def total_delay(config) -> int:
@@ -122,6 +147,8 @@ class TimeShiftedStack(nn.Module):
 
   The output is the stream delayed by `total_delay(config)` positions.
   """
+  Config = AttendreDelayConfig
+
   config: ml_collections.FrozenConfigDict
   dtype: jnp.dtype = jnp.float32
 
@@ -141,10 +168,6 @@ class TimeShiftedStack(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, states, ctx: AttentionContext):
     cfg = self.config
-    require(not cfg.scan_layers, 'model.scan_layers',
-            'the time-shifted stack runs unrolled layers; set scan_layers=False')
-    require(cfg.remat_policy == 'none', 'model.remat_policy',
-            "the time-shifted stack does not rematerialise; set remat_policy='none'")
     new_states, auxes = [], []
     for i in range(cfg.num_layers):
       layer_cfg = layer_config(cfg, i)

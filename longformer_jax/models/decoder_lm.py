@@ -37,7 +37,7 @@ class DecoderLM(nn.Module):
   @staticmethod
   def init_state(config, batch_size: int):
     """The memory of every layer: a tuple of per-layer pytrees, leaves `[batch, ...]`."""
-    stack = stack_class(config.get('stack', 'standard'))
+    stack = stack_class(config.stack)
     return stack.init_state(config, batch_size, compute_dtype(config.dtype))
 
   @nn.compact
@@ -49,7 +49,7 @@ class DecoderLM(nn.Module):
     x = embedding.embed(tokens)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=ctx.deterministic)
-    x, states, aux = stack_class(cfg.get('stack', 'standard'))(cfg, dtype, name='blocks')(x, states, ctx)
+    x, states, aux = stack_class(cfg.stack)(cfg, dtype, name='blocks')(x, states, ctx)
     x = layer_norm('final_norm', dtype)(x)
     logits = embedding.logits(x)
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))

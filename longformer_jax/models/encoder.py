@@ -53,7 +53,7 @@ def encoder_context(input_mask: jax.Array, global_flags: jax.Array,
 
 def fresh_states(config: ml_collections.FrozenConfigDict, batch_size: int):
   """Every layer's empty memory (the encoder never carries memory across examples)."""
-  stack = stack_class(config.get('stack', 'standard'))
+  stack = stack_class(config.stack)
   return stack.init_state(config, batch_size, compute_dtype(config.dtype))
 
 
@@ -70,7 +70,7 @@ class Encoder(nn.Module):
   def __call__(self, x: jax.Array, ctx: AttentionContext):
     cfg = self.config
     states = fresh_states(cfg, x.shape[0])
-    stack = stack_class(cfg.get('stack', 'standard'))(cfg, self.dtype, name='blocks')
+    stack = stack_class(cfg.stack)(cfg, self.dtype, name='blocks')
     x, _, aux = stack(x, states, ctx)
     return layer_norm('final_norm', self.dtype)(x), aux
 

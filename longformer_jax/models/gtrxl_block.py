@@ -5,10 +5,14 @@
 
 Layer norm is applied on the input stream of each sub-layer only (the
 "identity map reordering"), and the ReLU on the sub-layer outputs follows
-the paper (`gtrxl_relu`, default True). Any attention variant can be used.
-Config keys: `gtrxl_gate` ('gru' | 'output' | 'highway'), `gtrxl_gate_bias`
-(b_g, default 2.0: the gate starts near the identity), `gtrxl_relu`.
+the paper (`relu`, default True). Any attention variant can be used.
+Settings: `config.model.gtrxl` (`GTrXLConfig`): `gate` ('gru' | 'output' |
+'highway'), `gate_bias` (b_g, default 2.0: the gate starts near the
+identity), `relu`.
 """
+
+import dataclasses
+import math
 
 import flax.linen as nn
 import jax
@@ -17,23 +21,41 @@ import ml_collections
 
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
+from longformer_jax.config.section import Section
 from longformer_jax.layers.feed_forward import feed_forward_from_config
-from longformer_jax.layers.gating import Gate
+from longformer_jax.layers.gating import GATE_TYPES, Gate
 from longformer_jax.layers.norms import layer_norm
+
+
+@dataclasses.dataclass(frozen=True)
+class GTrXLConfig(Section):
+  """`config.model.gtrxl`: the gates of `model.block='gtrxl'`."""
+  gate: str = 'gru'         # gru | output | highway (layers/gating.py)
+  gate_bias: float = 2.0    # b_g; > 0 starts each block near the identity
+  relu: bool = True         # ReLU on the sub-layer outputs, as in the paper
+
+  legacy_names = {'gtrxl_gate': 'gate', 'gtrxl_gate_bias': 'gate_bias', 'gtrxl_relu': 'relu'}
+
+  def validate(self, env) -> None:
+    del env
+    self.require(self.gate in GATE_TYPES, 'gate', f'must be one of {GATE_TYPES}')
+    self.require(math.isfinite(self.gate_bias), 'gate_bias', 'must be a finite number')
 
 
 class GatedBlock(nn.Module):
   """`(x [batch, chunk, d_model], state, ctx) -> (x, (state, aux))`, like `DecoderBlock`."""
+  Config = GTrXLConfig
+
   config: ml_collections.FrozenConfigDict
   dtype: jnp.dtype = jnp.float32
 
   def _activate(self, y: jax.Array) -> jax.Array:
-    return nn.relu(y) if self.config.get('gtrxl_relu', True) else y
+    return nn.relu(y) if self.config.gtrxl.relu else y
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
     cfg = self.config
-    kind, bias = cfg.get('gtrxl_gate', 'gru'), cfg.get('gtrxl_gate_bias', 2.0)
+    kind, bias = cfg.gtrxl.gate, cfg.gtrxl.gate_bias
     attention = attention_class(cfg.attention).from_config(cfg, self.dtype, name='attention')
     y, state, aux = attention(layer_norm('attention_norm', self.dtype)(x), state, ctx)
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=ctx.deterministic)

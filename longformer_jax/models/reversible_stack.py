@@ -25,8 +25,10 @@ Parameters have the pre-LN block's names (`layer_i/attention_norm`,
 Dropout masks (and LSH's per-step rotations) come from one key per layer
 half, so the recomputation in the backward pass sees the same masks.
 The stack is unrolled: `scan_layers` and `remat_policy` (it recomputes
-already) are config errors.
+already) are config errors (`ReversibleConfig.validate`).
 """
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -35,13 +37,29 @@ import ml_collections
 
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
-from longformer_jax.config_errors import require
+from longformer_jax.config.section import Section
+from longformer_jax.config_errors import ConfigError
 from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.norms import layer_norm
 from longformer_jax.layers.reversible import reversible_sequence
 from longformer_jax.models.layer_schedule import layer_config
 
 HALVES = ('attention', 'feed_forward')  # F, G; parameter names start with their half's name
+
+
+@dataclasses.dataclass(frozen=True)
+class ReversibleConfig(Section):
+  """`config.model.reversible`: no settings; checks the shared ones the stack cannot honour."""
+
+  def validate(self, env) -> None:
+    if env is None:
+      return
+    if env.model.scan_layers:
+      raise ConfigError('model.scan_layers', "True: the reversible stack is unrolled; use "
+                        "scan_layers=False with stack='reversible'")
+    if env.model.remat_policy != 'none':
+      raise ConfigError('model.remat_policy', f'{env.model.remat_policy!r}: the reversible stack '
+                        "recomputes activations itself; use remat_policy='none'")
 
 
 class ReversibleLayer(nn.Module):
@@ -104,6 +122,8 @@ def residual_fn(config, dtype, index: int, half: str):
 
 class ReversibleStack(nn.Module):
   """`(x [batch, chunk, d_model], states (per layer), ctx) -> (x, states, aux per layer)`."""
+  Config = ReversibleConfig
+
   config: ml_collections.FrozenConfigDict
   dtype: jnp.dtype = jnp.float32
 
@@ -125,10 +145,6 @@ class ReversibleStack(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, states, ctx: AttentionContext):
     cfg = self.config
-    require(not cfg.scan_layers, 'model.scan_layers',
-            "the reversible stack is unrolled; use scan_layers=False with stack='reversible'")
-    require(cfg.remat_policy == 'none', 'model.remat_policy',
-            "the reversible stack recomputes activations itself; use remat_policy='none'")
     configs = [layer_config(cfg, i) for i in range(cfg.num_layers)]
     layers = [ReversibleLayer(c, self.dtype, name=f'layer_{i}') for i, c in enumerate(configs)]
     keys = self.dropout_keys(ctx)

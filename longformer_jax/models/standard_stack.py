@@ -39,7 +39,7 @@ def unstack_layers(stacked, num_layers: int) -> tuple:
 
 def layer_block(cfg, dtype, name: str):
   """The (optionally rematerialised) block class for layer config `cfg`."""
-  cls = block_class(cfg.get('block', 'pre_ln'))
+  cls = block_class(cfg.block)
   if cfg.remat_policy != 'none':
     cls = nn.remat(cls, policy=remat_policy(cfg.remat_policy), prevent_cse=not cfg.scan_layers)
   return cls

@@ -1,6 +1,6 @@
 """Universal Transformer with Adaptive Computation Time (Dehghani et al., 2019; Graves, 2016).
 
-One block, its parameters shared, is applied up to `act_max_steps` times.
+One block, its parameters shared, is applied up to `max_steps` times.
 Before each application the time-step coordinate is added to the state as
 a sinusoid of the step index (the UT's "coordinate embedding": positions
 are handled inside attention here). A halting unit gives every position a
@@ -18,8 +18,15 @@ aux loss `ponder_loss` (its mean over valid positions; weight
 `model.aux_loss_weights.ponder_loss`, tau in the paper).
 
 Each application step keeps its own memory (the shared block is applied at
-`act_max_steps` depths), so the state is a tuple with one entry per step.
+`max_steps` depths), so the state is a tuple with one entry per step.
+
+Settings: `config.model.universal_act` (`UniversalACTConfig`). The stack
+applies one block with one config at every step, so `num_layers` is not
+read, and a `layer_schedule`, `scan_layers` or a `remat_policy` (nothing
+is rematerialised) are config errors.
 """
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -28,9 +35,36 @@ import ml_collections
 
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
+from longformer_jax.config.section import Section
+from longformer_jax.config_errors import ConfigError
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.models.block_registry import block_class
+
+
+@dataclasses.dataclass(frozen=True)
+class UniversalACTConfig(Section):
+  """`config.model.universal_act`: the ACT loop of `model.stack='universal_act'`."""
+  max_steps: int = 4        # applications of the shared block (the most any position gets)
+  epsilon: float = 0.01     # a position halts once its halting sum would pass 1 - epsilon
+
+  legacy_names = {'act_max_steps': 'max_steps', 'act_epsilon': 'epsilon'}
+
+  def validate(self, env) -> None:
+    self.require(self.max_steps >= 1, 'max_steps', 'must be >= 1')
+    self.require(0.0 < self.epsilon < 1.0, 'epsilon', 'must be in (0, 1)')
+    if env is None:
+      return
+    model = env.model
+    if model.layer_schedule:
+      raise ConfigError('model.layer_schedule', f'{model.layer_schedule!r}: the universal_act '
+                        'stack applies one block config at every step; remove the schedule')
+    if model.scan_layers:
+      raise ConfigError('model.scan_layers', "True is ignored by stack='universal_act' "
+                        '(it loops over its steps); set it to False')
+    if model.remat_policy != 'none':
+      raise ConfigError('model.remat_policy', f"{model.remat_policy!r} is ignored by "
+                        "stack='universal_act'; set it to 'none'")
 
 
 def act_step_weights(halting_sum, p, step: int, max_steps: int, threshold: float):
@@ -54,23 +88,25 @@ def act_step_weights(halting_sum, p, step: int, max_steps: int, threshold: float
 class UniversalTransformerACT(nn.Module):
   """`(x [batch, chunk, d_model], states (per step), ctx) -> (x, states, aux per step)`.
 
-  Config keys: `act_max_steps`, `act_epsilon` (threshold 1 - epsilon,
-  default 0.01), and `block` / `attention` for the shared block.
+  Config: `config.universal_act` (`max_steps`, `epsilon`: threshold
+  1 - epsilon), and `block` / `attention` for the shared block.
   """
+  Config = UniversalACTConfig
+
   config: ml_collections.FrozenConfigDict
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
   def init_state(config, batch_size: int, dtype=jnp.float32) -> tuple:
     one = attention_class(config.attention).init_state(config, batch_size, dtype)
-    return tuple(one for _ in range(config.act_max_steps))
+    return tuple(one for _ in range(config.universal_act.max_steps))
 
   @nn.compact
   def __call__(self, x: jax.Array, states, ctx: AttentionContext):
     cfg = self.config
-    max_steps = cfg.act_max_steps
-    threshold = 1.0 - cfg.get('act_epsilon', 0.01)
-    block = block_class(cfg.get('block', 'pre_ln'))(cfg, self.dtype, name='shared_block')
+    max_steps = cfg.universal_act.max_steps
+    threshold = 1.0 - cfg.universal_act.epsilon
+    block = block_class(cfg.block)(cfg, self.dtype, name='shared_block')
     halting = projection(1, kernel_axes=('embed', None), name='halting', dtype=jnp.float32,
                          use_bias=True, bias_axes=(None,))
     batch, length = x.shape[:2]

@@ -16,16 +16,37 @@ flipped bit inside a chunk of array data is restored silently; the checksums
 catch that, so a resumed run is either bit-identical to the saved one or fails
 with `CorruptCheckpointError`. Nothing here ever deletes or rewrites an
 existing checkpoint, except the pruning of old steps that `keep` asks for.
+
+Resuming (`Checkpointer.restore_latest_intact`) tries the newest step first.
+A step that is corrupt (a missing or truncated file, a missing item, a flipped
+bit) is renamed to `checkpoints/<step>.corrupt` (never deleted), one warning
+line says so, and the next older step is tried. A train state of other shapes
+than the saved one (another architecture or batch size) is not corruption:
+it raises `CheckpointMismatchError` and nothing is moved.
+
+A failed Orbax read leaves TensorStore callbacks and futures behind that
+Python reports, one traceback each ("Event loop is closed", "Exception
+ignored in <coroutine ...>", "Future exception was never retrieved"):
+hundreds of lines that bury the one-line cause. Restoring installs filters
+on `sys.unraisablehook` and the `asyncio` logger that drop exactly these
+reports (and pass every other one on).
 """
 
+import itertools
 import logging
 import os
+import sys
+import traceback
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
 from longformer_jax.train.checkpoint_checksums import state_checksums
+from longformer_jax.train.resume_checks import CheckpointMismatchError
+from longformer_jax.train.resume_checks import mismatch_error
+from longformer_jax.train.resume_checks import orbax_mismatch_summary
+from longformer_jax.train.resume_checks import shape_differences
 
 PyTree = Any
 
@@ -33,6 +54,7 @@ _STATE = 'state'
 _DATA = 'data'
 _CHECKSUMS = 'checksums'
 _ITEM_NAMES = (_STATE, _DATA, _CHECKSUMS)
+_CORRUPT_SUFFIX = '.corrupt'
 
 _log = logging.getLogger(__name__)
 
@@ -43,6 +65,10 @@ class CheckpointNotFoundError(FileNotFoundError):
 
 class CorruptCheckpointError(RuntimeError):
   """A checkpoint exists but cannot be restored exactly as it was saved."""
+
+
+class NoIntactCheckpointError(CorruptCheckpointError):
+  """Every checkpoint of the run was corrupt; all were moved aside."""
 
 
 class Checkpointer:
@@ -63,10 +89,16 @@ class Checkpointer:
         enable_async_checkpointing=async_save,
         create=True,
     )
+    handlers = {
+        _STATE: ocp.StandardCheckpointHandler(),
+        _DATA: ocp.JsonCheckpointHandler(),
+        _CHECKSUMS: ocp.JsonCheckpointHandler(),
+    }
     self._manager = ocp.CheckpointManager(
-        self._directory, item_names=_ITEM_NAMES, options=options
+        self._directory, item_handlers=handlers, options=options
     )
     self._closed = False
+    self._barriers = itertools.count()
 
   @property
   def directory(self) -> str:
@@ -109,7 +141,9 @@ class Checkpointer:
     """
     step = int(step)
     if step in self._manager.all_steps():
-      _log.info('Checkpoint for step %d already exists; not saving.', step)
+      # Routine: the loop saves at its end also when that step was just
+      # saved (or a resumed run has nothing left to do), so no message.
+      _log.debug('Checkpoint for step %d already exists; not saving.', step)
       return False
     if not force and not self._manager.should_save(step):
       _log.info('Not saving step %d: not newer than the latest.', step)
@@ -143,14 +177,61 @@ class Checkpointer:
 
     Raises:
       CheckpointNotFoundError: there is no checkpoint for `step`.
+      CheckpointMismatchError: `abstract_state` has other shapes or another
+        structure than the saved state (other shape-changing settings).
       CorruptCheckpointError: the checkpoint cannot be read or its arrays do
-        not match the checksums written with it.
+        not match the checksums written with it. Nothing is moved or changed.
     """
     self.wait()
     step = self._existing_step(step)
-    restored = self._restore_items(step, _without_empty_arrays(abstract_state))
+    target = _without_empty_arrays(abstract_state)
+    self._check_shapes(step, target)
+    restored = self._restore_items(step, target)
     self._verify_checksums(step, restored[_STATE], restored[_CHECKSUMS])
     return _with_empty_arrays(restored[_STATE], abstract_state), restored[_DATA]
+
+  def restore_latest_intact(
+      self, abstract_state: PyTree
+  ) -> tuple[PyTree, dict, int]:
+    """Restores the newest checkpoint that is intact, moving broken ones aside.
+
+    Steps are tried newest first. A corrupt step (see `restore`) is renamed
+    to `checkpoints/<step>.corrupt` (`.corrupt-1`, ... if taken; never
+    deleted, and no longer listed as a checkpoint), one warning line names
+    it and the cause, and the next older step is tried. Call it only when
+    `latest_step()` is not None.
+
+    Args:
+      abstract_state: as for `restore`.
+
+    Returns:
+      `(state, data_state, step)` of the newest intact checkpoint.
+
+    Raises:
+      CheckpointNotFoundError: there are no checkpoints at all.
+      CheckpointMismatchError: as for `restore` (nothing is moved: the
+        checkpoint is fine, the run's settings differ).
+      NoIntactCheckpointError: every checkpoint was corrupt; all have been
+        moved aside and the message says how to go on.
+    """
+    self.wait()
+    self._existing_step(None)  # Raises CheckpointNotFoundError if none.
+    moved = []
+    for step in reversed(self.all_steps()):
+      try:
+        state, data_state = self.restore(step, abstract_state)
+        return state, data_state, step
+      except CorruptCheckpointError as error:
+        moved.append(self._move_aside(step))
+        _log.warning('%s Moved it aside to %s; trying an older checkpoint.',
+                     error, moved[-1])
+    names = ', '.join(os.path.basename(path) for path in moved)
+    raise NoIntactCheckpointError(
+        f'No intact checkpoint to resume from in {self._directory}: all'
+        f' {len(moved)} were corrupt and have been moved aside ({names}; kept'
+        ' for inspection, no longer listed). Run the same command again to'
+        ' start this workdir from step 0, or use a new --workdir.'
+    )
 
   def wait(self) -> None:
     """Blocks until in-flight saves are written; raises their errors."""
@@ -188,8 +269,36 @@ class Checkpointer:
       )
     return step
 
+  def _move_aside(self, step: int) -> str:
+    """Renames the directory of `step` to a free `<step>.corrupt[-N]` name."""
+    source = self._step_directory(step)
+    for n in itertools.count():
+      target = source + _CORRUPT_SUFFIX + (f'-{n}' if n else '')
+      if not os.path.exists(target):
+        break
+    if jax.process_index() == 0:
+      os.rename(source, target)
+    if jax.process_count() > 1:
+      ocp.multihost.sync_global_processes(
+          f'longformer_jax_move_aside_{step}_{next(self._barriers)}')
+    self._manager.reload()
+    return target
+
+  def _check_shapes(self, step: int, target: PyTree) -> None:
+    """Raises `CheckpointMismatchError` if leaves of `target` have other
+    shapes than saved; checked on the metadata, before reading any array."""
+    try:
+      saved = self._manager.item_metadata(step)[_STATE]
+    except Exception as error:  # Unreadable metadata: the restore reports it.
+      _log.debug('No metadata for step %d: %s', step, _first_line(error))
+      return
+    differences = [] if saved is None else shape_differences(saved, target)
+    if differences:
+      raise mismatch_error(step, self._directory, differences)
+
   def _restore_items(self, step: int, abstract_state: PyTree) -> dict:
     """Reads all items of `step`, turning any failure into a clear error."""
+    _drop_orbax_read_noise()
     args = ocp.args.Composite(
         **{
             _STATE: ocp.args.StandardRestore(abstract_state),
@@ -200,11 +309,12 @@ class Checkpointer:
     try:
       restored = self._manager.restore(step, args=args)
     except Exception as error:  # Orbax/TensorStore raise many error types.
+      summary = orbax_mismatch_summary(error)
+      if summary:
+        raise mismatch_error(step, self._directory, [summary]) from error
       raise CorruptCheckpointError(
-          f'Cannot restore step {step} from checkpoint directory'
-          f' {self._step_directory(step)}: it is corrupt or truncated, or'
-          f' abstract_state does not match what was saved.'
-          f' {type(error).__name__}: {_first_line(error)}'
+          f'Checkpoint step {step} ({self._step_directory(step)}) is corrupt'
+          f' or truncated: {type(error).__name__}: {_first_line(error)}'
       ) from error
     items = {name: restored.get(name) for name in _ITEM_NAMES}
     missing = [name for name, item in items.items() if item is None]
@@ -246,6 +356,62 @@ def _comparable(restored: dict, saved: dict | None) -> bool:
       saved['dtype'],
       saved['shape'],
   )
+
+
+_ORBAX_WORDS = ('orbax', 'tensorstore', 'ocdbt', 'zarr')
+
+
+def _mentions_orbax(error: BaseException | None) -> bool:
+  """Whether `error` comes from Orbax/TensorStore code or names their parts."""
+  if error is None:
+    return False
+  frames = traceback.extract_tb(error.__traceback__)
+  text = ' '.join([str(error)] + [frame.filename for frame in frames]).lower()
+  return any(word in text for word in _ORBAX_WORDS)
+
+
+def _is_orbax_read_noise(unraisable: Any) -> bool:
+  """Whether an unraisable exception is debris of a failed Orbax read."""
+  error = unraisable.exc_value
+  if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed':
+    return True
+  code = getattr(unraisable.object, 'cr_code', None)  # A dropped coroutine.
+  return code is not None and _ORBAX_WORDS[0] in code.co_filename
+
+
+class _DropOrbaxReadNoise(logging.Filter):
+  """Drops asyncio's 'exception was never retrieved' for Orbax's reads."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if 'exception was never retrieved' not in str(record.msg):
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    return not (_mentions_orbax(error) or any(
+        word in str(record.msg).lower() for word in _ORBAX_WORDS))
+
+
+def _drop_orbax_read_noise() -> None:
+  """Filters (once) `sys.unraisablehook` and the `asyncio` logger.
+
+  A failed Orbax read leaves TensorStore callbacks and futures behind that
+  report, possibly long after the restore (when TensorStore's threads finish
+  or the garbage collector runs), "Event loop is closed", "Exception ignored
+  in <coroutine ...>" and "Future exception was never retrieved", one
+  traceback each. These reports (and no others) are dropped for good.
+  """
+  asyncio_log = logging.getLogger('asyncio')
+  if not any(isinstance(f, _DropOrbaxReadNoise) for f in asyncio_log.filters):
+    asyncio_log.addFilter(_DropOrbaxReadNoise())
+  hook = sys.unraisablehook
+  if getattr(hook, 'drops_orbax_read_noise', False):
+    return
+
+  def filtered(unraisable: Any) -> None:
+    if not _is_orbax_read_noise(unraisable):
+      hook(unraisable)
+
+  filtered.drops_orbax_read_noise = True
+  sys.unraisablehook = filtered
 
 
 def _first_line(error: BaseException, max_chars: int = 300) -> str:

@@ -1,8 +1,9 @@
 """Longformer's global attention (Beltagy et al., 2020, section 3.1), O(n·g).
 
-Tokens flagged in `ctx.global_flags` (at most `global_tokens` = g per row,
-the first g flagged valid tokens of the chunk; the number of flagged tokens
-beyond g is reported as the `global_tokens_dropped` statistic):
+Tokens flagged in `ctx.global_flags` (at most g =
+`model.longformer.global_tokens` per row, the first g flagged valid tokens of
+the chunk; the number of flagged tokens beyond g is reported as the
+`global_tokens_dropped` statistic):
 
 - every query also attends to the global tokens (with the local Q_s, K_s,
   V_s, in one softmax with its window, as in the original and Hugging Face

@@ -1,9 +1,9 @@
 """Blocked sliding-window attention ("sliding chunks"): O(n·w) work and memory.
 
-Window convention (the one `model.window` uses everywhere in this codebase):
-`window` is ONE-SIDED, as `attention_window` in the original Longformer
-code (Beltagy et al., 2020). With dilation d, query position i may attend to
-key position j iff
+Window convention (the one `model.longformer.window` uses everywhere in
+this codebase): `window` is ONE-SIDED, as `attention_window` in the original
+Longformer code (Beltagy et al., 2020). With dilation d, query position i
+may attend to key position j iff
 
   causal:     0 <= i - j <= window * d   and (i - j) % d == 0   (window + 1 keys)
   two-sided: |i - j| <= window * d       and (i - j) % d == 0   (2 * window + 1 keys)
