@@ -39,9 +39,10 @@ from absl import app, flags, logging
 import jax
 import ml_collections
 
-from longformer_jax.command_line import define_flags
+from longformer_jax import command_line
 from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import parse_int_list, validate_config, validate_model
+from longformer_jax.config_validation import parse_int_list, validate_config
+from longformer_jax.models.model_config import resolve_model
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
@@ -183,7 +184,7 @@ def sweep_model_config(config, tokenizer, point) -> ml_collections.FrozenConfigD
   """The eval-time model of one sweep point, checked (every layer's settings) before use."""
   model_config = lm_model_config(config.model, tokenizer.vocab_size,
                                  **memory_sweep.model_overrides(point, config.model))
-  validate_model(model_config)
+  resolve_model({k: v for k, v in model_config.items() if k != 'vocab_size'})
   jax.eval_shape(lambda: DecoderLM.init_state(model_config, 1))
   return model_config
 
@@ -220,9 +221,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   show_own_info_only()
-  evaluate_run(flags.FLAGS.config, flags.FLAGS.workdir)
+  evaluate_run(command_line.flag_config(), flags.FLAGS.workdir)
 
 
 if __name__ == '__main__':
-  define_flags('The training run to evaluate.')
-  app.run(main)
+  command_line.define_flags('The training run to evaluate.')
+  command_line.run(main)

@@ -29,7 +29,7 @@ from absl import app, flags, logging
 import jax
 import ml_collections
 
-from longformer_jax.command_line import define_flags
+from longformer_jax import command_line
 from longformer_jax.config_errors import ConfigError
 from longformer_jax.config_validation import validate_config
 from longformer_jax.data.corpus import cut_into_pieces, load_corpus, tokenize_documents
@@ -236,11 +236,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   show_own_info_only()
-  _, result = train(flags.FLAGS.config, flags.FLAGS.workdir)
+  _, result = train(command_line.flag_config(), flags.FLAGS.workdir)
   if 'final_valid' in result:
     print(json.dumps({'step': result['step'], 'valid': result['final_valid']}))
 
 
 if __name__ == '__main__':
-  define_flags('Checkpoints and logs go here.')
-  app.run(main)
+  command_line.define_flags('Checkpoints and logs go here.')
+  command_line.run(main)

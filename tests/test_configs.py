@@ -1,4 +1,4 @@
-"""Every config file under configs/ loads, validates, and sets only what differs from defaults.
+"""Every config file under configs/ loads and validates.
 
 The memory state of every layer is built abstractly (`jax.eval_shape`: nothing
 is allocated, also for the PG-19 models), so a variant's own shapes are checked too.
@@ -10,8 +10,7 @@ import jax
 import pytest
 
 from longformer_jax.command_line import experiment_config
-from longformer_jax.config.overrides import load_config_file
-from longformer_jax.config_validation import resolve_config, validate_mesh
+from longformer_jax.config_validation import validate_mesh
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / 'configs'
@@ -32,21 +31,3 @@ def test_config_validates(name):
   if config.task == 'lm':
     model_config = lm_model_config(config.model, 259)
     jax.eval_shape(lambda: DecoderLM.init_state(model_config, 1))
-
-
-@pytest.mark.parametrize('name', NAMES)
-def test_config_sets_only_what_differs_from_the_defaults(name):
-  """A value equal to its default hides nothing; a written-out default is noise."""
-  sparse = load_config_file(str(CONFIG_DIR / f'{name}.py'))
-  defaults = resolve_config({'task': sparse.get('task', 'lm'),
-                             'model': {'attention': sparse.get('model', {}).get(
-                                 'attention', 'vanilla')}})
-
-  def same_as_default(values, default, path):
-    for key, value in values.items():
-      if isinstance(value, dict) and isinstance(default.get(key), dict):
-        yield from same_as_default(value, default[key], f'{path}.{key}')
-      elif key in default and default[key] == value and key != 'attention':
-        yield f'{path}.{key}'
-
-  assert not list(same_as_default(sparse, defaults, 'config'))

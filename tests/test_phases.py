@@ -66,14 +66,17 @@ def test_bad_phase_steps_name_the_key(phase_steps, num_steps):
 
 
 def test_phase_model_config_scales_the_window_and_its_schedule():
-  model = ml_collections.ConfigDict({'window': 16, 'layer_schedule': {'window': '4,8,16'},
-                                     'num_heads': 4})
+  model = ml_collections.ConfigDict({'longformer': {'window': 16}, 'num_heads': 4,
+                                     'layer_schedule': {'longformer': {'window': '4,8,16'}}})
   phase = phasing.training_phases(phased_config(3, '1,1,2'))[2]
   scaled = phasing.phase_model_config(model, phase)
-  assert scaled.window == 64 and scaled.layer_schedule.window == '16,32,64'
-  assert model.window == 16 and scaled.num_heads == 4      # the input is not modified
-  tuple_schedule = ml_collections.ConfigDict({'layer_schedule': {'window': (2, 3)}})
-  assert phasing.phase_model_config(tuple_schedule, phase).layer_schedule.window == (8, 12)
+  assert scaled.longformer.window == 64
+  assert scaled.layer_schedule.longformer.window == '16,32,64'
+  assert model.longformer.window == 16 and scaled.num_heads == 4   # the input is not modified
+  tuple_schedule = ml_collections.ConfigDict({'longformer': {'window': 4}, 'layer_schedule': {
+      'longformer': {'window': (2, 3)}}})
+  scaled = phasing.phase_model_config(tuple_schedule, phase)
+  assert scaled.layer_schedule.longformer.window == (8, 12)
 
 
 def test_glued_units_equal_longer_steps_at_the_same_stream_position():

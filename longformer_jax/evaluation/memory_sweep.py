@@ -231,7 +231,7 @@ def model_overrides(point: SweepPoint, trained_model) -> dict:
   schedule: the trained model's, less the keys the sweep sets and the
   sections of attention variants the point does not use.
   """
-  extra = {key: value for key, value in point.extra if value != NOT_READ}
+  extra = {key: value for key, value in point.extra if reads(point.variant, point.policy, key)}
   size = point.memory_size
   if point.variant == 'attendre':
     settings = dict(memory_size=size, q_memory_size=point.q_memory_size, policy=point.policy)

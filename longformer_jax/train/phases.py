@@ -6,8 +6,8 @@ the learning rate." Here phase p (0-based) of `train.phases` runs
 `train.phase_steps[p]` steps (default: `train.num_steps` split evenly) with
 
   chunk_len = data.chunk_len * phase_length_factor ** p
-  window    = window * phase_window_factor ** p   (model.window and every
-              value of model.layer_schedule.window)
+  window    = window * phase_window_factor ** p   (model.longformer.window and
+              model.layer_schedule.longformer.window)
   lr        = (the run's warmup-cosine schedule) * phase_lr_factor ** p
 
 (defaults 2, 2, 0.5). Changing the chunk length or window changes shapes, so
@@ -29,7 +29,8 @@ import optax
 from longformer_jax.config_errors import require
 from longformer_jax.config_validation import parse_int_list
 
-WINDOW_KEY = 'window'
+# The Longformer window, and its per-layer schedule, grow with the phases.
+WINDOW_SECTION, WINDOW_KEY = 'longformer', 'window'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,11 +105,11 @@ def phase_model_config(model: ml_collections.ConfigDict, phase: Phase) -> ml_col
   model = ml_collections.ConfigDict(model.to_dict())
   if phase.window_multiple == 1:
     return model
-  if WINDOW_KEY in model:
-    model[WINDOW_KEY] = scale_window(model[WINDOW_KEY], phase.window_multiple)
-  schedule = model.get('layer_schedule', None)
-  if schedule is not None and WINDOW_KEY in schedule:
-    schedule[WINDOW_KEY] = scale_window(schedule[WINDOW_KEY], phase.window_multiple)
+  section = model[WINDOW_SECTION]
+  section[WINDOW_KEY] = scale_window(section[WINDOW_KEY], phase.window_multiple)
+  scheduled = (model.layer_schedule or {}).get(WINDOW_SECTION, {})
+  if WINDOW_KEY in scheduled:
+    scheduled[WINDOW_KEY] = scale_window(scheduled[WINDOW_KEY], phase.window_multiple)
   return model
 
 

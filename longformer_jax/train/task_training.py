@@ -74,12 +74,13 @@ def global_tokens_needed(config: ml_collections.ConfigDict) -> int:
 def task_model(config: ml_collections.ConfigDict, vocab_size: int):
   """`(model_config, model)` of `config.task`.
 
-  `model.global_tokens = 0` (or unset) becomes the task's number of global
+  `model.longformer.global_tokens = 0` becomes the task's number of global
   tokens (`global_tokens_needed`), the capacity Longformer attention reserves.
   """
   overrides = {}
-  if not config.model.get('global_tokens', 0):
-    overrides['global_tokens'] = global_tokens_needed(config)
+  longformer = config.model.longformer
+  if not longformer.global_tokens:
+    overrides['longformer'] = dict(longformer.to_dict(), global_tokens=global_tokens_needed(config))
   model_config = encoder_model_config(config.model, vocab_size, **overrides)
   return model_config, TASK_MODELS[config.task](model_config)
 
