@@ -76,7 +76,8 @@ def reference_outputs(params, x, positions, segments, valid, *, chunk, n, m, cau
 def model_config(causal=True, **attendre) -> ml_collections.FrozenConfigDict:
   """A resolved one-layer model; `attendre` are keys of `model.attendre` (memory_size 16)."""
   values = dict(attention='attendre', num_layers=1, num_heads=H, head_dim=HD, d_model=D,
-                causal=causal, stack='attendre_delay', attendre=dict({'memory_size': 16}, **attendre))
+                causal=causal, stack='attendre_delay',
+                attendre=dict({'memory_size': 16}, **attendre))
   return ml_collections.FrozenConfigDict(resolve_model(values))
 
 

@@ -58,14 +58,16 @@ def test_sweep_is_the_product_of_the_settings():
     ('policy', "expected 'key=value"),
     ('policy=fifo;policy=lfa', 'given twice'),
     ('policy=lra_mx', "unknown policy 'lra_mx'.*did you mean lra_max"),
-    ('policy=lfa;rope_max_distanc=63', "unknown key 'rope_max_distanc'.*did you mean rope_max_distance"),
+    ('policy=lfa;rope_max_distanc=63',
+     "unknown key 'rope_max_distanc'.*did you mean rope_max_distance"),
     ('policy=lfa;memory_sizes=64', 'did you mean memory_size'),
     ('variant=vanilla;top_k=4', "unknown key 'top_k'"),
     ('policy=lfa;memory_top_k=4', "unknown key 'memory_top_k'; it is now 'top_k'"),
     ('variant=memorizing;knn_top_k=4', "it is now 'top_k'"),
     ('policy=fifo,lra_max;lfa_gamma=0.9', "'lfa_gamma' is read only by policy lfa"),
     ('policy=fifo;admission=score', "'admission' is read only by policy lru"),
-    ('variant=streaming_sinks;policy=sink;window=8', "'window' of streaming_sinks is set by the sweep"),
+    ('variant=streaming_sinks;policy=sink;window=8',
+     "'window' of streaming_sinks is set by the sweep"),
 ])
 def test_bad_sweeps_name_the_flag(spec, message):
   with pytest.raises(ConfigError, match=message) as error:

@@ -119,7 +119,7 @@ class AttendreConfig(Section):
   lfa_gamma: float = 1.0            # policy 'lfa': decay in (0, 1] (1: LFA-0)
   num_sinks: int = 0                # policy 'sink': the first positions of a document kept
   init_std_multiplier: float = 1.0  # scored policies: new entries score mean - k * std
-  admission: str = 'always'         # scored policies: new entries 'always' go in | compete on 'score'
+  admission: str = 'always'         # scored policies: new entries always go in | compete on score
   recent_window: int = 0            # the r most recent entries are never evicted (0: none)
   per_head_scores: bool = False     # one memory per head, evicting on its own head's attention
   top_k: int = 0                    # attend to the k best memory entries per query/head (0: all)

@@ -152,8 +152,9 @@ def _check_extra_key(key: str, pairs: list) -> None:
                         'no point of the sweep has one')
     return
   set_by = [v for v in variants if key in SET_BY_SWEEP[v]]
-  require(not set_by, SWEEP_KEY,
-          f'{key!r} of {set_by[0] if set_by else ""} is set by the sweep from memory_size and chunk')
+  if set_by:
+    raise ConfigError(SWEEP_KEY, f'{key!r} of {set_by[0]} is set by the sweep from memory_size '
+                      'and chunk')
   renamed = [f'{cls.legacy_names[key]!r}' for name, cls in section_classes().items()
              if name in variants and key in cls.legacy_names]
   if renamed:
@@ -259,7 +260,8 @@ def model_overrides(point: SweepPoint, trained_model) -> dict:
     if key in section_classes():
       if key in ATTENTION_VARIANTS and key != point.variant:
         continue
-      kept = {k: v for k, v in _plain(value).items() if not (key == point.variant and k in settings)}
+      kept = {k: v for k, v in _plain(value).items()
+              if not (key == point.variant and k in settings)}
       if kept:
         schedule[key] = kept
     elif key not in overrides:

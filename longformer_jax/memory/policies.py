@@ -145,10 +145,9 @@ def reads_setting(name: str, setting: str) -> bool:
   Settings outside POLICY_SETTINGS (recent_window, per_head_scores) are read
   by every policy.
   """
-  readers = POLICY_SETTINGS.get(setting)
-  if readers is None:
+  if setting not in POLICY_SETTINGS:
     return True
-  return (name if setting == 'lra_pooling' else base_name(name)) in readers
+  return (name if setting == 'lra_pooling' else base_name(name)) in POLICY_SETTINGS[setting]
 
 
 def make_policy(settings) -> EvictionPolicy:
