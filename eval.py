@@ -184,7 +184,7 @@ def sweep_model_config(config, tokenizer, point) -> ml_collections.FrozenConfigD
   """The eval-time model of one sweep point, checked (every layer's settings) before use."""
   model_config = lm_model_config(config.model, tokenizer.vocab_size,
                                  **memory_sweep.model_overrides(point, config.model))
-  resolve_model({k: v for k, v in model_config.items() if k != 'vocab_size'})
+  resolve_model({k: v for k, v in model_config.to_dict().items() if k != 'vocab_size'})
   jax.eval_shape(lambda: DecoderLM.init_state(model_config, 1))
   return model_config
 
