@@ -1,4 +1,11 @@
-"""Evaluates a checkpoint on held-out documents, over one or more memory lengths.
+"""Evaluates a checkpoint of any run: language models over memory lengths, encoder tasks.
+
+Language models (`task` 'lm'): bits per byte / token and perplexity on
+held-out documents, over one or more memory lengths or a memory sweep.
+Encoder tasks: accuracy (classification), span F1 and exact match (qa),
+ROUGE-1/2/L of greedy decoding (seq2seq, LED);
+`longformer_jax/evaluation/task_report.py`. Every evaluation replaces the
+report files of the previous one in `DIR/eval` (evaluation/report_files.py).
 
   python eval.py                                     # default workdir, latest step
   python eval.py --workdir=DIR --config.eval.mem_lens=0,128,512 \
@@ -7,7 +14,10 @@
 The model and data settings come from the run's own `DIR/config.json`
 (written by train.py), so a checkpoint is always read with the architecture
 it was trained with; `--config.eval.*` and `--config.parallel.*` come from
-the command line. Memory length is a free choice at evaluation time
+the command line. A command line that would change the architecture
+(`--config.model.*`, `--config.data.tokenizer`,
+`--config.data.sentencepiece_model`, or a `--config` file whose model
+differs) is refused, naming the settings. Memory length is a free choice at evaluation time
 (Transformer-XL evaluates with a longer memory than it trained with; 0 means
 no memory). Prints a table and writes `DIR/eval/metrics.json` and, for
 several memory lengths, `DIR/eval/bits_per_byte_vs_mem_len.png`.
@@ -48,6 +58,11 @@ from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.evaluation import memory_sweep, span_report
+from longformer_jax.evaluation.architecture_overrides import (architecture_overrides,
+                                                              given_settings)
+from longformer_jax.evaluation.model_description import describe_model
+from longformer_jax.evaluation.report_files import fresh_output_dir
+from longformer_jax.evaluation.task_report import evaluate_task_run
 from longformer_jax.train import initialization, phases
 from longformer_jax.train.checkpointing import Checkpointer
 from longformer_jax.evaluation.lm_evaluator import Evaluator
@@ -64,9 +79,6 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
   with open(path) as f:
     saved = json.load(f)
   config = ml_collections.ConfigDict(saved)
-  if config.get('task', 'lm') != 'lm':
-    raise ConfigError('task', f'eval.py evaluates language models; {workdir!r} is a {config.task!r} '
-                      'run, whose validation metrics train.py writes to metrics.jsonl')
   config.eval = cli_config.eval
   config.parallel = cli_config.parallel
   return config
@@ -104,13 +116,13 @@ def restore_params(config, tokenizer, workdir: str, mesh, rules):
 
 
 def markdown_table(rows: list[dict]) -> str:
-  """One line per memory length; far-recurrence columns when they were scored."""
+  """One line per evaluated model (memory length); far-recurrence columns when scored."""
   far = 'far_bits_per_byte' in rows[0]
-  lines = ['| mem_len | chunk | loss (nats/token) | bits/token | bits/byte | perplexity | tokens |'
+  lines = ['| model | chunk | loss (nats/token) | bits/token | bits/byte | perplexity | tokens |'
            + (' far bits/byte | far tokens |' if far else ''),
-           '|---:|---:|---:|---:|---:|---:|---:|' + ('---:|---:|' if far else '')]
+           '|---|---:|---:|---:|---:|---:|---:|' + ('---:|---:|' if far else '')]
   for r in rows:
-    lines.append(f"| {r['mem_len']} | {r['chunk_len']} | {r['loss']:.4f} | "
+    lines.append(f"| {r['model']} | {r['chunk_len']} | {r['loss']:.4f} | "
                  f"{r['bits_per_token']:.4f} | {r['bits_per_byte']:.4f} | "
                  f"{r['perplexity']:.3f} | {int(r['tokens'])} |"
                  + (f" {r['far_bits_per_byte']:.4f} | {int(r['far_tokens'])} |" if far else ''))
@@ -126,6 +138,8 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Evaluates the run in `workdir`; returns what it writes to metrics.json."""
   config = at_checkpoint_phase(training_config(cli_config, workdir), workdir)
   validate_config(config, jax.device_count())
+  if config.task != 'lm':
+    return evaluate_task_run(config, workdir)
   mem_lens = parse_int_list(config.eval.mem_lens, 'eval.mem_lens') or [config.model.mem_len]
   chunk_len = config.eval.chunk_len or config.data.chunk_len
   tokenizer = make_tokenizer(config.data)
@@ -146,9 +160,11 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
                           param_shardings=param_shardings,
                           far_distance=config.eval.far_distance)
     metrics = evaluator.evaluate(params, documents, config.eval.max_tokens)
-    rows.append(dict(mem_len=mem_len, chunk_len=chunk_len, **metrics))
-    logging.info('mem_len %d: %.4f bits/byte', mem_len, metrics['bits_per_byte'])
+    rows.append(dict(model=describe_model(model_config), mem_len=mem_len, chunk_len=chunk_len,
+                     **metrics))
+    logging.info('%s: %.4f bits/byte', rows[-1]['model'], metrics['bits_per_byte'])
 
+  described = describe_model(config.model)
   result = dict(rows[0], checkpoint_step=step, split=config.eval.split,
                 attention=config.model.attention, corpus=config.data.corpus,
                 tokenizer=config.data.tokenizer, by_mem_len=rows)
@@ -156,15 +172,13 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   if spans:
     result['learned_spans'] = spans
   if jax.process_index() == 0:
-    out_dir = os.path.join(workdir, 'eval')
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = fresh_output_dir(workdir)
     with open(os.path.join(out_dir, 'metrics.json'), 'w') as f:
       json.dump(result, f, indent=2)
     if len(rows) > 1:
       plot_bits_per_byte(rows, os.path.join(out_dir, 'bits_per_byte_vs_mem_len.png'),
                          f'{config.model.attention}, step {step}, {config.eval.split}')
-    print(f'{config.eval.split} split, checkpoint step {step}, '
-          f'{config.model.attention} attention:')
+    print(f'{config.eval.split} split, checkpoint step {step}, trained: {described}')
     print(markdown_table(rows))
     if spans:
       write_span_report(spans, out_dir, f'learned spans, step {step}')
@@ -207,21 +221,47 @@ def evaluate_memory_sweep(config, workdir: str, tokenizer, documents, mesh, rule
 
   rows = memory_sweep.run_sweep(points, evaluate_point)
   header = dict(checkpoint_step=step, split=config.eval.split,
-                trained_attention=config.model.attention, trained_chunk=config.data.chunk_len,
-                corpus=config.data.corpus)
+                trained_attention=config.model.attention,
+                trained_model=describe_model(config.model),
+                trained_chunk=config.data.chunk_len, corpus=config.data.corpus)
   if jax.process_index() == 0:
     title = f'{config.model.attention}-trained, step {step}, {config.eval.split}'
-    memory_sweep.write_sweep(rows, os.path.join(workdir, 'eval'), title, header)
+    memory_sweep.write_sweep(rows, fresh_output_dir(workdir), title, header)
     print(f'{config.eval.split} split, checkpoint step {step}, memory sweep:')
     print(memory_sweep.markdown_table(rows))
   return dict(header, memory_sweep=rows)
+
+
+def check_architecture_unchanged(cli_config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses command-line settings that would change the checkpoint's architecture.
+
+  The given settings are those the overrides changed from the `--config`
+  file, or, when `--config` itself was given, the whole file.
+  """
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return                                   # evaluate_run reports the missing file
+  with open(path) as f:
+    saved = json.load(f)
+  if flags.FLAGS['config'].present:
+    given = cli_config.to_dict()
+  else:
+    given = given_settings(cli_config.to_dict(),
+                           command_line.experiment_config(flags.FLAGS.config, []).to_dict())
+  changed = architecture_overrides(given, saved)
+  if changed:
+    raise ConfigError(changed[0], f'eval.py reads the architecture from {path}; the command line '
+                      f'would change {", ".join(changed)}: drop these settings (or evaluate '
+                      'another memory with --config.eval.mem_lens / --config.eval.memory_sweep)')
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   show_own_info_only()
-  evaluate_run(command_line.flag_config(), flags.FLAGS.workdir)
+  cli_config = command_line.flag_config()
+  check_architecture_unchanged(cli_config, flags.FLAGS.workdir)
+  evaluate_run(cli_config, flags.FLAGS.workdir)
 
 
 if __name__ == '__main__':

@@ -22,12 +22,13 @@ import train as train_script
 from configs import led, longformer_classification, longformer_lm, longformer_qa
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import validate_config
+from longformer_jax.config_validation import resolve_config, validate_config
 from longformer_jax.data import classification_tasks, qa_tasks, stdlib_corpus
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.data.task_batches import TaskBatches, eval_batches
 from longformer_jax.models.encoder import encoder_context
-from longformer_jax.train import task_objectives, task_training
+from longformer_jax.evaluation.task_metrics import task_metrics
+from longformer_jax.train import encoder_models, steps, task_objectives
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from longformer_jax.train.train_state import TrainState
 from tests.tiny_models import tiny_config
@@ -35,17 +36,39 @@ from tests.tiny_models import tiny_config
 TOKENIZER = ByteTokenizer()
 
 
+# train.py validates data.question_len (default 64) against seq_len for every task.
+VALID_SEQ_LEN = 68
+# Each task gets only the settings it reads (the config rejects ignored ones).
+TASK_DATA_SETTINGS = {'classification': {}, 'qa': dict(question_len=3, max_answer_len=8),
+                      'seq2seq': dict(target_len=12)}
+TASK_MODEL_SETTINGS = {'classification': dict(num_classes=2), 'qa': {},
+                       'seq2seq': dict(decoder_layers=1)}
+
+
 def tiny_task_config(task: str, **data_overrides) -> ml_collections.ConfigDict:
   """A 2-layer, d_model 32 bidirectional encoder on a synthetic task of 32-token examples."""
   config = tiny_config(attention='vanilla', mem_len=0)
   config.task = task
-  config.data.update(corpus='synthetic', seq_len=32, max_examples=512, question_len=3,
-                     max_answer_len=8, target_len=12, tfds_config='')
-  config.data.update(**data_overrides)
-  config.model.update(num_classes=2, decoder_layers=1)
+  config.data.update(corpus='synthetic', seq_len=32, max_examples=512, tfds_config='')
+  config.data.update(**dict(TASK_DATA_SETTINGS[task], **data_overrides))
+  config.model.update(**TASK_MODEL_SETTINGS[task])
   config.optimizer.update(learning_rate=3e-3, warmup_steps=10)
   config.train.update(eval_max_examples=256)
   return config
+
+
+def trainable_task_config(task: str, **data_overrides) -> ml_collections.ConfigDict:
+  """`tiny_task_config` as train.py checks it: only the settings the task reads, resolved."""
+  model = tiny_config(attention='vanilla', mem_len=0).model.to_dict()
+  model.update(TASK_MODEL_SETTINGS[task])
+  values = dict(
+      task=task, model=model,
+      data=dict(corpus='synthetic', seq_len=VALID_SEQ_LEN, max_examples=512, batch_size=8,
+                eval_batch_size=8, **dict(TASK_DATA_SETTINGS[task], **data_overrides)),
+      optimizer=dict(learning_rate=3e-3, warmup_steps=10),
+      train=dict(num_steps=6, log_every=2, eval_every=0, checkpoint_every=3,
+                 async_checkpointing=False, eval_max_examples=256))
+  return ml_collections.ConfigDict(resolve_config(values))
 
 
 def fit(config, num_steps: int):
@@ -53,20 +76,20 @@ def fit(config, num_steps: int):
 
   Returns `(valid metrics before, valid metrics after)`.
   """
-  data = task_training.TASK_DATA[config.task]
+  data = encoder_models.TASK_DATA[config.task]
   train_arrays = data.load_arrays(config, 'train', TOKENIZER)
   valid_arrays = data.load_arrays(config, 'valid', TOKENIZER)
-  _, model = task_training.task_model(config, TOKENIZER.vocab_size)
+  _, model = encoder_models.task_model(config, TOKENIZER.vocab_size)
   optimizer = make_optimizer(config.optimizer, num_steps)
   batches = TaskBatches(train_arrays, config.data.batch_size, config.seed)
   example = {k: jnp.asarray(v) for k, v in batches.batch_at(0).items()}
   params = nn.meta.unbox(model.init({'params': jax.random.PRNGKey(0)},
-                                    *task_training.init_arguments(config.task, example))['params'])
+                                    *encoder_models.init_arguments(config.task, example))['params'])
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
                      memory=(), rng=jax.random.PRNGKey(1))
-  sums_fn = task_training.task_sums_fn(config, model)
+  sums_fn = encoder_models.task_sums_fn(config, model)
   step_fn = jax.jit(functools.partial(
-      task_training.task_train_step, sums_fn=sums_fn, optimizer=optimizer,
+      steps.task_train_step, sums_fn=sums_fn, optimizer=optimizer,
       learning_rate_fn=learning_rate_schedule(config.optimizer, num_steps)))
   eval_fn = jax.jit(lambda p, b: sums_fn(p, b, {}, True))
 
@@ -75,7 +98,7 @@ def fit(config, num_steps: int):
     for batch in eval_batches(valid_arrays, config.data.eval_batch_size, 256):
       sums = eval_fn(params, batch)
       totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
-    return task_objectives.eval_metrics(config.task, jax.tree_util.tree_map(float, totals))
+    return task_metrics(config.task, jax.tree_util.tree_map(float, totals))
 
   before = evaluate(state.params)
   for _ in range(num_steps):
@@ -190,7 +213,7 @@ def test_span_f1_is_the_f1_of_token_sets():
 
 def test_encoder_is_bidirectional_and_passes_global_flags_to_attention():
   config = tiny_task_config('classification')
-  _, model = task_training.task_model(config, TOKENIZER.vocab_size)
+  _, model = encoder_models.task_model(config, TOKENIZER.vocab_size)
   arrays = classification_tasks.classification_arrays(
       [classification_tasks.ClassificationExample(np.arange(20, dtype=np.int32), 0)] * 2,
       32, TOKENIZER.bos_id, TOKENIZER.pad_id)
@@ -235,7 +258,7 @@ def test_span_extractor_learns_the_synthetic_task():
 
 
 def test_classification_through_train_py_logs_accuracy_and_resumes(tmp_path):
-  config = tiny_task_config('classification')
+  config = trainable_task_config('classification')
   config.train.update(num_steps=8, eval_every=4, log_every=2, checkpoint_every=4,
                       stop_after_steps=4)
   workdir = str(tmp_path)
@@ -257,12 +280,12 @@ def test_classification_through_train_py_logs_accuracy_and_resumes(tmp_path):
 
 @pytest.mark.parametrize('key,overrides', [
     ('task', {'task': 'translation'}),
-    ('data.question_len', {'task': 'qa', 'data.question_len': 40}),
+    ('data.question_len', {'task': 'qa', 'data.question_len': VALID_SEQ_LEN - 2}),
     ('data.corpus', {'data.corpus': 'imdb'}),
     ('model.num_classes', {'model.num_classes': 1}),
 ])
 def test_bad_task_config_names_the_key(tmp_path, key, overrides):
-  config = tiny_task_config('classification')
+  config = trainable_task_config('classification')
   for dotted, value in overrides.items():
     if '.' in dotted:
       section, name = dotted.split('.')
@@ -285,18 +308,18 @@ needs_longformer = pytest.mark.skipif(
 @needs_longformer
 @pytest.mark.parametrize('module', [longformer_classification, longformer_qa, led, longformer_lm])
 def test_configs_validate_and_build(module):
-  config = module.get_config()
+  config = ml_collections.ConfigDict(resolve_config(module.get_config()))
   validate_config(config)
-  if config.get('task', 'lm') != 'lm':
-    task_training.validate_task_config(config)
-    _, model = task_training.task_model(config, TOKENIZER.vocab_size)
+  if config.task != 'lm':
+    encoder_models.validate_task_config(config)
+    _, model = encoder_models.task_model(config, TOKENIZER.vocab_size)
     batch = {name: jnp.zeros((2,) + shape, dtype) for name, (shape, dtype) in {
         'inputs': ((config.data.seq_len,), jnp.int32),
         'input_mask': ((config.data.seq_len,), bool),
         'global_flags': ((config.data.seq_len,), bool),
-        'decoder_inputs': ((config.data.get('target_len', 1),), jnp.int32),
-        'decoder_mask': ((config.data.get('target_len', 1),), bool)}.items()}
-    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *task_training.init_arguments(
+        'decoder_inputs': ((config.data.target_len,), jnp.int32),
+        'decoder_mask': ((config.data.target_len,), bool)}.items()}
+    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *encoder_models.init_arguments(
         config.task, batch)))
     assert jax.tree_util.tree_leaves(shapes)
 
@@ -305,7 +328,7 @@ def test_configs_validate_and_build(module):
 def test_layer_schedule_gives_each_layer_its_window():
   """Layer windows 2,4,16 (one-sided): a key 8 tokens away moves only layer 2's attention."""
   config = tiny_config(attention='longformer', mem_len=0, num_layers=3, window=2, causal=False)
-  config.model.layer_schedule.window = '2,4,16'
+  config.model.layer_schedule = {'longformer': {'window': '2,4,16'}}
   from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
   model_config = lm_model_config(config.model, TOKENIZER.vocab_size)
   model = DecoderLM(model_config)

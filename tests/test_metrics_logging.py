@@ -64,6 +64,18 @@ def test_jsonl_is_flushed_after_each_write_and_appended_on_resume(tmp_path):
   assert [r['step'] for r in _read_jsonl(tmp_path)] == [1, 2]
 
 
+def test_resume_step_drops_the_lines_of_later_steps(tmp_path):
+  with MetricsLogger(str(tmp_path)) as logger:
+    for step in (1, 2, 3):
+      logger.write(step, {'loss': 1.0})
+    logger.write(3, {'loss': 1.0}, prefix='valid')
+  with MetricsLogger(str(tmp_path), resume_step=2) as resumed:
+    resumed.write(3, {'loss': 0.5})
+  records = _read_jsonl(tmp_path)
+  assert [(r['step'], r['split']) for r in records] == [(1, 'train'), (2, 'train'), (3, 'train')]
+  assert records[-1]['loss'] == 0.5
+
+
 def test_tensorboard_event_file_holds_prefixed_scalars(tmp_path):
   with MetricsLogger(str(tmp_path)) as logger:
     logger.write(10, {'loss': 1.5})
@@ -92,10 +104,10 @@ def test_reserved_metric_names_are_rejected(tmp_path):
 def test_progress_bar_prints_one_plain_line_per_update_without_tty():
   stream = io.StringIO()
   with ProgressBar(total_steps=10, initial_step=2, stream=stream) as bar:
-    bar.update(3, loss=2.0, bits_per_token=2.885, tokens_per_s=12345.0)
-    bar.update(4, loss=1.5, bits_per_token=2.164, tokens_per_s=1.5e6)
+    bar.update(3, loss=2.0, bits_per_token=2.885, rate=12345.0)
+    bar.update(4, loss=1.5, bits_per_token=2.164, rate=1.5e6)
     bar.update(5, loss=float('nan'), bits_per_token=float('nan'),
-               tokens_per_s=900.0)
+               rate=900.0)
   lines = stream.getvalue().splitlines()
   assert len(lines) == 3
   assert '\r' not in stream.getvalue()
@@ -107,7 +119,7 @@ def test_progress_bar_prints_one_plain_line_per_update_without_tty():
 
 def test_progress_bar_uses_stdout_by_default(capsys):
   bar = ProgressBar(total_steps=4)
-  bar.update(1, loss=1.0, bits_per_token=1.0, tokens_per_s=10.0)
+  bar.update(1, loss=1.0, bits_per_token=1.0, rate=10.0)
   bar.close()
   assert capsys.readouterr().out.startswith('step 1/4 | ')
 
@@ -121,8 +133,8 @@ class _FakeTerminal(io.StringIO):
 def test_progress_bar_draws_tqdm_bar_on_a_terminal():
   stream = _FakeTerminal()
   with ProgressBar(total_steps=10, stream=stream) as bar:
-    bar.update(1, loss=2.0, bits_per_token=2.9, tokens_per_s=100.0)
-    bar.update(3, loss=1.0, bits_per_token=1.4, tokens_per_s=100.0)
+    bar.update(1, loss=2.0, bits_per_token=2.9, rate=100.0)
+    bar.update(3, loss=1.0, bits_per_token=1.4, rate=100.0)
   output = stream.getvalue()
   assert '3/10' in output
   assert 'loss 1.0000' in output
@@ -131,7 +143,7 @@ def test_progress_bar_draws_tqdm_bar_on_a_terminal():
 def test_disabled_progress_bar_prints_nothing():
   stream = _FakeTerminal()
   with ProgressBar(total_steps=10, enabled=False, stream=stream) as bar:
-    bar.update(1, loss=2.0, bits_per_token=2.9, tokens_per_s=100.0)
+    bar.update(1, loss=2.0, bits_per_token=2.9, rate=100.0)
   assert stream.getvalue() == ''
 
 

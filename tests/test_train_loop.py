@@ -47,6 +47,7 @@ def test_uninterrupted_run_logs_and_checkpoints(uninterrupted):
   assert metrics['final_valid']['bits_per_byte'] > 0
   assert os.listdir(os.path.join(workdir, 'tensorboard'))
   assert Checkpointer(workdir, 3).all_steps() == [3, 6]
+  assert not metrics['preempted']
 
 
 def test_killed_and_resumed_run_is_bit_identical(uninterrupted, tmp_path):
@@ -73,8 +74,9 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     os.kill(os.getpid(), signal.SIGTERM)
 
   threading.Thread(target=send_sigterm_after_first_log, daemon=True).start()
-  state, _ = train_script.train(small_run_config(num_steps=100000, checkpoint_every=100000),
-                                workdir)
+  state, result = train_script.train(small_run_config(num_steps=100000, checkpoint_every=100000),
+                                     workdir)
+  assert result['preempted']
   stopped_at = int(state.step)
   assert 1 <= stopped_at < 100000
   assert Checkpointer(workdir, 3).latest_step() == stopped_at

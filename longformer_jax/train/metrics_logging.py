@@ -2,11 +2,16 @@
 
 `MetricsLogger` appends one JSON object per `write` to `workdir/metrics.jsonl`
 (easy to read with `pandas.read_json(path, lines=True)`) and writes the same
-scalars to TensorBoard event files in `workdir/tensorboard`.
+scalars to TensorBoard event files in `workdir/tensorboard`. A run resumed
+from the checkpoint of step s passes `resume_step=s`: the lines of later
+steps (logged by the earlier run after its last checkpoint, and about to be
+logged again) are dropped and TensorBoard purges its events past s.
 
-`ProgressBar` shows step, loss, bits per token, tokens/s and the remaining
-time. On a terminal it is a tqdm bar; when stdout is not a terminal (CI logs,
-`nohup`, pipes) it prints one short plain line per update instead.
+`ProgressBar` shows step, loss, (for language models) bits per token, the
+throughput (tok/s or ex/s) and the remaining time. On a terminal it is a
+tqdm bar; when stdout is not a terminal (CI logs, `nohup`, pipes) it prints
+one short plain line per update instead. `note(line)` prints a line (a
+validation result) without breaking the bar.
 
 In multi-host runs, create both with `enabled=jax.process_index() == 0`.
 """
@@ -28,17 +33,29 @@ _RESERVED_KEYS = ('step', 'split')
 class MetricsLogger:
   """Writes scalar metrics to `metrics.jsonl` and TensorBoard."""
 
-  def __init__(self, workdir: str, *, enabled: bool = True):
+  def __init__(self, workdir: str, *, enabled: bool = True,
+               resume_step: int | None = None):
+    """Opens the files of `workdir` for appending.
+
+    Args:
+      workdir: the run's directory.
+      enabled: False on every process but the first of a multi-host run.
+      resume_step: the step training continues from (0 for a fresh start);
+        lines of later steps are dropped first. None keeps every line.
+    """
     self._enabled = enabled
     self._jsonl = None
     self._tensorboard = None
     if enabled:
       os.makedirs(workdir, exist_ok=True)
-      self._jsonl = open(
-          os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8'
-      )
+      path = os.path.join(workdir, 'metrics.jsonl')
+      purge_step = None
+      if resume_step is not None:
+        _drop_lines_after(path, int(resume_step))
+        purge_step = int(resume_step) + 1
+      self._jsonl = open(path, 'a', encoding='utf-8')
       self._tensorboard = tensorboardX.SummaryWriter(
-          logdir=os.path.join(workdir, 'tensorboard')
+          logdir=os.path.join(workdir, 'tensorboard'), purge_step=purge_step
       )
 
   def write(
@@ -80,11 +97,29 @@ class MetricsLogger:
     self.close()
 
 
-class ProgressBar:
-  """Console progress of training: step/total, loss, bits/token, tok/s, ETA.
+def _drop_lines_after(path: str, step: int) -> None:
+  """Rewrites `path` (atomically) without the lines of steps after `step`."""
+  if not os.path.exists(path):
+    return
+  with open(path, encoding='utf-8') as f:
+    lines = f.readlines()
+  kept = [line for line in lines
+          if line.strip() and json.loads(line)['step'] <= step]
+  if len(kept) == len(lines):
+    return
+  temporary = path + '.tmp'
+  with open(temporary, 'w', encoding='utf-8') as f:
+    f.writelines(kept)
+  os.replace(temporary, path)
 
-  The remaining time is measured from the first `update` on, so the slow
-  first step (compilation) does not distort it.
+
+class ProgressBar:
+  """Console progress of training: step/total, loss, [bits/token], rate, ETA.
+
+  `total_steps` is where this run stops (`train.stop_after_steps` when set),
+  so the remaining time is the time to that step. It is measured from the
+  first `update` on, so the slow first step (compilation) does not distort
+  it.
   """
 
   def __init__(
@@ -113,17 +148,28 @@ class ProgressBar:
       self,
       step: int,
       loss: float,
-      bits_per_token: float,
-      tokens_per_s: float,
+      rate: float,
+      unit: str = 'tok',
+      bits_per_token: float | None = None,
   ) -> None:
-    """Shows that training has finished `step` with these numbers."""
+    """Shows that training has finished `step` with these numbers.
+
+    Args:
+      step: the number of finished steps.
+      loss: the training loss of the step.
+      rate: throughput, in `unit`s per second.
+      unit: 'tok' (language models) or 'ex' (examples, encoder tasks).
+      bits_per_token: shown when given (language models).
+    """
     if not self._enabled:
       return
     step = int(step)
     remaining = self._eta.remaining_seconds(step, time.monotonic())
+    bits = ('' if bits_per_token is None
+            else f' bits/tok {float(bits_per_token):.4f} |')
     stats = (
-        f'loss {float(loss):.4f} | bits/tok {float(bits_per_token):.4f} |'
-        f' {_format_rate(float(tokens_per_s))} tok/s |'
+        f'loss {float(loss):.4f} |{bits}'
+        f' {_format_rate(float(rate))} {unit}/s |'
         f' ETA {_format_duration(remaining)}'
     )
     if self._bar is not None:
@@ -132,6 +178,15 @@ class ProgressBar:
     else:
       print(f'step {step}/{self._total} | {stats}', file=self._stream,
             flush=True)
+
+  def note(self, line: str) -> None:
+    """Prints `line` on its own (above the bar on a terminal)."""
+    if not self._enabled:
+      return
+    if self._bar is not None:
+      self._bar.write(line, file=self._stream)
+    else:
+      print(line, file=self._stream, flush=True)
 
   def close(self) -> None:
     """Ends the bar (a no-op for plain-line output)."""

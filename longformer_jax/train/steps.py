@@ -1,4 +1,4 @@
-"""The train and eval step functions (pure; jitted with shardings in train.py)."""
+"""Train and eval steps of the language model and the encoder tasks (pure; the tasks jit them)."""
 
 import flax.linen as nn
 import jax
@@ -97,3 +97,25 @@ def eval_step(params, memory, batch: dict, *, model: nn.Module, chunk_len: int,
   return lm_sums(model, params, memory, batch, chunk_len, deterministic=True,
                  token_bytes=token_bytes)
 
+
+
+def task_train_step(state: TrainState, batch: dict, *, sums_fn, optimizer, learning_rate_fn):
+  """One update of an encoder task on the mean task loss plus the weighted auxiliary losses.
+
+  `sums_fn(params, batch, rngs, deterministic)` is the task's sums
+  (`train/task_objectives.py`). Returns `(new_state, sums + grad_norm,
+  learning_rate)`, float32 scalars.
+  """
+  rng = jax.random.fold_in(state.rng, state.step)
+
+  def objective(params):
+    sums = sums_fn(params, batch, {'dropout': rng}, False)
+    return sums['loss_sum'] / jnp.maximum(sums['count'], 1.0) + sums['aux_objective'], sums
+
+  grads, sums = jax.grad(objective, has_aux=True)(state.params)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(sums)
+  metrics.update(grad_norm=optax.global_norm(grads),
+                 learning_rate=jnp.asarray(learning_rate_fn(state.step), jnp.float32))
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics

@@ -7,10 +7,11 @@ target tokens for seq2seq), `aux_objective` (the model's weighted auxiliary
 losses, `lm_objective.weighted_aux_losses`) and the metric sums. The train
 objective is `loss_sum / count + aux_objective`.
 
-Metrics: classification accuracy; QA span F1 and exact match over token
+Metric sums: classification accuracy; QA span F1 and exact match over token
 positions (the predicted span is the best `start <= end < start +
 max_answer_len` inside the context, SQuAD-style; F1 is the overlap of the
-predicted and gold token sets); seq2seq per-token loss and accuracy.
+predicted and gold token sets); seq2seq per-token loss and accuracy. The
+metrics of a whole split are `evaluation/task_metrics.task_metrics(sums)`.
 """
 
 import jax
@@ -107,15 +108,3 @@ TASK_SUMS = {
     'seq2seq': seq2seq_sums,
 }
 
-
-def eval_metrics(task: str, totals: dict) -> dict:
-  """Metrics from the sums over a whole evaluation split (floats)."""
-  count = max(totals['count'], 1.0)
-  metrics = {'loss': totals['loss_sum'] / count, 'examples': totals.get('examples', totals['count'])}
-  if task == 'classification':
-    metrics['accuracy'] = totals['correct'] / count
-  elif task == 'qa':
-    metrics.update(span_f1=totals['f1_sum'] / count, exact_match=totals['exact_sum'] / count)
-  else:
-    metrics.update(token_accuracy=totals['correct'] / count, tokens=totals['count'])
-  return metrics

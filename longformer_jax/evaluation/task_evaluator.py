@@ -1,0 +1,59 @@
+"""Scoring an encoder task's evaluation split: every example once, metrics from summed counts.
+
+Used by the training loop (periodic validation of classification, qa and
+seq2seq runs) and by eval.py. Rows of each batch are split over processes
+like training rows; padding rows of the last batch have `weight` 0
+(`data/task_batches.eval_batches`).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longformer_jax.data.task_batches import eval_batches
+from longformer_jax.evaluation.task_metrics import task_metrics
+from longformer_jax.parallel import sharding
+from longformer_jax.train.task_batch_sharding import to_global
+
+
+class TaskEvaluator:
+  """Scores a whole split with one compiled step of the task's sums."""
+
+  def __init__(self, task: str, sums_fn, arrays: dict, *, batch_size: int, max_examples: int,
+               shardings: dict, param_shardings, mesh: jax.sharding.Mesh):
+    """Compiles the eval step.
+
+    Args:
+      task: 'classification' | 'qa' | 'seq2seq'.
+      sums_fn: `(params, batch, rngs, deterministic) -> sums` of the task.
+      arrays: the split, `{name: [num_examples, ...]}`.
+      batch_size: global rows per evaluation batch.
+      max_examples: score the first this many examples (0: all).
+      shardings: `{name: NamedSharding}` of a batch.
+      param_shardings: shardings of the parameters.
+      mesh: the device mesh.
+    """
+    self.task = task
+    self.arrays = arrays
+    self.batch_size = batch_size
+    self.max_examples = max_examples
+    self.shardings = shardings
+    rows = batch_size // jax.process_count()
+    self.rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
+    self._step = jax.jit(lambda params, batch: sums_fn(params, batch, {}, True),
+                         in_shardings=(param_shardings, shardings),
+                         out_shardings=sharding.replicated(mesh))
+
+  def batches(self):
+    """The global batches of the split (this process's rows of each, placed on the mesh)."""
+    for batch in eval_batches(self.arrays, self.batch_size, self.max_examples):
+      yield to_global({name: value[self.rows] for name, value in batch.items()}, self.shardings)
+
+  def evaluate(self, params) -> dict:
+    """`task_metrics` over the split."""
+    totals = None
+    for batch in self.batches():
+      sums = self._step(params, batch)
+      totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
+    totals = jax.tree_util.tree_map(lambda x: float(np.asarray(x)), totals)
+    return task_metrics(self.task, totals)

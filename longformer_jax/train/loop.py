@@ -1,0 +1,186 @@
+"""The one training loop, for the language model and every encoder task.
+
+The loop owns what every run does alike: restoring the latest intact
+checkpoint (or creating the state), writing `config.json` once that worked,
+logging to `metrics.jsonl` / TensorBoard and the console, throughput, the
+non-finite stop, periodic validation, checkpoints and SIGTERM. What differs
+between runs is a `TrainingTask` (`train/lm_task.py`, `train/encoder_task.py`):
+the model and state, the batches and their data position, the compiled step,
+its metrics and the evaluator.
+
+Metrics of step s are read on the host after step s + 1 is dispatched, so
+the check for non-finite values does not stall the device; a checkpoint is
+saved only after the state's step checked finite.
+"""
+
+from typing import Any, Protocol
+
+from absl import logging
+import jax
+import ml_collections
+
+from longformer_jax.parallel import sharding
+from longformer_jax.train import resume_checks
+from longformer_jax.train.checkpointing import Checkpointer
+from longformer_jax.train.loop_checks import check_finite
+from longformer_jax.train.metrics_logging import MetricsLogger, ProgressBar
+from longformer_jax.train.preemption import PreemptionWatcher
+from longformer_jax.train.run_directory import write_config
+from longformer_jax.train.throughput import Throughput
+
+
+class TrainingTask(Protocol):
+  """What the loop needs from a kind of run.
+
+  Attributes:
+    description: the model, described from its layer configs (for the log).
+    unit: the throughput unit, 'tok' (tokens) or 'ex' (examples).
+    mesh: the device mesh.
+    rules: the logical axis rules.
+  """
+  description: str
+  unit: str
+  mesh: jax.sharding.Mesh
+  rules: Any
+
+  def abstract_state(self, step: int) -> Any:
+    """The abstract train state (shapes, dtypes, shardings) of a state saved after `step`."""
+
+  def fresh_state(self) -> Any:
+    """The initial train state, created in its shardings."""
+
+  def data_state(self) -> dict:
+    """The data position (and whatever resuming checks), saved with a checkpoint."""
+
+  def restore_data(self, data_state: dict, step: int) -> None:
+    """Continues the data from a checkpoint of `step`; raises if it cannot."""
+
+  def starts_segment(self, step: int) -> bool:
+    """Whether step `step` starts a new segment of other shapes (an LM phase)."""
+
+  def enter_segment(self, state: Any, step: int) -> Any:
+    """Prepares the segment that runs `step` (compiles its step); returns the state."""
+
+  def train_step(self, state: Any) -> tuple[Any, Any, int]:
+    """`(new state, device metrics, units processed)` of one step on the next batch."""
+
+  def host_metrics(self, device_metrics: Any) -> dict:
+    """Floats for the log, with at least `loss` and `grad_norm`."""
+
+  def evaluate(self, state: Any) -> dict:
+    """Validation metrics of `state`."""
+
+
+RATE_NAMES = {'tok': 'tokens_per_s', 'ex': 'examples_per_s'}
+
+
+def one_line(metrics: dict) -> str:
+  """`name value | ...` of scalar metrics (4 decimals, integers without)."""
+  parts = []
+  for name, value in metrics.items():
+    value = float(value)
+    text = f'{value:.0f}' if value.is_integer() and abs(value) >= 1 else f'{value:.4f}'
+    parts.append(f'{name} {text}')
+  return ' | '.join(parts)
+
+
+def restore_or_create(task: TrainingTask, checkpointer: Checkpointer, config, workdir: str):
+  """The state to start from: the newest intact checkpoint's, with its data position, or fresh."""
+  latest = checkpointer.latest_step()
+  if latest is None:
+    return task.fresh_state()
+  resume_checks.check_resumable(workdir, config.to_dict())
+  state, data_state, step = checkpointer.restore_latest_intact(task.abstract_state(latest))
+  task.restore_data(data_state, step)
+  logging.info('Resumed from step %d in %s', step, checkpointer.directory)
+  return state
+
+
+def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
+  """Trains (or resumes) until `train.num_steps` or `train.stop_after_steps`.
+
+  Returns:
+    `(final state, last logged train metrics)`, the metrics with `step`,
+    `final_valid` (the last validation, when the run completed with
+    `train.eval_every > 0`) and `preempted` (True: SIGTERM stopped it).
+  """
+  train = config.train
+  is_chief = jax.process_index() == 0
+  checkpointer = Checkpointer(workdir, train.keep_checkpoints,
+                              async_save=train.async_checkpointing)
+  logger = progress = None
+  try:
+    state = restore_or_create(task, checkpointer, config, workdir)
+    write_config(config, workdir)
+    start_step = int(state.step)
+    num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+    logging.info('Model: %s, %.2fM parameters, mesh %s', task.description, num_params / 1e6,
+                 dict(task.mesh.shape))
+    end_step = min(train.num_steps, train.stop_after_steps or train.num_steps)
+    logger = MetricsLogger(workdir, enabled=is_chief, resume_step=start_step)
+    progress = ProgressBar(end_step, start_step, enabled=is_chief)
+    throughput = Throughput()
+    pending, last, last_valid, preempted = None, {}, (None, None), False
+
+    def checked(pending) -> dict:
+      step, device_metrics = pending
+      metrics = task.host_metrics(device_metrics)
+      check_finite(step, metrics)
+      return metrics
+
+    def validate(step: int) -> tuple:
+      result = task.evaluate(state)
+      logger.write(step, result, 'valid')
+      progress.note(f'valid step {step}: {one_line(result)}')
+      throughput.restart()        # the window measures training only
+      return step, result
+
+    with PreemptionWatcher() as preemption, sharding.activation_sharding(task.mesh, task.rules):
+      step = start_step
+      while step < end_step:
+        if step == start_step or task.starts_segment(step):
+          if pending is not None:
+            checked(pending)
+          state = task.enter_segment(state, step)
+          jax.block_until_ready(state)
+          throughput.restart()
+        state, device_metrics, units = task.train_step(state)
+        if pending is not None:
+          checked(pending)
+        step += 1
+        pending = (step, device_metrics)
+        throughput.add(units)
+
+        if step % train.log_every == 0 or step == end_step:
+          last = checked(pending)     # waits for the step: the window's steps are done
+          last[RATE_NAMES[task.unit]] = throughput.rate()
+          logger.write(step, last, 'train')
+          progress.update(step, last['loss'], last[RATE_NAMES[task.unit]], task.unit,
+                          last['bits_per_token'] if 'bits_per_token' in last else None)
+          throughput.restart()
+        if train.eval_every and step % train.eval_every == 0:
+          last_valid = validate(step)
+        if step % train.checkpoint_every == 0 or preemption.requested:
+          checked(pending)            # never save a state that went non-finite
+          checkpointer.save(step, state, task.data_state())
+          throughput.restart()
+        if preemption.requested:
+          logging.warning('SIGTERM at step %d: checkpoint saved, stopping.', step)
+          preempted = True
+          break
+
+      checkpointer.save(step, state, task.data_state())
+      if step == train.num_steps and train.eval_every:
+        if last_valid[0] != step:
+          last_valid = validate(step)
+        last['final_valid'] = last_valid[1]
+  finally:
+    # Also on errors: let a checkpoint being written finish, so it stays intact.
+    checkpointer.wait()
+    checkpointer.close()
+    for closable in (progress, logger):
+      if closable is not None:
+        closable.close()
+  last['step'] = step
+  last['preempted'] = preempted
+  return state, last

@@ -1,0 +1,74 @@
+"""eval.py's reports: the model named from its layers, no stale files, refused architecture changes."""
+
+import ml_collections
+import pytest
+
+import eval as eval_script
+from longformer_jax.config_errors import ConfigError
+from longformer_jax.evaluation import report_files
+from longformer_jax.evaluation.architecture_overrides import architecture_overrides, given_settings
+from longformer_jax.evaluation.model_description import describe_model
+from tests.tiny_models import tiny_config
+
+
+def test_a_memorizing_layer_among_xl_layers_is_named():
+  config = tiny_config(attention='xl', num_layers=4, mem_len=16)
+  config.model.layer_schedule = {'attention': 'xl,xl,memorizing,xl'}
+  config.model.memorizing.memory_size = 512
+  assert describe_model(config.model) == (
+      'memorizing (memory 512) in layer 2, xl (mem_len 16) elsewhere')
+
+
+def test_attendre_is_described_by_its_memory_size_and_policy():
+  config = tiny_config(attention='attendre')
+  config.model.attendre.update(memory_size=128, policy='lra_max')
+  assert describe_model(config.model) == 'attendre attention (memory 128, lra_max)'
+
+
+def test_a_plain_model_is_its_variant():
+  assert describe_model(tiny_config(attention='vanilla', mem_len=0).model) == 'vanilla attention'
+  assert describe_model(tiny_config(attention='xl').model) == 'xl attention (mem_len 16)'
+
+
+def test_architecture_overrides_names_only_changed_architecture_keys():
+  saved = {'model': {'attention': 'xl', 'mem_len': 16, 'longformer': {'window': 8}},
+           'data': {'tokenizer': 'byte', 'batch_size': 8}, 'eval': {'mem_lens': ''}}
+  given = {'model': {'mem_len': 16, 'longformer': {'window': 4}},
+           'data': {'tokenizer': 'sentencepiece', 'batch_size': 2}, 'eval': {'mem_lens': '0,8'}}
+  assert architecture_overrides(given, saved) == ['data.tokenizer', 'model.longformer.window']
+  assert architecture_overrides({'model': {'dims': (1, 2)}}, {'model': {'dims': [1, 2]}}) == []
+  assert architecture_overrides({'eval': {'step': 3}}, saved) == []
+
+
+def test_given_settings_are_the_leaves_overrides_changed():
+  baseline = {'model': {'mem_len': 16, 'xl': {'clamp_len': 0}}, 'eval': {'step': -1}}
+  full = {'model': {'mem_len': 32, 'xl': {'clamp_len': 0}}, 'eval': {'step': 5}}
+  assert given_settings(full, baseline) == {'model': {'mem_len': 32}, 'eval': {'step': 5}}
+
+
+def test_fresh_output_dir_removes_only_eval_outputs(tmp_path):
+  out = tmp_path / 'eval'
+  out.mkdir()
+  for name in ('bits_per_byte_vs_mem_len.png', 'memory_sweep.md', 'notes.txt'):
+    (out / name).write_text('old')
+  assert report_files.fresh_output_dir(str(tmp_path)) == str(out)
+  assert sorted(p.name for p in out.iterdir()) == ['notes.txt']
+
+
+def test_eval_refuses_a_model_override_naming_it(tmp_path, monkeypatch):
+  config = tiny_config(attention='xl')
+  (tmp_path / 'config.json').write_text(config.to_json_best_effort())
+  changed = ml_collections.ConfigDict(config.to_dict())
+  changed.model.num_layers = 3
+
+  class Flags:
+    config = 'configs/default.py'
+
+    def __getitem__(self, name):
+      return type('Flag', (), {'present': True})()
+
+  monkeypatch.setattr(eval_script.flags, 'FLAGS', Flags())
+  with pytest.raises(ConfigError, match='model.num_layers') as error:
+    eval_script.check_architecture_unchanged(changed, str(tmp_path))
+  assert error.value.key == 'model.num_layers'
+  eval_script.check_architecture_unchanged(config, str(tmp_path))   # unchanged: accepted
