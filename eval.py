@@ -50,8 +50,8 @@ import jax
 import ml_collections
 
 from longformer_jax import command_line
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import parse_int_list, validate_config
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.experiment_config import parse_int_list, validate_config
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
 from longformer_jax.data.tokenizers import make_tokenizer
@@ -86,7 +86,7 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
 
 def at_checkpoint_phase(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
   """A phased run's config with the chunk length and window of the evaluated checkpoint's phase."""
-  if phases.num_phases(config) == 1:
+  if config.train.phases == 1:
     return config
   with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
     step = checkpointer.latest_step() if config.eval.step < 0 else config.eval.step
@@ -148,7 +148,7 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   mesh = make_mesh(config.parallel.mesh_shape)
   rules = config.parallel.logical_axis_rules
   params, param_shardings, step = restore_params(config, tokenizer, workdir, mesh, rules)
-  if config.eval.get('memory_sweep', ''):
+  if config.eval.memory_sweep:
     return evaluate_memory_sweep(config, workdir, tokenizer, documents, mesh, rules, params,
                                  param_shardings, step)
 

@@ -32,7 +32,7 @@ import jax
 import ml_collections
 
 from longformer_jax import command_line
-from longformer_jax.config_validation import validate_config
+from longformer_jax.experiment_config import validate_config
 from longformer_jax.train import loop
 from longformer_jax.train.encoder_task import EncoderTask
 from longformer_jax.train.lm_task import LanguageModelTask

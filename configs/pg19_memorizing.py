@@ -9,7 +9,7 @@ configs/memorizing.py. Memory: 8192 entries x 8 heads x 128 x (key, value)
 in bfloat16 is 32 MiB per row, 2 GiB for 64 rows, sharded over the batch; it
 is part of every checkpoint (docs/design.md, contract 4).
 
-Prepare the data and a tokenizer first (see README and configs/pg19_xl.py), then
+Prepare the data and a tokenizer first (see docs/training.md and configs/pg19_xl.py), then
   python train.py --config=configs/pg19_memorizing.py --workdir=$WORKDIR \\
       --config.data.tfds_data_dir=$DATA --config.data.sentencepiece_model=$DATA/spm32k.model
   python eval.py --workdir=$WORKDIR --config.eval.split=test

@@ -1,6 +1,6 @@
 """Transformer-XL on PG-19 for a TPU pod slice (cf. Rae et al., 2019, table 3).
 
-Prepare the data and a tokenizer first (see README):
+Prepare the data and a tokenizer first (see docs/training.md, "Data"):
   tfds build pg19 --data_dir=$DATA
   python -m longformer_jax.data.sentencepiece_tokenizer --corpus=pg19 \
       --tfds_data_dir=$DATA --vocab_size=32000 --out=$DATA/spm32k

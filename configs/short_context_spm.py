@@ -2,13 +2,13 @@
 
 The byte-level model of configs/short_context.py uses only about the last
 150 bytes, so at evaluation chunks of 128 tokens no memory policy can matter
-(README, "Eval-time memories"). This model reads SentencePiece tokens
+(docs/results.md, "Eval-time memories and eviction policies"). This model reads SentencePiece tokens
 (4,096 pieces trained on the stdlib corpus, 3.0 bytes each on the test
 split), so its 512-token training context spans about 1.5 KB of source, where
 identifiers recur over hundreds of tokens, and it trains on 20x more text
 (3,000 steps of 8 x 512 tokens). Like configs/short_context.py it is trained
 without memory on 512-token chunks and given a memory only at evaluation
-time (Attendre's setting). Result (README): it uses about 380 tokens of
+time (Attendre's setting). Result (docs/results.md): it uses about 380 tokens of
 context, still too few for the policies to beat FIFO at chunks of 128.
 
   python -m longformer_jax.data.sentencepiece_tokenizer --corpus=stdlib \\

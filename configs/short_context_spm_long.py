@@ -1,8 +1,8 @@
 """configs/short_context_spm.py trained 10,000 steps instead of 3,000.
 
 At 3,000 steps (12M tokens) the subword model uses only about the last 380
-tokens (FIFO is best with 256 entries beside a 128-token chunk; README,
-"Eval-time memories"), and between steps 2,000 and 3,000 that reach was
+tokens (FIFO is best with 256 entries beside a 128-token chunk; docs/results.md,
+"Eval-time memories and eviction policies"), and between steps 2,000 and 3,000 that reach was
 still growing (FIFO 256 first beat FIFO 128 there). This run asks whether a
 longer-trained model uses enough context for Attendre's chunk-128 setting
 (memories of 128-512 entries) to separate the eviction policies. (At step
@@ -11,7 +11,7 @@ LRA and LFA at every size on all targets. On the far recurrences alone,
 `eval.far_distance=640`, LRA and LFA with `admission=score` and a recent
 window of 16 beat FIFO and sinks of the same size at 512 entries on the
 validation split in two runs, and close 56% / 84% of the gap to FIFO 2,048;
-at 128-256 entries the two runs disagree: README, "Eval-time memories".) On
+at 128-256 entries the two runs disagree: docs/results.md.) On
 two CPU cores it takes 3-5.5 hours (1.2-2 s per step);
 `train.stop_after_steps` splits it:
 

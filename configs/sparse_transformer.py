@@ -24,7 +24,7 @@ With `interleaved`, changing --config.model.num_layers needs a schedule of the
 new length (--config.model.layer_schedule.sparse_transformer.pattern=...).
 """
 
-from longformer_jax.config_errors import require
+from longformer_jax.config.errors import require
 from longformer_jax.models.model_config import ModelConfig
 
 PATTERNS = ('strided', 'fixed')
@@ -36,7 +36,8 @@ def get_config(arg: str = '') -> dict:
   pattern = next((c for c in choices if c in PATTERNS), 'strided')
   integration = next((c for c in choices if c in INTEGRATIONS), 'merged')
   unknown = [c for c in choices if c not in PATTERNS + INTEGRATIONS]
-  require(not unknown, 'config', f'unknown choices {unknown}; use {PATTERNS} and {INTEGRATIONS}')
+  require(not unknown, '--config', f'sparse_transformer.py:{arg}: unknown choices {unknown}; '
+          f'use {PATTERNS} and {INTEGRATIONS}')
 
   section = {'pattern': pattern}
   if pattern == 'fixed':

@@ -4,7 +4,7 @@
 
 `--config.KEY=VALUE` flags are taken out of the argument list before absl
 parses the rest, applied to the file's sparse config and checked with it
-(`config_validation.resolve_config`): an unknown key names the closest valid
+(`experiment_config.resolve_config`): an unknown key names the closest valid
 one. A bad setting, a missing file or a broken checkpoint ends the program
 with one line on stderr and exit status 2 (`--debug` shows the traceback);
 anything unexpected keeps its traceback.
@@ -18,7 +18,7 @@ from typing import Callable
 from absl import app, flags
 
 from longformer_jax.config.overrides import load_config_file, with_overrides
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'default.py')
@@ -63,7 +63,7 @@ def split_config_overrides(argv: list) -> tuple:
 def experiment_config(config_path: str, overrides: list):
   """The checked, complete `ConfigDict` of a config file with command-line overrides."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from longformer_jax.config_validation import resolve_config  # pylint: disable=g-import-not-at-top
+  from longformer_jax.experiment_config import resolve_config  # pylint: disable=g-import-not-at-top
   values = with_overrides(load_config_file(config_path), overrides)
   return ml_collections.ConfigDict(resolve_config(values))
 

@@ -11,7 +11,7 @@ from longformer_jax.attention.adaptive_span import (AdaptiveSpanAttention, memor
                                                     trimmed_size_index)
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.xl import XLAttention
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
 from longformer_jax.models.model_config import migrate_flat_model
 from tests.test_xl_attention import numpy_sinusoid

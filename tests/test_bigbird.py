@@ -18,8 +18,8 @@ import pytest
 import train as train_script
 from longformer_jax.attention.bigbird import (BigBirdAttention, bigbird_attention, pattern_key,
                                               random_block_pattern)
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import resolve_config
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.model_config import migrate_flat_model
 from tests.test_sparse_transformer import (B, D, H, HD, chunk_facts, context_for,

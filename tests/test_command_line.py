@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from longformer_jax.command_line import DEFAULT_CONFIG, experiment_config, split_config_overrides
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,3 +80,14 @@ def test_debug_shows_the_traceback():
   assert 'Traceback' in result.stderr
   assert result.stderr.strip().splitlines()[-1] == (
       'error: config.train.num_step: unknown key; did you mean num_steps?')
+
+
+def test_config_file_argument_after_colon_reaches_get_config():
+  path = os.path.join(REPO_ROOT, 'configs', 'sparse_transformer.py')
+  config = experiment_config(f'{path}:fixed,multihead', [])
+  assert config.model.sparse_transformer.pattern == 'fixed'
+  assert config.model.sparse_transformer.integration == 'multihead'
+  with pytest.raises(ConfigError, match="unknown choices \\['fixd'\\]"):
+    experiment_config(f'{path}:fixd', [])
+  with pytest.raises(ConfigError, match='takes no argument'):
+    experiment_config(os.path.join(REPO_ROOT, 'configs', 'default.py') + ':fixed', [])

@@ -17,8 +17,8 @@ import train as train_script
 from longformer_jax.attention.compressive import CompressiveAttention, CompressiveMemory
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.xl import XLAttention
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import resolve_config
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.experiment_config import resolve_config
 from longformer_jax.memory import compression, fifo
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.model_config import migrate_flat_model

@@ -2,8 +2,8 @@
 
 import pytest
 
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import parse_int_list, resolve_config, validate_config
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.experiment_config import parse_int_list, resolve_config, validate_config
 from longformer_jax.parallel.mesh import resolve_mesh_shape
 from tests.tiny_models import tiny_config
 

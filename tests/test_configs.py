@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from longformer_jax.command_line import experiment_config
-from longformer_jax.config_validation import validate_mesh
+from longformer_jax.experiment_config import validate_mesh
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / 'configs'

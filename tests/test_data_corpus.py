@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from configs import default
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import resolve_config
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.experiment_config import resolve_config
 from longformer_jax.data import corpus, tokenizers
 from longformer_jax.data import stdlib_corpus
 from longformer_jax.data.byte_tokenizer import ByteTokenizer

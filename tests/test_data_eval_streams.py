@@ -12,9 +12,9 @@ the row's end BOS). Every other target is padding with target_mask=False.
 import numpy as np
 import pytest
 
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.data.stream_batcher import EvalStreams
-from longformer_jax.data.stream_batcher import reset_flags
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.data.eval_streams import EvalStreams
+from longformer_jax.data.stream_batch import reset_flags
 
 BOS = 1
 PAD = 0

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import sentencepiece_tokenizer
 from longformer_jax.data.document import Document
 from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer

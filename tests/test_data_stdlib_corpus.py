@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import stdlib_corpus
 from longformer_jax.data.document import Document
 

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import text_files_corpus
 from longformer_jax.data.stdlib_corpus import split_of
 

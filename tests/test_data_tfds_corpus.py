@@ -17,7 +17,7 @@ import sys
 import ml_collections
 import pytest
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import corpus
 from longformer_jax.data import tfds_corpus
 

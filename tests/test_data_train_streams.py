@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.data.stream_batcher import reset_flags
-from longformer_jax.data.stream_batcher import StreamBatch
-from longformer_jax.data.stream_batcher import TrainStreams
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.data.stream_batch import reset_flags
+from longformer_jax.data.stream_batch import StreamBatch
+from longformer_jax.data.train_streams import TrainStreams
 
 BOS = 1
 FIELDS = ('inputs', 'targets', 'positions', 'segment_ids', 'doc_start',

@@ -4,7 +4,7 @@ import ml_collections
 import pytest
 
 import eval as eval_script
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.evaluation import report_files
 from longformer_jax.evaluation.architecture_overrides import architecture_overrides, given_settings
 from longformer_jax.evaluation.model_description import describe_model

@@ -17,7 +17,7 @@ import train as train_script
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.expire_span import ExpireSpanAttention, soft_expire_mask
 from longformer_jax.attention.xl import XLAttention
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
 from longformer_jax.models.model_config import migrate_flat_model
 from tests.tiny_models import tiny_config, tiny_model_config

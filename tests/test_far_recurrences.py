@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.far_recurrences import FarRecurrenceMarker
-from longformer_jax.data.stream_batcher import EvalStreams, StreamBatch
+from longformer_jax.data.eval_streams import EvalStreams
+from longformer_jax.data.stream_batch import StreamBatch
 from longformer_jax.train.lm_objective import subset_sums
 
 BOS, PAD = 0, 1

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.gating import Gate
 from longformer_jax.memory import fifo
 from longformer_jax.models.gtrxl_block import GatedBlock, GTrXLConfig

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention import registry
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import validate_config
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.experiment_config import validate_config
 from longformer_jax.models.decoder_lm import DecoderLM, state_logical_axes
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.train.lm_objective import lm_sums, weighted_aux_losses

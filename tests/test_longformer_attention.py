@@ -19,7 +19,7 @@ from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dilated_window import dilated_window_attention
 from longformer_jax.attention.longformer import LongformerAttention
 from longformer_jax.attention.core.sliding_window import blocked_window_attention
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.model_config import migrate_flat_model, resolve_model
 from longformer_jax.memory import fifo
 

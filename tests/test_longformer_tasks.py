@@ -20,9 +20,8 @@ import pytest
 
 import train as train_script
 from configs import led, longformer_classification, longformer_lm, longformer_qa
-from longformer_jax.attention.registry import ATTENTION_VARIANTS
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import resolve_config, validate_config
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.experiment_config import resolve_config, validate_config
 from longformer_jax.data import classification_tasks, qa_tasks, stdlib_corpus
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.data.task_batches import TaskBatches, eval_batches
@@ -300,12 +299,6 @@ def test_bad_task_config_names_the_key(tmp_path, key, overrides):
 # ---- configs and the per-layer window schedule ---------------------------------------
 
 
-needs_longformer = pytest.mark.skipif(
-    'longformer' not in ATTENTION_VARIANTS,
-    reason='the longformer attention (another part of issue 4) is not registered yet')
-
-
-@needs_longformer
 @pytest.mark.parametrize('module', [longformer_classification, longformer_qa, led, longformer_lm])
 def test_configs_validate_and_build(module):
   config = ml_collections.ConfigDict(resolve_config(module.get_config()))
@@ -324,7 +317,6 @@ def test_configs_validate_and_build(module):
     assert jax.tree_util.tree_leaves(shapes)
 
 
-@needs_longformer
 def test_layer_schedule_gives_each_layer_its_window():
   """Layer windows 2,4,16 (one-sided): a key 8 tokens away moves only layer 2's attention."""
   config = tiny_config(attention='longformer', mem_len=0, num_layers=3, window=2, causal=False)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import train as train_script
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.train import loop
 from longformer_jax.train.metrics_logging import ProgressBar
 from longformer_jax.train.throughput import Throughput

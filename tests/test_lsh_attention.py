@@ -20,8 +20,8 @@ from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.lsh import (SELF_LOGIT, LSHAttention, hash_buckets,
                                           lsh_attention, random_rotations)
 from longformer_jax.attention.registry import attention_class
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import resolve_config
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.model_config import migrate_flat_model, resolve_model
 
 B, N, H, D = 2, 32, 2, 8

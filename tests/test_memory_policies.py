@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from longformer_jax.attention.attendre import AttendreConfig
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import data_only, entries, policies
 
 BATCH, HEADS = 2, 2

@@ -16,19 +16,18 @@ import numpy as np
 import pytest
 
 import train as train_script
-from longformer_jax.attention.registry import ATTENTION_VARIANTS
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.phased_streams import glue_batches
-from longformer_jax.data.stream_batcher import TrainStreams
+from longformer_jax.data.train_streams import TrainStreams
 from longformer_jax.train import phases as phasing
 from longformer_jax.train.checkpointing import Checkpointer
+from longformer_jax.train.train_config import TrainConfig
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from tests.tiny_models import tiny_config
 
 
-# Longformer (window 4, cache of 4 hidden states, x2 in phase 1) once it is registered.
-ATTENTION = dict(attention='longformer', window=4) if 'longformer' in ATTENTION_VARIANTS else dict(
-    attention='vanilla')
+# Longformer (window 4, x2 in phase 1).
+ATTENTION = dict(attention='longformer', window=4)
 
 
 def phased_config(num_phases=2, phase_steps='2,2'):
@@ -58,10 +57,10 @@ def test_phases_double_length_and_window_and_halve_the_learning_rate():
 
 @pytest.mark.parametrize('phase_steps,num_steps', [('2,1', 4), ('2,2,0', 4), ('', 5), ('a,b', 4)])
 def test_bad_phase_steps_name_the_key(phase_steps, num_steps):
-  config = phased_config(2 if phase_steps != '2,2,0' else 3, phase_steps)
-  config.train.num_steps = num_steps
+  phases = 2 if phase_steps != '2,2,0' else 3
   with pytest.raises(ConfigError) as error:
-    phasing.training_phases(config)
+    TrainConfig.build({'phases': phases, 'phase_steps': phase_steps, 'num_steps': num_steps},
+                      'train')
   assert error.value.key == 'train.phase_steps'
 
 

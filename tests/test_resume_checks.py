@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.train import resume_checks
 from longformer_jax.train.resume_checks import check_resumable
 from longformer_jax.train.resume_checks import config_differences

@@ -15,8 +15,8 @@ import pytest
 import train as train_script
 from configs import reformer
 from longformer_jax.config.overrides import merged
-from longformer_jax.config_errors import ConfigError
-from longformer_jax.config_validation import resolve_config
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.experiment_config import resolve_config
 from longformer_jax.layers.reversible import reversible_sequence
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.models.model_config import migrate_flat_model

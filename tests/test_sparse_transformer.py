@@ -20,7 +20,7 @@ import train as train_script
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.sparse_transformer import (SparseTransformerAttention,
                                                          sparse_transformer_attention)
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.model_config import migrate_flat_model
 from tests.gradient_checks import assert_gradients_match

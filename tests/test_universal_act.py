@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.models.pre_ln_block import DecoderBlock
 from longformer_jax.models.model_config import migrate_flat_model

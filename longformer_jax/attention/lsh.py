@@ -45,7 +45,7 @@ from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.config.section import Section
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.positional import apply_rotary
 
 SELF_LOGIT = -1e5

@@ -15,7 +15,7 @@ from longformer_jax.attention.sparse_transformer import SparseTransformerAttenti
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
 from longformer_jax.attention.vanilla import VanillaAttention
 from longformer_jax.attention.xl import XLAttention
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 ATTENTION_VARIANTS = {
     'adaptive_span': AdaptiveSpanAttention,

@@ -47,7 +47,7 @@ import ml_collections
 from longformer_jax.attention.core import block_sparse, cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.config.section import Section
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 COMPONENTS = ('strided_local', 'strided_summary', 'fixed_local', 'fixed_summary')
 UNIONS = {'strided': ('strided_local', 'strided_summary'),

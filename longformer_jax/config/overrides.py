@@ -5,19 +5,20 @@ A file in `configs/` defines `get_config()` returning a nested dict (or an
 defaults. Files build on each other with `merged(base, changes)`. Command-line
 overrides are applied to that sparse dict as strings; the section that owns
 a key parses the string by the key's type when the config is resolved
-(`longformer_jax/config_validation.py`), so an unknown key or a bad value is
+(`longformer_jax/experiment_config.py`), so an unknown key or a bad value is
 reported there with the closest valid name.
 """
 
 import ast
 import copy
 import importlib.util
+import inspect
 import os
 from typing import Mapping
 
 import ml_collections
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 # Free mappings: their leaves are parsed here (the section only sees the dict).
 _LITERAL_MAPPINGS = ('model.aux_loss_weights.',)
@@ -40,17 +41,30 @@ def _plain(values: Mapping) -> dict:
   return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in values.items()}
 
 
-def load_config_file(path: str) -> dict:
-  """The sparse config of a `configs/NAME.py` file (its `get_config()`)."""
+def split_config_argument(spec: str) -> tuple[str, str | None]:
+  """`'configs/x.py:a,b'` -> `('configs/x.py', 'a,b')`; `'configs/x.py'` -> `('configs/x.py', None)`."""
+  path, colon, argument = spec.partition('.py:')
+  if not colon:
+    return spec, None
+  return path + '.py', argument
+
+
+def load_config_file(config_flag: str) -> dict:
+  """The sparse config of `configs/NAME.py` (its `get_config()`) or `NAME.py:ARG` (`get_config(ARG)`)."""
+  path, argument = split_config_argument(config_flag)
   if not os.path.isfile(path):
     raise ConfigError('--config', f'{path!r}: no such config file')
-  spec = importlib.util.spec_from_file_location(
+  module_spec = importlib.util.spec_from_file_location(
       f'_config_{os.path.splitext(os.path.basename(path))[0]}', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
   if not hasattr(module, 'get_config'):
     raise ConfigError('--config', f'{path!r} defines no get_config()')
-  return _plain(module.get_config())
+  if argument is None:
+    return _plain(module.get_config())
+  if not inspect.signature(module.get_config).parameters:
+    raise ConfigError('--config', f'{path!r} takes no argument after ":" (got {argument!r})')
+  return _plain(module.get_config(argument))
 
 
 def apply_override(config: dict, dotted_key: str, text: str) -> None:

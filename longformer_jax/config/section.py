@@ -30,7 +30,7 @@ import difflib
 import typing
 from typing import Any, ClassVar, Mapping
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 _BOOL_WORDS = {'true': True, 'false': False, '1': True, '0': False, 'yes': True, 'no': False}
 

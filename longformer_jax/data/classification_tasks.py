@@ -22,7 +22,7 @@ import re
 import ml_collections
 import numpy as np
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import stdlib_corpus, tfds_tasks
 from longformer_jax.data.task_text import stable_hash
 

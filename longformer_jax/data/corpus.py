@@ -7,7 +7,7 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import stdlib_corpus
 from longformer_jax.data import text_files_corpus
 from longformer_jax.data import tfds_corpus

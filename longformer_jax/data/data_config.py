@@ -1,7 +1,7 @@
 """`config.data`: where the text comes from, how it is tokenized and batched.
 
 The language model reads whole documents as streams of `chunk_len`-token
-chunks (`data/stream_batcher.py`); the encoder tasks read fixed-length
+chunks (`data/train_streams.py`, `data/eval_streams.py`); the encoder tasks read fixed-length
 examples (`seq_len`, and `question_len`, `max_answer_len`, `target_len` for
 QA and sequence-to-sequence). A setting that the run's task does not read is
 an error (`TASK_KEYS`).

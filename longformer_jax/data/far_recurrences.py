@@ -16,8 +16,8 @@ document occurred last.
 
 import numpy as np
 
-from longformer_jax.config_errors import require
-from longformer_jax.data.stream_batcher import StreamBatch
+from longformer_jax.config.errors import require
+from longformer_jax.data.stream_batch import StreamBatch
 
 
 class FarRecurrenceMarker:

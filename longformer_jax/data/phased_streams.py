@@ -13,7 +13,8 @@ import dataclasses
 
 import numpy as np
 
-from longformer_jax.data.stream_batcher import StreamBatch, TrainStreams
+from longformer_jax.data.stream_batch import StreamBatch
+from longformer_jax.data.train_streams import TrainStreams
 
 
 def glue_batches(batches: list[StreamBatch]) -> StreamBatch:

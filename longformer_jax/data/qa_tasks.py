@@ -28,7 +28,7 @@ import re
 import ml_collections
 import numpy as np
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import stdlib_corpus
 from longformer_jax.data import tfds_tasks
 from longformer_jax.data.task_text import QAText, excerpt_around, stable_hash
@@ -97,7 +97,7 @@ def load_texts(data: ml_collections.ConfigDict, split: str, seed: int) -> list[Q
     return synthetic_texts(data.max_examples or 1024, context_len, seed + (split == 'valid'))
   if data.corpus == 'trivia_qa':
     return tfds_tasks.trivia_qa(split, data.tfds_data_dir, context_len,
-                                data.get('tfds_config', '') or 'rc')
+                                data.tfds_config or 'rc')
   raise ConfigError('data.corpus', f'unknown QA corpus {data.corpus!r}; expected one of {CORPORA}')
 
 

@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import corpus
 from longformer_jax.data.document import Document
 

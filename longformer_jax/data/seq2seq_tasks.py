@@ -20,7 +20,7 @@ import ast
 import ml_collections
 import numpy as np
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import stdlib_corpus, tfds_tasks
 
 CORPORA = ('stdlib', 'synthetic', 'scrolls')
@@ -66,7 +66,7 @@ def load_texts(data: ml_collections.ConfigDict, split: str, seed: int) -> list[t
   if data.corpus == 'synthetic':
     return synthetic_texts(data.max_examples or 1024, source_len, seed + (split == 'valid'))
   if data.corpus == 'scrolls':
-    return tfds_tasks.scrolls(split, data.tfds_data_dir, data.get('tfds_config', '') or 'gov_report')
+    return tfds_tasks.scrolls(split, data.tfds_data_dir, data.tfds_config or 'gov_report')
   raise ConfigError('data.corpus', f'unknown seq2seq corpus {data.corpus!r}; '
                     f'expected one of {CORPORA}')
 

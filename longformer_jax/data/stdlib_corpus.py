@@ -20,7 +20,7 @@ import os
 import pathlib
 import sysconfig
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.document import Document
 
 SPLITS = ('train', 'valid', 'test')

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from longformer_jax.config_errors import require
+from longformer_jax.config.errors import require
 
 
 class TaskBatches:

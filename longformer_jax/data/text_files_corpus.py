@@ -26,7 +26,7 @@ import pathlib
 
 from absl import logging
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.document import Document
 from longformer_jax.data.stdlib_corpus import check_split
 from longformer_jax.data.stdlib_corpus import split_of

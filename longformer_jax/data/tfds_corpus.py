@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import os
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.document import Document
 
 DATA_DIR_KEY = 'data.tfds_data_dir'

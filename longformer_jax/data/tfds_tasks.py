@@ -10,7 +10,7 @@ Split names: 'train' and 'valid'; imdb_reviews has no validation split, so
 """
 
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import tfds_corpus
 from longformer_jax.data.task_text import QAText, excerpt_around
 

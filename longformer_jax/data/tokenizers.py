@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer
 from longformer_jax.data.tokenizer_interface import Tokenizer

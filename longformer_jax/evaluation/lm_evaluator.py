@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 
 from longformer_jax.data.far_recurrences import FarRecurrenceMarker
-from longformer_jax.data.stream_batcher import EvalStreams
+from longformer_jax.data.eval_streams import EvalStreams
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.parallel import sharding
 from longformer_jax.train import initialization, steps

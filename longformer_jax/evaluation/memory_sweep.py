@@ -58,7 +58,7 @@ import os
 
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.config.section import closest_name
-from longformer_jax.config_errors import ConfigError, require
+from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.evaluation.line_plots import save_line_plot
 from longformer_jax.memory import policies
 from longformer_jax.models.model_config import section_classes

@@ -62,8 +62,8 @@ Admission (`admission`), for the scored policies:
   chunk's entries in. On configs/short_context_spm_long.py that pair (r = 16)
   beats FIFO and sinks on far recurrences of the validation split at M = 512
   in two runs (at 128-256 in one of them), and loses on the all-target
-  average (README,
-  "Eval-time memories"; benchmarks/results/eval_time_memory.md).
+  average (docs/results.md, "Eval-time memories and eviction
+  policies"; benchmarks/results/eval_time_memory.md).
 FIFO and sinks rank by position alone, so admission changes nothing for them.
 
 Per-head scores (`per_head=True`): the memory has one row per (batch, head)

@@ -41,7 +41,7 @@ import ml_collections
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.config.section import Section
-from longformer_jax.config_errors import ConfigError, require
+from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.norms import layer_norm
 from longformer_jax.memory import fifo

@@ -4,7 +4,7 @@ A block is `Block(config, dtype, name=...)(x, state, ctx) -> (x, (state, aux))`
 with `x [batch, chunk, d_model]`; the stack builds one per layer.
 """
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.pre_ln_block import DecoderBlock
 from longformer_jax.models.gtrxl_block import GatedBlock
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.norms import layer_norm
 from longformer_jax.models.stack_registry import stack_class

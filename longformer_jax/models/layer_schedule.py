@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import ml_collections
 
 from longformer_jax.config.section import coerce, unknown_key_error
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 # Settings that fix the shape of the whole stack cannot differ by layer.
 NOT_SCHEDULABLE = ('num_layers', 'scan_layers', 'layer_schedule', 'stack', 'block', 'dtype',

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.config.section import Section, closest_name, unknown_key_error
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.models import layer_schedule
 from longformer_jax.models.block_registry import BLOCK_TYPES
 from longformer_jax.models.stack_registry import STACK_TYPES

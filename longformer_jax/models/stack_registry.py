@@ -6,7 +6,7 @@ dtype)`; `states` and `aux_per_layer` are tuples with one entry per layer
 (per application, for stacks that share a block).
 """
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.attendre_delay import TimeShiftedStack
 from longformer_jax.models.standard_stack import BlockStack
 from longformer_jax.models.reversible_stack import ReversibleStack

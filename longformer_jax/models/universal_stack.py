@@ -36,7 +36,7 @@ import ml_collections
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.config.section import Section
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.models.block_registry import block_class

@@ -6,7 +6,7 @@ import jax
 from jax.experimental import mesh_utils
 import numpy as np
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
 

@@ -6,7 +6,7 @@ save are recomputed in the backward pass, trading FLOPs for memory.
 
 import jax
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 REMAT_POLICIES = {
     'none': None,  # no remat: every activation is stored

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.config_errors import require
+from longformer_jax.config.errors import require
 from longformer_jax.data import classification_tasks, qa_tasks, seq2seq_tasks
 from longformer_jax.models.encoder import (SequenceClassifier, SpanExtractor, encoder_context,
                                            encoder_model_config)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.chunk_driver import scan_chunks
 
 AUX_PREFIX = 'aux/'
@@ -95,7 +95,7 @@ def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
     when `token_bytes` is given. A batch with a bool `subset_mask` (some
     of the targets, e.g. far recurrences) adds `subset_sums` over it.
   """
-  weights = model.config.get('aux_loss_weights', None) or {}
+  weights = model.config.aux_loss_weights
 
   def one_chunk(states, chunk, index):
     rngs = {} if deterministic else {'dropout': jax.random.fold_in(rng, index)}

@@ -18,10 +18,10 @@ from absl import logging
 import jax
 import ml_collections
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.corpus import cut_into_pieces, load_corpus, tokenize_documents
 from longformer_jax.data.phased_streams import PhasedStreams
-from longformer_jax.data.stream_batcher import TrainStreams
+from longformer_jax.data.train_streams import TrainStreams
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.evaluation.lm_evaluator import Evaluator
 from longformer_jax.evaluation.model_description import describe_model

@@ -26,8 +26,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from longformer_jax.config_errors import require
-from longformer_jax.config_validation import parse_int_list
+from longformer_jax.train.train_config import int_list
 
 # The Longformer window, and its per-layer schedule, grow with the phases.
 WINDOW_SECTION, WINDOW_KEY = 'longformer', 'window'
@@ -44,32 +43,16 @@ class Phase:
   lr_scale: float
 
 
-def num_phases(config: ml_collections.ConfigDict) -> int:
-  return int(config.train.get('phases', 1) or 1)
-
-
 def training_phases(config: ml_collections.ConfigDict) -> list[Phase]:
-  """The phases of `config` (one phase covering the run when `train.phases` is 1)."""
-  count = num_phases(config)
+  """The phases of a validated `config` (one phase covering the run when `train.phases` is 1).
+
+  `TrainConfig.validate` (train/train_config.py) has checked the phase settings.
+  """
   train = config.train
-  require(count >= 1, 'train.phases', f'must be >= 1, got {count}')
-  raw_steps = train.get('phase_steps', '')
-  steps = parse_int_list(raw_steps, 'train.phase_steps')
-  if not steps:
-    require(train.num_steps % count == 0, 'train.phase_steps',
-            f'empty: train.num_steps={train.num_steps} must then divide into {count} phases')
-    steps = [train.num_steps // count] * count
-  require(len(steps) == count and all(s > 0 for s in steps), 'train.phase_steps',
-          f'needs {count} positive step counts, got {raw_steps!r}')
-  require(sum(steps) == train.num_steps, 'train.phase_steps',
-          f'must add up to train.num_steps={train.num_steps}, got {sum(steps)}')
-  length_factor = int(train.get('phase_length_factor', 2))
-  window_factor = int(train.get('phase_window_factor', 2))
-  lr_factor = float(train.get('phase_lr_factor', 0.5))
-  if count > 1:
-    require(length_factor >= 1, 'train.phase_length_factor', 'must be an integer >= 1')
-    require(window_factor >= 1, 'train.phase_window_factor', 'must be an integer >= 1')
-    require(lr_factor > 0, 'train.phase_lr_factor', f'must be > 0, got {lr_factor}')
+  count = train.phases
+  steps = int_list(train.phase_steps) or [train.num_steps // count] * count
+  length_factor, window_factor = train.phase_length_factor, train.phase_window_factor
+  lr_factor = train.phase_lr_factor
   bounds = np.cumsum([0] + steps)
   return [Phase(index=p, start_step=int(bounds[p]), end_step=int(bounds[p + 1]),
                 chunk_len=config.data.chunk_len * length_factor ** p,

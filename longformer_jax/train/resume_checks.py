@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 PyTree = Any
 

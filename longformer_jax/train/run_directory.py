@@ -12,7 +12,7 @@ import os
 import jax
 import ml_collections
 
-from longformer_jax.config_errors import ConfigError
+from longformer_jax.config.errors import ConfigError
 
 CONFIG_FILE = 'config.json'
 

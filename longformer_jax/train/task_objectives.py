@@ -26,7 +26,7 @@ NEG_INF = -1e9
 
 
 def aux_weights(model) -> dict:
-  return model.config.get('aux_loss_weights', None) or {}
+  return model.config.aux_loss_weights
 
 
 def classification_sums(model, params, batch: dict, rngs: dict, deterministic: bool) -> dict:

@@ -6,7 +6,6 @@ rule compares queries with keys.
 """
 
 import jax
-import jax.numpy as jnp
 
 
 def causal_document_mask(q_positions: jax.Array, q_segments: jax.Array,

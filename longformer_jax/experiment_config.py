@@ -22,7 +22,7 @@ from typing import Mapping, Optional
 import ml_collections
 
 from longformer_jax.config.section import unknown_key_error
-from longformer_jax.config_errors import ConfigError, require
+from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.data.data_config import TASK_KEYS, DataConfig
 from longformer_jax.evaluation.eval_config import EvalConfig
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
