@@ -38,6 +38,19 @@ def test_failed_run_leaves_config_json_alone(tmp_path):
   assert not os.path.exists(os.path.join(workdir, 'config.json.tmp'))
 
 
+def test_resuming_an_old_flat_config_json_compares_it_in_todays_layout(tmp_path):
+  workdir = str(tmp_path)
+  train_script.train(lm_config(num_steps=2, checkpoint_every=2), workdir)
+  path = os.path.join(workdir, 'config.json')
+  saved = json.load(open(path))
+  # As an old run wrote it: XL's clamp_len flat in `model`, with another value.
+  saved['model'].pop('xl')
+  saved['model']['clamp_len'] = 5
+  json.dump(saved, open(path, 'w'))
+  with pytest.raises(ConfigError, match='model.xl.clamp_len: saved 5, now -1'):
+    train_script.train(lm_config(num_steps=4, checkpoint_every=2), workdir)
+
+
 def test_workdir_that_is_a_file_is_one_config_error(tmp_path):
   path = tmp_path / 'a_file'
   path.write_text('not a run')

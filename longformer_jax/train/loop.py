@@ -19,6 +19,7 @@ from absl import logging
 import jax
 import ml_collections
 
+from longformer_jax.experiment_config import migrate_saved_config
 from longformer_jax.parallel import sharding
 from longformer_jax.train import resume_checks
 from longformer_jax.train.checkpointing import Checkpointer
@@ -89,7 +90,9 @@ def restore_or_create(task: TrainingTask, checkpointer: Checkpointer, config, wo
   latest = checkpointer.latest_step()
   if latest is None:
     return task.fresh_state()
-  resume_checks.check_resumable(workdir, config.to_dict())
+  # An old run's config.json (flat model keys) is compared in today's layout.
+  resume_checks.check_resumable(workdir, config.to_dict(),
+                                migrate=lambda saved: migrate_saved_config(saved)[0])
   state, data_state, step = checkpointer.restore_latest_intact(task.abstract_state(latest))
   task.restore_data(data_state, step)
   logging.info('Resumed from step %d in %s', step, checkpointer.directory)
