@@ -25,23 +25,20 @@ than the saved one (another architecture or batch size) is not corruption:
 it raises `CheckpointMismatchError` and nothing is moved.
 
 A failed Orbax read leaves TensorStore callbacks and futures behind that
-Python reports, one traceback each ("Event loop is closed", "Exception
-ignored in <coroutine ...>", "Future exception was never retrieved"):
-hundreds of lines that bury the one-line cause. Restoring installs filters
-on `sys.unraisablehook` and the `asyncio` logger that drop exactly these
-reports (and pass every other one on).
+Python reports, one traceback each: hundreds of lines that bury the one-line
+cause. `orbax_noise` filters exactly these reports; a `Checkpointer` installs
+it when it is created, before any read.
 """
 
 import itertools
 import logging
 import os
-import sys
-import traceback
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from longformer_jax.train import orbax_noise
 from longformer_jax.train.checkpoint_checksums import state_checksums
 from longformer_jax.train.resume_checks import CheckpointMismatchError
 from longformer_jax.train.resume_checks import mismatch_error
@@ -83,6 +80,7 @@ class Checkpointer:
   def __init__(self, workdir: str, keep: int, async_save: bool = True):
     if keep < 1:
       raise ValueError(f'keep must be >= 1 checkpoints, got {keep}.')
+    orbax_noise.install()
     self._directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
     options = ocp.CheckpointManagerOptions(
         preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
@@ -183,6 +181,7 @@ class Checkpointer:
         not match the checksums written with it. Nothing is moved or changed.
     """
     self.wait()
+    orbax_noise.install()  # Again, in case something replaced the filters.
     step = self._existing_step(step)
     target = _without_empty_arrays(abstract_state)
     self._check_shapes(step, target)
@@ -298,7 +297,6 @@ class Checkpointer:
 
   def _restore_items(self, step: int, abstract_state: PyTree) -> dict:
     """Reads all items of `step`, turning any failure into a clear error."""
-    _drop_orbax_read_noise()
     args = ocp.args.Composite(
         **{
             _STATE: ocp.args.StandardRestore(abstract_state),
@@ -350,68 +348,8 @@ class Checkpointer:
 
 def _comparable(restored: dict, saved: dict | None) -> bool:
   """Whether a restored leaf has the dtype and shape it was saved with."""
-  if saved is None:
-    return False
-  return (restored['dtype'], restored['shape']) == (
-      saved['dtype'],
-      saved['shape'],
-  )
-
-
-_ORBAX_WORDS = ('orbax', 'tensorstore', 'ocdbt', 'zarr')
-
-
-def _mentions_orbax(error: BaseException | None) -> bool:
-  """Whether `error` comes from Orbax/TensorStore code or names their parts."""
-  if error is None:
-    return False
-  frames = traceback.extract_tb(error.__traceback__)
-  text = ' '.join([str(error)] + [frame.filename for frame in frames]).lower()
-  return any(word in text for word in _ORBAX_WORDS)
-
-
-def _is_orbax_read_noise(unraisable: Any) -> bool:
-  """Whether an unraisable exception is debris of a failed Orbax read."""
-  error = unraisable.exc_value
-  if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed':
-    return True
-  code = getattr(unraisable.object, 'cr_code', None)  # A dropped coroutine.
-  return code is not None and _ORBAX_WORDS[0] in code.co_filename
-
-
-class _DropOrbaxReadNoise(logging.Filter):
-  """Drops asyncio's 'exception was never retrieved' for Orbax's reads."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if 'exception was never retrieved' not in str(record.msg):
-      return True
-    error = record.exc_info[1] if record.exc_info else None
-    return not (_mentions_orbax(error) or any(
-        word in str(record.msg).lower() for word in _ORBAX_WORDS))
-
-
-def _drop_orbax_read_noise() -> None:
-  """Filters (once) `sys.unraisablehook` and the `asyncio` logger.
-
-  A failed Orbax read leaves TensorStore callbacks and futures behind that
-  report, possibly long after the restore (when TensorStore's threads finish
-  or the garbage collector runs), "Event loop is closed", "Exception ignored
-  in <coroutine ...>" and "Future exception was never retrieved", one
-  traceback each. These reports (and no others) are dropped for good.
-  """
-  asyncio_log = logging.getLogger('asyncio')
-  if not any(isinstance(f, _DropOrbaxReadNoise) for f in asyncio_log.filters):
-    asyncio_log.addFilter(_DropOrbaxReadNoise())
-  hook = sys.unraisablehook
-  if getattr(hook, 'drops_orbax_read_noise', False):
-    return
-
-  def filtered(unraisable: Any) -> None:
-    if not _is_orbax_read_noise(unraisable):
-      hook(unraisable)
-
-  filtered.drops_orbax_read_noise = True
-  sys.unraisablehook = filtered
+  return saved is not None and all(
+      restored[key] == saved[key] for key in ('dtype', 'shape'))
 
 
 def _first_line(error: BaseException, max_chars: int = 300) -> str:
