@@ -31,10 +31,10 @@ def _inputs(memory_positions_from=0):
   return x, memory, ctx
 
 
-def _module(**kw):
+def _module(cls=AdaptiveSpanAttention, **kw):
   args = dict(num_heads=H, head_dim=HD, d_model=D, mem_len=M, span_ramp=4.0, span_block=4)
   args.update(kw)
-  return AdaptiveSpanAttention(**args)
+  return cls(**args)
 
 
 def _set_spans(params, fractions):
@@ -126,6 +126,69 @@ def test_span_gradient_reaches_the_span_parameter():
     return jnp.sum(y ** 2) + aux['span_loss']
   grads = jax.grad(loss)(params)
   assert np.all(np.abs(np.asarray(grads['span_fraction'].unbox())) > 0)
+
+
+class _UnclippedSpans(AdaptiveSpanAttention):
+  """The reference for the span gradient: z = S * span_fraction, no clip at all."""
+
+  def spans(self, x):
+    init = nn.with_logical_partitioning(nn.initializers.constant(self.span_init), ('heads',))
+    return self.largest_span * self.param('span_fraction', init, (self.num_heads,), jnp.float32)
+
+
+@pytest.fixture(scope='module')
+def inputs_and_params():
+  x, memory, ctx = _inputs()
+  return x, memory, ctx, jax.jit(_module(trim=False).init)(jax.random.PRNGKey(0), x, memory,
+                                                           ctx)['params']
+
+
+def test_span_gradient_is_the_clamp_after_update_gradient(inputs_and_params):
+  """At 0, at 1 and outside [0, 1]: the gradient the paper's clamp-after-update rule
+  sees, i.e. the loss of the unclipped function differentiated at the clamped value."""
+  x, memory, ctx, params = inputs_and_params
+  cotangent = random_normal(3, (B, C, D))
+
+  def gradient(cls):
+    def loss(f):
+      y, _, aux = _module(cls, trim=False).apply({'params': _set_spans(params, f)}, x, memory, ctx)
+      return jnp.sum(cotangent * y) + aux['span_loss']
+    return jax.jit(jax.grad(loss))
+
+  got, reference = gradient(AdaptiveSpanAttention), gradient(_UnclippedSpans)
+  for fractions in [(0.0, 1.0), (-0.05, 1.05)]:
+    want = np.asarray(reference(jnp.clip(jnp.asarray(fractions, jnp.float32), 0.0, 1.0)))
+    assert np.all(np.abs(want) > 1e-3)
+    np.testing.assert_allclose(np.asarray(got(jnp.asarray(fractions, jnp.float32))), want,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_span_pushed_below_zero_grows_again_when_the_loss_wants_it(inputs_and_params):
+  """From init 0 the penalty alone pushes the parameter below 0 (span stays 0);
+  then SGD on a loss whose target used a longer span moves the span up from 0."""
+  x, memory, ctx, params = inputs_and_params
+  module = _module(span_block=8)                        # trimmed, as in training
+
+  @jax.jit
+  def step(fractions, target, data_weight, penalty_weight):
+    """One SGD step; also the output and the largest effective span before it."""
+    def loss(f):
+      y, _, aux = module.apply({'params': _set_spans(params, f)}, x, memory, ctx)
+      value = data_weight * jnp.sum((y - target) ** 2) + penalty_weight * aux['span_loss']
+      return value, (y, aux['span_largest'])
+    (_, (y, largest)), grad = jax.value_and_grad(loss, has_aux=True)(fractions)
+    return fractions - 0.01 * grad, y, largest
+
+  _, target, _ = step(jnp.full((H,), 0.5), jnp.zeros_like(x), 0.0, 0.0)
+  fractions = jnp.zeros((H,), jnp.float32)              # init 0, the paper's default
+  for _ in range(3):                                    # the penalty alone
+    fractions, _, _ = step(fractions, target, 0.0, 0.1)
+  assert np.all(np.asarray(fractions) < 0)
+  assert float(step(fractions, target, 0.0, 0.0)[2]) == 0.0
+  for _ in range(5):                                    # a loss that wants a longer span
+    fractions, _, _ = step(fractions, target, 0.01, 1e-3)
+  assert np.all(np.asarray(fractions) > 0)
+  assert float(step(fractions, target, 0.0, 0.0)[2]) > 0.5   # ~1.7 of S = 16
 
 
 def test_dynamic_span_shapes_and_penalty():

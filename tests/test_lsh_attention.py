@@ -113,15 +113,20 @@ def random_inputs(seed=0, doc_len=0, pad_tail=0):
   return qk, v, positions, segments, valid
 
 
-lsh = jax.jit(lsh_attention, static_argnames=('chunk_len', 'causal'))
+lsh = jax.jit(lsh_attention, static_argnames=('chunk_len', 'causal', 'logit_scale'))
 
 
-@pytest.mark.parametrize('causal', [True, False])
-def test_single_bucket_equals_full_shared_qk_attention(causal):
-  """Zero rotations put every token in bucket 0; one chunk: full attention, self only if alone."""
+@pytest.mark.parametrize('causal,logit_scale', [(True, 'inverse_sqrt_head_dim'),
+                                                (False, 'inverse_sqrt_head_dim'), (True, 'none')])
+def test_single_bucket_equals_full_shared_qk_attention(causal, logit_scale):
+  """Zero rotations put every token in bucket 0; one chunk: full attention, self only if alone.
+
+  Logits q . k_hat / sqrt(d), or q . k_hat with `logit_scale='none'` (trax, Hugging Face)."""
+  divisor = {'inverse_sqrt_head_dim': np.sqrt(D), 'none': 1.0}[logit_scale]
   qk, v, positions, segments, valid = random_inputs(doc_len=12, pad_tail=5)
   rotations = jnp.zeros((H, D, 2, 1))
-  out = lsh(qk, v, positions, segments, valid, rotations, chunk_len=N, causal=causal)
+  out = lsh(qk, v, positions, segments, valid, rotations, chunk_len=N, causal=causal,
+            logit_scale=logit_scale)
   # Independent reference: plain softmax over every allowed key except self,
   # self alone when no other key is allowed.
   q = np.float64(np.swapaxes(qk, 1, 2))
@@ -135,7 +140,7 @@ def test_single_bucket_equals_full_shared_qk_attention(causal):
         keys = others or ([i] if valid[b, i] else [])
         if not keys:
           continue
-        scores = np.array([q[b, h, i] @ k[b, h, j] for j in keys]) / np.sqrt(D)
+        scores = np.array([q[b, h, i] @ k[b, h, j] for j in keys]) / divisor
         weights = np.exp(scores - scores.max())
         expected[b, i, h] = (weights / weights.sum()) @ np.float64(v)[b, keys, h]
   np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-4)
@@ -253,7 +258,8 @@ def test_module_rotations_fixed_per_layer_or_fresh_per_step():
 
 @pytest.mark.parametrize('key,value', [('num_buckets', 3), ('num_buckets', 0),
                                        ('num_hashes', 0), ('chunk_len', 0),
-                                       ('rotary', 'maybe'), ('num_bucket', 4)])
+                                       ('rotary', 'maybe'), ('num_bucket', 4),
+                                       ('logit_scale', 'sqrt')])
 def test_bad_lsh_config_names_the_key(key, value):
   with pytest.raises(ConfigError) as error:
     tiny_lsh_config(**{key: value})
@@ -298,6 +304,21 @@ def test_config_reading():
   assert (module.num_hashes, module.num_buckets, module.chunk_len, module.seed,
           module.rotations_per_step, module.rotary, module.causal) == (3, 4, 8, 2, True, False,
                                                                        True)
+  assert module.logit_scale == 'inverse_sqrt_head_dim'
+  assert LSHAttention.from_config(tiny_lsh_config(logit_scale='none'),
+                                  jnp.float32).logit_scale == 'none'
+
+
+def test_bad_logit_scale_is_a_one_line_error_naming_key_and_value():
+  with pytest.raises(ConfigError) as error:
+    tiny_lsh_config(logit_scale='sqrt')
+  message = str(error.value)
+  assert message.startswith("config.model.lsh.logit_scale: 'sqrt' must be 'inverse_sqrt_head_dim'")
+  assert "'none'" in message and '\n' not in message
+  qk, v, positions, segments, valid = random_inputs()
+  with pytest.raises(ConfigError, match=r"model\.lsh\.logit_scale: 'sqrt'"):
+    lsh_attention(qk, v, positions, segments, valid, jnp.zeros((H, D, 1, 1)), chunk_len=8,
+                  causal=True, logit_scale='sqrt')
 
 
 def test_chunk_not_multiple_of_lsh_chunk_is_a_config_error():

@@ -12,6 +12,18 @@ R (`ramp`) is the softness. The L1 penalty (eq. 4, lambda/M sum_i z_i)
 is reported as the aux loss `span_loss` = mean of z over heads (its weight
 lambda is `model.aux_loss_weights.span_loss`).
 
+Learned spans are z = S clip(span_fraction, 0, 1) with a straight-through
+clip: clipped in the forward pass, identity gradient
+(`straight_through_clip`). The paper's code instead clamps the parameter
+into [0, 1] after each optimiser step, keeping the whole gradient. A plain
+`jnp.clip` would halve the gradient at exactly 0 or 1 and zero it outside,
+so a span pushed below 0 by the penalty (easy from init = 0, the paper's
+default) could never grow again. With the straight-through clip the gradient
+is the one clamp-after-update sees: that of the loss at the clipped value.
+The stored parameter itself is not clamped, so it can drift outside
+[0, 1]. A span held below 0 by the penalty has to climb back to 0 before it
+grows, where the paper's clamp would leave it at exactly 0.
+
 Dynamic span (`dynamic=True`, section 3.2): z_t = S sigmoid(v . x_t + b)
 per head and query token; the penalty is the mean of z_t over valid tokens.
 
@@ -85,6 +97,18 @@ def span_mask(spans: jax.Array, distances: jax.Array, ramp: float) -> jax.Array:
   return jnp.clip((ramp + spans - distances.astype(jnp.float32)) / ramp, 0.0, 1.0)
 
 
+def straight_through_clip(fraction: jax.Array) -> jax.Array:
+  """clip(fraction, 0, 1) forward, identity backward (the learned span's z / S).
+
+  The paper's code clamps the parameter back into [0, 1] after each optimiser
+  step and keeps the whole gradient. `jnp.clip` in the forward pass would
+  not: its gradient is halved at exactly 0 or 1 and zero outside, so a span
+  that the L1 penalty pushes below 0 could never grow again. Here the
+  gradient is that of the loss at the clipped value, as with clamp-after-update.
+  """
+  return fraction + jax.lax.stop_gradient(jnp.clip(fraction, 0.0, 1.0) - fraction)
+
+
 def memory_sizes(mem_len: int, block: int) -> list[int]:
   """The trimmed memory sizes compiled: 0, block, 2 block, ..., mem_len."""
   return sorted({min(mem_len, j * block) for j in range(math.ceil(mem_len / block) + 1)})
@@ -144,9 +168,7 @@ class AdaptiveSpanAttention(nn.Module):
       return self.largest_span * jax.nn.sigmoid(logits)
     init = nn.with_logical_partitioning(nn.initializers.constant(self.span_init), ('heads',))
     fraction = self.param('span_fraction', init, (self.num_heads,), jnp.float32)
-    # The paper clamps the parameter to [0, 1] after each update; clipping in
-    # the forward pass keeps z in [0, S] with no change to the optimiser.
-    return self.largest_span * jnp.clip(fraction, 0.0, 1.0)
+    return self.largest_span * straight_through_clip(fraction)
 
   def _relative_keys(self, count: int) -> jax.Array:
     """W_kR R for distances 0..count-1 -> `[count, heads, head_dim]`."""

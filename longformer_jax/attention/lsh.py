@@ -23,6 +23,13 @@ i.e. a softmax over the multiset union of the rounds' key sets (a key that
 shares a bucket with the query in several rounds counts once per round).
 Work and memory are O(n * num_hashes * chunk_len), never n x n.
 
+Logits are q_i . k_j / sqrt(head_dim) with k_j = q_j / |q_j| by default
+(`model.lsh.logit_scale='inverse_sqrt_head_dim'`). trax and Hugging Face
+use q_i . k_j with no 1/sqrt(head_dim) (the keys have unit length); that is
+`logit_scale='none'`. The two are different parametrisations: with the
+default, attention is sqrt(head_dim) times flatter at initialisation, and
+weights imported from trax or Hugging Face need `'none'` to give their outputs.
+
 Settings: `config.model.lsh` (`LSHConfig`); causal or not is the shared
 `model.causal`. Random rotations come from an explicit key (`rotation_key`):
   * fixed (default): `fold_in(PRNGKey(model.lsh.seed), crc32(module path))`,
@@ -49,6 +56,8 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.positional import apply_rotary
 
 SELF_LOGIT = -1e5
+# model.lsh.logit_scale: q . k_hat / sqrt(head_dim), or q . k_hat (trax / Hugging Face).
+LOGIT_SCALES = ('inverse_sqrt_head_dim', 'none')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +69,7 @@ class LSHConfig(Section):
   seed: int = 0                   # fixed rotations per layer from this seed
   rotations_per_step: bool = False  # True: fresh rotations each training step (eval: fixed)
   rotary: bool = True             # RoPE on the shared QK vectors before hashing
+  logit_scale: str = 'inverse_sqrt_head_dim'  # or 'none': no 1/sqrt(d) (trax, Hugging Face)
 
   legacy_names = {'lsh_num_hashes': 'num_hashes', 'lsh_num_buckets': 'num_buckets',
                   'lsh_chunk_len': 'chunk_len', 'lsh_seed': 'seed',
@@ -70,6 +80,9 @@ class LSHConfig(Section):
     self.require(self.num_buckets >= 2 and self.num_buckets % 2 == 0, 'num_buckets',
                  'must be even and >= 2 (argmax over [xR; -xR])')
     self.require(self.chunk_len >= 1, 'chunk_len', 'must be >= 1')
+    self.require(self.logit_scale in LOGIT_SCALES, 'logit_scale',
+                 "must be 'inverse_sqrt_head_dim' (q . k_hat / sqrt(head_dim)) or 'none' "
+                 "(q . k_hat, as trax and Hugging Face)")
     if env is not None:
       # A model chunk shorter than chunk_len is one LSH chunk; a longer one is cut into them.
       bad = [n for n in env.chunk_lens if n > self.chunk_len and n % self.chunk_len]
@@ -144,7 +157,7 @@ def _softmax_and_logsumexp(logits: jax.Array, axis: int) -> tuple[jax.Array, jax
 
 def lsh_attention(qk: jax.Array, v: jax.Array, positions: jax.Array, segment_ids: jax.Array,
                   valid: jax.Array, rotations: jax.Array, *, chunk_len: int,
-                  causal: bool) -> jax.Array:
+                  causal: bool, logit_scale: str = 'inverse_sqrt_head_dim') -> jax.Array:
   """Multi-round LSH attention (module docstring), O(n * rounds * chunk_len).
 
   Args:
@@ -154,6 +167,8 @@ def lsh_attention(qk: jax.Array, v: jax.Array, positions: jax.Array, segment_ids
     rotations: `[heads, head_dim, rounds, num_buckets // 2]`.
     chunk_len: m; n must be a multiple of it.
     causal: keys after the query are masked.
+    logit_scale: 'inverse_sqrt_head_dim' (q . k_hat / sqrt(head_dim)) or 'none'
+      (q . k_hat, trax / Hugging Face).
   Returns:
     `[batch, n, heads, head_dim]` in `v`'s dtype; a query with no allowed key
     (e.g. padding) gets 0.
@@ -163,6 +178,9 @@ def lsh_attention(qk: jax.Array, v: jax.Array, positions: jax.Array, segment_ids
   if n % chunk_len:
     raise ConfigError('model.lsh.chunk_len',
                       f'{chunk_len}: the attention length {n} is not a multiple of it')
+  if logit_scale not in LOGIT_SCALES:
+    raise ConfigError('model.lsh.logit_scale',
+                      f"{logit_scale!r} must be one of {', '.join(map(repr, LOGIT_SCALES))}")
   # Buckets of different rounds never meet: offset them by round * num_buckets,
   # then sort all rounds at once by (bucket, position, slot).
   buckets = hash_buckets(jax.lax.stop_gradient(qk), rotations)
@@ -217,8 +235,9 @@ def lsh_attention(qk: jax.Array, v: jax.Array, positions: jax.Array, segment_ids
   is_self = ((q_pos[..., :, None] == k_pos[..., None, :])
              & (q_seg[..., :, None] == k_seg[..., None, :]))
 
-  logits = jnp.einsum('bhcqd,bhckd->bhcqk', q, k).astype(jnp.float32) / jnp.sqrt(
-      jnp.float32(head_dim))
+  logits = jnp.einsum('bhcqd,bhckd->bhcqk', q, k).astype(jnp.float32)
+  if logit_scale == 'inverse_sqrt_head_dim':
+    logits = logits / jnp.sqrt(jnp.float32(head_dim))
   logits = jnp.where(is_self, SELF_LOGIT, logits)
   logits = jnp.where(allowed, logits, -jnp.inf)
   weights, lse = _softmax_and_logsumexp(logits, axis=-1)                # lse [b, h, c, m]
@@ -253,6 +272,7 @@ class LSHAttention(nn.Module):
   rotations_per_step: bool = False
   rotary: bool = True
   causal: bool = True
+  logit_scale: str = 'inverse_sqrt_head_dim'
   dtype: jnp.dtype = jnp.float32
 
   @classmethod
@@ -262,7 +282,7 @@ class LSHAttention(nn.Module):
                num_hashes=section.num_hashes, num_buckets=section.num_buckets,
                chunk_len=section.chunk_len, seed=section.seed,
                rotations_per_step=section.rotations_per_step, rotary=section.rotary,
-               causal=config.causal, dtype=dtype, name=name)
+               causal=config.causal, logit_scale=section.logit_scale, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -285,6 +305,7 @@ class LSHAttention(nn.Module):
     rotations = random_rotations(self.rotation_key(ctx), self.num_heads, self.head_dim,
                                  self.num_hashes, self.num_buckets)
     out = lsh_attention(qk, v, ctx.positions, ctx.segment_ids, ctx.valid, rotations,
-                        chunk_len=min(self.chunk_len, x.shape[1]), causal=self.causal)
+                        chunk_len=min(self.chunk_len, x.shape[1]), causal=self.causal,
+                        logit_scale=self.logit_scale)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return cached_context.project_output(out, self.d_model, self.dtype), state, {}
