@@ -367,6 +367,8 @@ BAD_SETTINGS = [
      'model.attendre.recall_target'),
     (dict(attendre=dict(top_k=4, recall_target=0.9)), 'model.attendre.recall_target'),
     (dict(attendre=dict(rope_max_distance=-2)), 'model.attendre.rope_max_distance'),
+    (dict(attendre=dict(order='paper')), 'model.attendre.order'),
+    (dict(attendre=dict(order='insert_first', memory_size=0)), 'model.attendre.order'),
     (dict(scan_layers=True), 'model.scan_layers'),
     (dict(remat_policy='dots'), 'model.remat_policy'),
     (dict(block='gtrxl'), 'model.block'),
@@ -395,6 +397,10 @@ def test_good_settings_resolve_and_build_their_policy():
       'lfa', gamma=0.5, init_std_multiplier=2.0, admission='score', recent_window=3,
       per_head=True)
   assert AttendreAttention.init_state(scored, B).memory.rows == B * H
+  # The step order: today's by default (recorded results, old checkpoints), the paper's by name.
+  assert AttendreAttention.from_config(config, jnp.float32).order == 'attend_first'
+  paper = model_config(order='insert_first', policy='lra_max', admission='score')
+  assert AttendreAttention.from_config(paper, jnp.float32).order == 'insert_first'
   # num_sinks beside another policy is left alone (runs made before the sections set it).
   assert policies.make_policy(model_config(policy='lra_max', num_sinks=4).attendre).name == 'lra'
 

@@ -73,8 +73,14 @@ def test_gtrxl_model_trains(tmp_path):
   from train import train
   config = tiny_config(block='gtrxl')
   config.train.update(num_steps=2, checkpoint_every=2)
-  _, metrics = train(config, str(tmp_path))
-  assert np.isfinite(metrics['loss'])
+  state, metrics = train(config, str(tmp_path))
+  assert int(state.step) == 2 and np.isfinite(metrics['loss'])
+  assert 0 < metrics['grad_norm'] < np.inf            # the gates pass gradients
+  layer = state.params['blocks']['layer_0']
+  assert {'attention_gate', 'feed_forward_gate'} <= set(layer)
+  assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree_util.tree_leaves(layer))
+  # The XL memory carried from step to step holds the last mem_len tokens of every row.
+  assert all(np.asarray(memory.valid).all() for memory in state.memory)
 
 
 @pytest.mark.parametrize('settings,key', [({'gate': 'lstm'}, 'gate'),

@@ -1,12 +1,10 @@
-"""Eviction policies and insertion against a brute-force pure-Python memory.
+"""Eviction policies and insertion: worked cases, ranking, settings and shapes.
 
-A stream of chunks is inserted into a DataOnlyMemory whose data is a unique
-entry id; between inserts the chunk's queries give random attention weights
-(or random top-k usage) to the memory slots. A Python reference keeps a
-dict id -> (position, score) and applies the documented rules with plain
-loops and `sorted`. After every step the kept ids, their scores and the
-evicted ids must agree, the memory never holds more than its capacity, and
-every inserted id is evicted at most once and is either kept or evicted.
+Every policy against a plain-Python memory written from the papers'
+definitions, through many random chunks: test_policy_reference.py. This
+file checks the pieces: every entry evicted exactly once, sinks, admission,
+the initial score, the eviction order, the policy's settings from the
+Attendre section, and that an insert is one sort and vmaps.
 """
 
 import math
@@ -20,74 +18,6 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import data_only, entries, policies
 
 BATCH, HEADS = 2, 2
-
-
-class ReferenceMemory:
-  """One row of memory: id -> [position, score], rules written out in plain Python."""
-
-  def __init__(self, capacity, policy):
-    self.capacity, self.policy, self.items = capacity, policy, {}
-
-  def initial_score(self):
-    if not self.policy.uses_scores or not self.items:
-      return 0.0
-    scores = [s for _, s in self.items.values()]
-    mean = sum(scores) / len(scores)
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
-    return mean - self.policy.init_std_multiplier * std
-
-  def insert(self, new_ids, new_positions):
-    """Returns the ids evicted."""
-    init = self.initial_score()
-    candidates = {i: [p, s, False] for i, (p, s) in self.items.items()}
-    for i, p in zip(new_ids, new_positions):
-      candidates[i] = [p, init, True]
-    by_position = sorted(candidates, key=lambda i: candidates[i][0])
-    sinks = set(by_position[:self.policy.num_sinks]) if self.policy.name == 'sink' else set()
-    window = self.policy.recent_window
-    recent = set(by_position[len(by_position) - window:]) if window else set()
-    new_entries_compete = self.policy.admission == 'score'
-
-    def keep_priority(i):
-      position, score, is_new = candidates[i]
-      protected = i in sinks or i in recent
-      return (protected, is_new and not new_entries_compete,
-              score if self.policy.uses_scores else 0.0, position)
-    ranked = sorted(candidates, key=keep_priority)
-    overflow = max(0, len(candidates) - self.capacity)
-    evicted = ranked[:overflow]
-    self.items = {i: candidates[i][:2] for i in ranked[overflow:]}
-    return evicted
-
-  def update(self, slot_of, weights, query_positions, query_valid):
-    """weights[h][q][slot] (usage 0/1 for lru/lfu); only for rows' own heads."""
-    name, queries = self.policy.name, [q for q in range(len(query_valid)) if query_valid[q]]
-    heads = range(len(weights))
-    for i, (position, score) in self.items.items():
-      slot = slot_of[i]
-      per_query = {q: sum(weights[h][q][slot] for h in heads) for q in queries}
-      if name == 'lfu':
-        score += sum(1 for h in heads for q in queries if weights[h][q][slot] > 0)
-      elif name == 'lru':
-        users = [query_positions[q] for h in heads for q in queries if weights[h][q][slot] > 0]
-        score = float(max(users)) if users else score
-      elif name == 'lra' and queries:
-        if self.policy.pooling == 'sum':
-          score = sum(per_query.values())
-        elif self.policy.pooling == 'max':
-          score = max(per_query.values())
-        else:
-          score = per_query[max(queries, key=lambda q: query_positions[q])]
-      elif name == 'lfa':
-        last = max((query_positions[q] for q in queries), default=0)
-        score = self.policy.gamma ** len(queries) * score + sum(
-            self.policy.gamma ** (last - query_positions[q]) * per_query[q] for q in queries)
-      self.items[i] = [position, score]
-
-
-@jax.jit
-def _clear(memory, reset):
-  return data_only.clear_rows(memory, reset)
 
 
 def _jitted(policy):
@@ -113,97 +43,8 @@ def _random_weights(rng, policy, rows_heads, chunk, capacity, top_k=3):
   return jnp.asarray(np.exp(logits) / np.exp(logits).sum(-1, keepdims=True), jnp.float32)
 
 
-def run_stream(policy, capacity, chunk, steps=10, seed=0):
-  rng = np.random.default_rng(seed)
-  rows = BATCH * HEADS if policy.per_head else BATCH
-  memory = data_only.create(BATCH, capacity, (), jnp.float32,
-                            score_heads=HEADS if policy.per_head else None)
-  references = [ReferenceMemory(capacity, policy) for _ in range(rows)]
-  insert, update = _jitted(policy)
-  next_id, inserted, evicted_ids = 1, [set() for _ in range(rows)], [[] for _ in range(rows)]
-  for step in range(steps):
-    reset = rng.random(BATCH) < 0.15
-    memory = _clear(memory, jnp.asarray(np.repeat(reset, rows // BATCH)))
-    for r in range(rows):
-      if reset[r // (rows // BATCH)]:
-        references[r].items = {}
-    # The chunk's queries attend to the memory; scores are updated.
-    positions = np.tile(np.arange(step * chunk, (step + 1) * chunk), (BATCH, 1)).astype(np.int32)
-    valid = rng.random((BATCH, chunk)) > 0.25
-    weights = _random_weights(rng, policy, HEADS, chunk, capacity)
-    memory = update(memory, weights, jnp.asarray(positions), jnp.asarray(valid))
-    slots = np.asarray(memory.data).astype(int)
-    memory_valid = np.asarray(memory.valid)
-    w = np.asarray(weights)
-    for r, ref in enumerate(references):
-      b, h = (r // HEADS, r % HEADS) if policy.per_head else (r, None)
-      slot_of = {slots[r, j]: j for j in range(capacity) if memory_valid[r, j]}
-      row_weights = w[b] if h is None else w[b, h:h + 1]
-      ref.update(slot_of, row_weights, positions[b], valid[b])
-    # The chunk is inserted; ids are unique per row.
-    ids = np.arange(next_id, next_id + rows * chunk).reshape(rows, chunk)
-    next_id += rows * chunk
-    row_positions = np.repeat(positions, rows // BATCH, axis=0)
-    row_valid = np.repeat(valid, rows // BATCH, axis=0)
-    new = entries.entries_from_chunk(jnp.asarray(ids, jnp.float32), jnp.asarray(row_positions),
-                                     jnp.zeros(row_positions.shape, jnp.int32), jnp.asarray(row_valid))
-    memory, evicted = insert(memory, new)
-    assert evicted.positions.shape == (rows, chunk)
-    assert memory.data.shape == (rows, capacity)
-    got_ids, got_valid = np.asarray(memory.data).astype(int), np.asarray(memory.valid)
-    got_scores = np.asarray(memory.scores)
-    ev_ids, ev_valid = np.asarray(evicted.data).astype(int), np.asarray(evicted.valid)
-    for r, ref in enumerate(references):
-      new_ids = [int(i) for i, v in zip(ids[r], row_valid[r]) if v]
-      expected_evicted = ref.insert(new_ids, [int(p) for p, v in zip(row_positions[r], row_valid[r]) if v])
-      kept = [int(i) for i, v in zip(got_ids[r], got_valid[r]) if v]
-      assert len(kept) == len(set(kept)) <= capacity
-      assert sorted(kept) == sorted(ref.items), (step, r)
-      for i, s in zip(got_ids[r], got_scores[r]):
-        if int(i) in ref.items:
-          np.testing.assert_allclose(s, ref.items[int(i)][1], rtol=1e-4, atol=1e-4)
-      row_evicted = [int(i) for i, v in zip(ev_ids[r], ev_valid[r]) if v]
-      assert sorted(row_evicted) == sorted(expected_evicted), (step, r)
-      evicted_ids[r].extend(row_evicted)
-      inserted[r].update(new_ids)
-      # Rows reset in this step dropped their old entries; the rest are kept or evicted exactly once.
-  for r in range(rows):
-    assert len(evicted_ids[r]) == len(set(evicted_ids[r]))
-    assert set(evicted_ids[r]) | set(references[r].items) <= inserted[r]
-  return memory
-
-
-POLICIES = {
-    'fifo': policies.EvictionPolicy('fifo'),
-    'sink': policies.EvictionPolicy('sink', num_sinks=3),
-    'lru': policies.EvictionPolicy('lru'),
-    'lfu': policies.EvictionPolicy('lfu'),
-    'lra_last': policies.EvictionPolicy('lra', pooling='last'),
-    'lra_max': policies.EvictionPolicy('lra', pooling='max'),
-    'lra_sum': policies.EvictionPolicy('lra', pooling='sum', init_std_multiplier=0.5),
-    'lfa_0': policies.EvictionPolicy('lfa', gamma=1.0),
-    'lfa_decay': policies.EvictionPolicy('lfa', gamma=0.9, init_std_multiplier=2.0),
-    'lra_max_per_head': policies.EvictionPolicy('lra', pooling='max', per_head=True),
-    'lfu_per_head': policies.EvictionPolicy('lfu', per_head=True),
-    'lra_max_recent': policies.EvictionPolicy('lra', pooling='max', recent_window=6),
-    'lfa_decay_recent': policies.EvictionPolicy('lfa', gamma=0.9, recent_window=7),
-    'sink_recent': policies.EvictionPolicy('sink', num_sinks=2, recent_window=7),
-    'lra_max_by_score': policies.EvictionPolicy('lra', pooling='max', admission='score',
-                                                init_std_multiplier=0.5),
-    'lfa_decay_by_score': policies.EvictionPolicy('lfa', gamma=0.9, admission='score'),
-    'lru_by_score': policies.EvictionPolicy('lru', admission='score', recent_window=3),
-    'fifo_by_score': policies.EvictionPolicy('fifo', admission='score'),
-}
-
-
-@pytest.mark.parametrize('name', sorted(POLICIES))
-def test_policy_keeps_what_the_python_reference_keeps(name):
-  run_stream(POLICIES[name], capacity=8, chunk=5, seed=1)
-
-
-@pytest.mark.parametrize('name', ['fifo', 'sink', 'lfa_decay', 'lra_max_by_score'])
-def test_chunk_longer_than_capacity(name):
-  run_stream(POLICIES[name], capacity=4, chunk=6, steps=5, seed=2)
+def test_usage_from_topk_marks_each_valid_retrieved_slot():
+  _random_weights(np.random.default_rng(0), policies.EvictionPolicy('lfu'), HEADS, 5, 8)
 
 
 def test_every_entry_evicted_exactly_once_without_resets():

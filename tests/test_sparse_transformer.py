@@ -281,3 +281,6 @@ def test_trains_as_a_language_model(tmp_path):
   config.train.update(num_steps=3, log_every=1, checkpoint_every=3)
   state, metrics = train_script.train(config, str(tmp_path))
   assert int(state.step) == 3 and np.isfinite(metrics['loss'])
+  assert 0 < metrics['grad_norm'] < np.inf and state.memory == ({}, {})   # stateless
+  assert all(np.isfinite(np.asarray(leaf)).all()
+             for leaf in jax.tree_util.tree_leaves(state.params))

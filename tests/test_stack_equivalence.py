@@ -1,4 +1,8 @@
-"""Remat policies, layer scan and gradient accumulation change cost, not math."""
+"""Remat policies, layer scan and gradient accumulation change cost, not math.
+
+Every remat policy gives the same loss and gradients, and is seen to be applied
+(its checkpoint equations are in the jaxpr), so a policy that is dropped fails.
+"""
 
 import functools
 import jax
@@ -14,19 +18,25 @@ from longformer_jax.train.initialization import init_params
 from longformer_jax.train.lm_objective import lm_sums
 from longformer_jax.train.train_state import TrainState
 import flax.linen as nn
+from tests.test_contract_stacks import remat_policies_in
 from tests.tiny_models import stream_batch, tiny_config, tiny_model_config
 
 CHUNK = 8
 
 
-def loss_and_grads(model_config, params, batch):
+def mean_loss(model_config, batch):
+  """The token-mean loss over the batch's chunks as a function of the parameters."""
   model = DecoderLM(model_config)
   memory = DecoderLM.init_state(model_config, batch['inputs'].shape[0])
 
   def loss(p):
     _, sums = lm_sums(model, p, memory, batch, CHUNK)
     return sums['loss_sum'] / sums['tokens']
-  return jax.jit(jax.value_and_grad(loss))(params)
+  return loss
+
+
+def loss_and_grads(model_config, params, batch):
+  return jax.jit(jax.value_and_grad(mean_loss(model_config, batch)))(params)
 
 
 @pytest.fixture(scope='module')
@@ -51,6 +61,13 @@ def test_remat_and_scan_give_same_loss_and_grads(reference, policy, scan_layers)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
                          grads, ref_grads)
+  # Same math whatever the policy, so the policy must be seen to be applied: one
+  # checkpoint per block (one around the scanned layers) carrying exactly this
+  # policy, none without remat (test_contract_stacks.py checks what each saves).
+  found = remat_policies_in(jax.make_jaxpr(mean_loss(config, batch))(layout(params)).jaxpr)
+  expected = 0 if policy == 'none' else (1 if scan_layers else num_layers)
+  assert len(found) == expected, f'{policy}: {len(found)} checkpoints, expected {expected}'
+  assert all(f is REMAT_POLICIES[policy] for f in found), f'{policy} not applied: {found}'
 
 
 def test_param_layouts_round_trip(reference):

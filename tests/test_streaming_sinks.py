@@ -169,3 +169,7 @@ def test_tiny_training_run(tmp_path):
   config.train.update(num_steps=2, log_every=1, checkpoint_every=2)
   state, metrics = train(config, str(tmp_path))
   assert int(state.step) == 2 and np.isfinite(metrics['loss'])
+  assert 0 < metrics['grad_norm'] < np.inf
+  # The streams continue across steps: every layer carries its sinks and a full window.
+  for memory in state.memory:
+    assert np.asarray(memory['window'].valid).all() and np.asarray(memory['sinks'].valid).any()

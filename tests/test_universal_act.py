@@ -101,7 +101,12 @@ def test_universal_act_model_trains(tmp_path):
   config.model.aux_loss_weights.ponder_loss = 0.01
   config.train.update(num_steps=2, checkpoint_every=2)
   _, metrics = train(config, str(tmp_path))
-  assert np.isfinite(metrics['loss']) and 'aux/ponder_loss' in metrics
+  assert np.isfinite(metrics['loss']) and 0 < metrics['grad_norm'] < np.inf
+  # Positions take 1..3 steps; the ponder cost N + R lies in (steps, steps + 1].
+  steps, ponder = metrics['aux/act_steps'], metrics['aux/ponder_loss']
+  assert 1.0 <= steps <= 3.0 and steps < ponder <= steps + 1.0
+  # The weighted ponder cost enters the objective (the loss itself excludes it).
+  np.testing.assert_allclose(metrics['objective'], metrics['loss'] + 0.01 * ponder, rtol=1e-5)
 
 
 @pytest.mark.parametrize('settings,key', [

@@ -4,31 +4,43 @@ Yang & Hua et al. (2024), "Attendre: Wait to attend by retrieval with evicted
 queries in memory-based transformers for long context processing". Two
 memories per layer and row:
 
-- a data-only FIFO **Q memory** of the last `q_memory_size` (N) queries
+- a FIFO **Q memory** of the last `q_memory_size` (N) queries
   (`memory/fifo.py`: a shift register, so queries leave it in stream order,
-  exactly N positions after they came in);
+  exactly N positions after they came in, and padding pushes them out; the
+  policy memory of memory/data_only.py would keep them, since its insert
+  evicts invalid entries first);
 - a **K/V memory** of `memory_size` (M) keys and values with any eviction
   policy (`memory/key_value.py`, `memory/policies.py`: fifo, lru, lfu,
   lra_{last,max,sum}, lfa with decay, sink), shared by all heads (token
   eviction) or, with `per_head_scores`, one memory per head, each evicting
   on its own head's attention (H2O's per-head heavy hitters).
 
-Each step (a chunk of C tokens):
+Each step (a chunk of C tokens), in the order `order` picks:
  1. the chunk's queries go into the Q memory; the C queries it evicts are
     the ones that attend now (with N = 0: the chunk's own queries);
  2. K/V entries that no pending query can attend to any more are dropped
     (documents whose queries have all been answered: see
     `forget_finished_documents`);
- 3. the evicted queries attend to [K/V memory; the chunk's keys]: every
-    memory entry, or (`memory_top_k = k > 0`) only the k memory entries with
-    the highest attention logit per (query, head), plus the chunk. The memory
-    may hold keys that come after a delayed query: with `causal=False` it sees
-    them (bidirectional); with `causal=True` the position rule masks them;
- 4. the policy folds the attention weights on the memory into its scores
-    (LRA/LFA use the weights, LRU/LFU a used-or-not mask), then the chunk's
-    keys and values are inserted (new entries score mean - k*std, the paper's
-    initial score; with `admission='score'` they compete with the memory's
-    entries on it, else they always go in) and the victims are evicted.
+ 3. `order='insert_first'` (the paper's, Figure 1): the chunk's keys and
+    values are inserted into the K/V memory (new entries score mean - k*std,
+    the paper's initial score; with `admission='score'` they compete with the
+    memory's entries on it, else they always go in) and the victims are
+    evicted; then the evicted queries retrieve from the memory alone: at
+    most M keys (or, with `top_k = k > 0`, the k with the highest attention
+    logit per (query, head)), the chunk's own keys only as far as they were
+    kept. The policy then folds the attention weights into the scores of
+    every entry, new ones included (LRA/LFA use the weights, LRU/LFU a
+    used-or-not mask), each pooled over the queries that may see the entry.
+    `order='attend_first'` (the section's default, this codebase's order
+    before the paper's was offered: recorded results and old checkpoints
+    reproduce with it): the evicted queries attend to [K/V memory; the
+    chunk's keys] (up to M + C keys; top-k over the memory part only), the
+    policy scores the memory entries, and then the chunk is inserted, so a
+    chunk's attention to itself never enters the scores.
+ The memory may hold keys that come after a delayed query: with
+ `causal=False` it sees them (bidirectional); with `causal=True` the
+ position rule masks them (and LRA leaves an entry no query may see with
+ its score).
 
 Delay: the output of a step is the attention output of the *evicted* queries,
 so `y[:, j]` belongs to position `ctx.positions[:, j] - N` (a continuous
@@ -69,7 +81,9 @@ Settings: `config.model.attendre` (`AttendreConfig`, per layer through
 `policy` and the policy's settings (memory/policies.py; `per_head_scores`
 gives every head its own memory of M entries, rows `b * heads + h`),
 `top_k` (0 = all entries), `top_k_method`, `recall_target`,
-`rope_max_distance`; and the shared `model.causal`.
+`rope_max_distance`, `order` ('attend_first' default | 'insert_first', the
+paper's; configs/attendre.py and pg19_attendre.py use 'insert_first' with
+`admission='score'`); and the shared `model.causal`.
 """
 
 import dataclasses
@@ -92,6 +106,9 @@ from longformer_jax.memory.sharded_retrieval import METHODS, top_k
 
 _INT32_MIN = jnp.iinfo(jnp.int32).min
 _INT32_MAX = jnp.iinfo(jnp.int32).max
+# Step orders: insert the chunk, then retrieve from the memory (the paper's
+# Figure 1) | attend to [memory; chunk], then insert (the default: recorded results).
+ORDERS = ('insert_first', 'attend_first')
 
 
 @flax.struct.dataclass
@@ -126,6 +143,9 @@ class AttendreConfig(Section):
   top_k_method: str = 'exact'       # exact (lax.top_k) | approx (lax.approx_max_k)
   recall_target: float = 0.95       # top_k_method='approx': its recall target
   rope_max_distance: int = -1       # LM-Infinite cap on RoPE distances (-1: off)
+  # insert_first: insert the chunk, then retrieve from the memory (the paper's Figure 1) |
+  # attend_first: attend to [memory; chunk], then insert (default: recorded results reproduce)
+  order: str = 'attend_first'
 
   legacy_names = {'memory_size': 'memory_size', 'q_memory_size': 'q_memory_size',
                   'memory_policy': 'policy', 'lra_pooling': 'lra_pooling',
@@ -165,6 +185,9 @@ class AttendreConfig(Section):
     self.require(self.top_k_method == 'approx' or self.recall_target == 0.95, 'recall_target',
                  "is read only by top_k_method='approx'")
     self.require(self.rope_max_distance >= -1, 'rope_max_distance', 'must be -1 (off) or >= 0')
+    self.require(self.order in ORDERS, 'order', f'must be one of {ORDERS}')
+    self.require(self.order != 'insert_first' or self.memory_size >= 1, 'order',
+                 "'insert_first' needs memory_size >= 1 (queries retrieve from the memory alone)")
     if env is not None:
       self.require(self.q_memory_size == 0 or env.model.stack == 'attendre_delay',
                    'q_memory_size', f"> 0 needs model.stack='attendre_delay', not "
@@ -240,6 +263,7 @@ class AttendreAttention(nn.Module):
   top_k_method: str = 'exact'
   recall_target: float = 0.95
   rope_max_distance: int = -1
+  order: str = 'attend_first'
   causal: bool = True
   dtype: jnp.dtype = jnp.float32
 
@@ -250,8 +274,8 @@ class AttendreAttention(nn.Module):
                memory_size=section.memory_size, q_memory_size=section.q_memory_size,
                policy=policies.make_policy(section), top_k=section.top_k,
                top_k_method=section.top_k_method, recall_target=float(section.recall_target),
-               rope_max_distance=section.rope_max_distance, causal=config.causal, dtype=dtype,
-               name=name)
+               rope_max_distance=section.rope_max_distance, order=section.order,
+               causal=config.causal, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -264,25 +288,27 @@ class AttendreAttention(nn.Module):
                                 per_head_rows=section.per_head_scores),
         document_start=jnp.full((batch_size,), _INT32_MIN, jnp.int32))
 
-  def attend(self, queries: fifo.FifoMemory, memory: MemoryEntries, chunk: MemoryEntries,
-             origin: jax.Array):
-    """Evicted queries over [memory; chunk].
+  def attend(self, queries: fifo.FifoMemory, memory: MemoryEntries,
+             chunk: MemoryEntries | None, origin: jax.Array):
+    """Evicted queries over [memory; chunk] (chunk None: the memory alone).
 
     Args:
       queries: `[b, q]` evicted queries, values `[b, q, h, d]` unrotated.
-      memory: `[b, M]` K/V entries; chunk: `[b, C]` this chunk's K/V entries.
+      memory: `[b, M]` K/V entries; chunk: `[b, C]` this chunk's K/V entries, or None.
       origin: `[b, 1]` positions are rotated relative to it (small angles keep
         float32 exact on long streams; scores depend only on differences).
       (Per-head memories call it with rows `b * h` of one head each.)
     Returns:
-      `(out [b, q, h, d], memory_weights [b, h, q, M] float32)`.
+      `(out [b, q, h, d], memory_weights [b, h, q, M] float32,
+      memory_mask [b, 1, q, M] bool)`: the weights on the memory slots and
+      which slots each query may see (position/document rule, before top-k).
     """
-    keys = jnp.concatenate([memory.data['keys'], chunk.data['keys'].astype(self.dtype)], axis=1)
-    values = jnp.concatenate([memory.data['values'], chunk.data['values'].astype(self.dtype)],
-                             axis=1)
-    positions = jnp.concatenate([memory.positions, chunk.positions], axis=1)
-    segments = jnp.concatenate([memory.segment_ids, chunk.segment_ids], axis=1)
-    valid = jnp.concatenate([memory.valid, chunk.valid], axis=1)
+    parts = [memory] if chunk is None else [memory, chunk.replace(
+        data=jax.tree_util.tree_map(lambda a: a.astype(self.dtype), chunk.data))]
+    joined = lambda get: jnp.concatenate([get(part) for part in parts], axis=1)
+    keys, values = joined(lambda e: e.data['keys']), joined(lambda e: e.data['values'])
+    positions, segments = joined(lambda e: e.positions), joined(lambda e: e.segment_ids)
+    valid = joined(lambda e: e.valid)
     q = queries.values.astype(self.dtype)
     scores = capped_rotary_scores(q, keys, queries.positions - origin, positions - origin,
                                   self.rope_max_distance, bidirectional=not self.causal)
@@ -297,7 +323,7 @@ class AttendreAttention(nn.Module):
       mask = jnp.concatenate([kept, mask[..., capacity:]], axis=-1)
     weights = masked_softmax(logits, mask)
     out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(values.dtype), values)
-    return out, weights[..., :capacity]
+    return out, weights[..., :capacity], allowed[:, None, :, :capacity]
 
   @nn.compact
   def __call__(self, x: jax.Array, state: AttendreState, ctx: AttentionContext):
@@ -319,18 +345,28 @@ class AttendreAttention(nn.Module):
     # 2. Forget documents no pending query belongs to.
     memory = forget_finished_documents(jax.lax.stop_gradient(state.memory), pending,
                                        row_document_start)
-    # 3. Attend: the evicted queries over [K/V memory; chunk].
-    out, memory_weights = self.attend(evicted_rows, memory, chunk, origin)
+    if self.order == 'insert_first':
+      # 3. Insert the chunk, then retrieve from the K/V memory alone (the paper's Figure 1).
+      # The chunk's kept keys and values carry their gradient in this step; the memory
+      # handed on is stop-gradient.
+      memory, _ = key_value.insert(memory, chunk, self.policy)
+      out, memory_weights, memory_mask = self.attend(evicted_rows, memory, None, origin)
+    else:
+      # 3. Attend: the evicted queries over [K/V memory; chunk].
+      out, memory_weights, memory_mask = self.attend(evicted_rows, memory, chunk, origin)
     if self.policy.per_head:
       out = entries.rows_to_heads(out, self.num_heads)                  # [b, q, h, d]
-      memory_weights = memory_weights.reshape((-1, self.num_heads) + memory_weights.shape[2:])
-    # 4. Score the memory by what it was given, then insert the chunk.
+      by_head = lambda a: a.reshape((-1, self.num_heads) + a.shape[2:])
+      memory_weights, memory_mask = by_head(memory_weights), by_head(memory_mask)
+    # 4. Score the memory by what it was given (attend_first: then insert the chunk).
     usage = memory_weights
     if self.policy.name in ('lru', 'lfu'):
       usage = (memory_weights > 0).astype(jnp.float32)
     memory = policies.update_scores(self.policy, memory, usage, evicted.positions,
-                                    evicted.valid)
-    memory, _ = key_value.insert(memory, jax.lax.stop_gradient(chunk), self.policy)
+                                    evicted.valid, memory_mask)
+    if self.order == 'attend_first':
+      memory, _ = key_value.insert(memory, jax.lax.stop_gradient(chunk), self.policy)
+    memory = jax.lax.stop_gradient(memory)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     y = cached_context.project_output(out, self.d_model, self.dtype)
     aux = {'memory_occupancy': jnp.mean(memory.valid.astype(jnp.float32))}

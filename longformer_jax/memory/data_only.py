@@ -2,9 +2,15 @@
 
 The Attendre interface's data-only memory (`insert` returns what it
 evicted; `get_all` returns the contents): the XL-style cache with any
-eviction policy, Attendre's Q memory, compressed memories, encoder outputs.
+eviction policy, compressed memories, encoder outputs.
 A `MemoryEntries` whose `data` is one array `[rows, capacity, *features]`;
-`positions`, `segment_ids`, `valid`, `scores` are `[rows, capacity]`.
+`positions`, `segment_ids`, `valid`, `scores`, `clock` (the LFA decay's
+T', memory/policies.py) are `[rows, capacity]`.
+
+It cannot hold Attendre's Q memory: an insert evicts invalid entries first,
+so padding never displaces a valid entry, and a row's pending queries could
+never be flushed or drained out with padding. The Q memory is the shift
+register of memory/fifo.py, in which padding pushes the oldest queries out.
 
 Rows are the batch, or (batch, head) pairs for per-head policies
 (`score_heads=H`: batch * H rows, row b * H + h; see entries.heads_to_rows).
@@ -42,6 +48,7 @@ def create(batch_size: int, capacity: int, feature_shape: Sequence[int], dtype=j
       segment_ids=jnp.zeros((rows, capacity), jnp.int32),
       valid=jnp.zeros((rows, capacity), bool),
       scores=jnp.zeros((rows, capacity), jnp.float32),
+      clock=jnp.full((rows, capacity), entries_lib.NO_CLOCK, jnp.int32),
       data_axes=None if feature_axes is None else tuple(feature_axes))
 
 

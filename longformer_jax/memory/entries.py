@@ -14,6 +14,12 @@ Shapes (`rows` is the batch, or batch * heads for per-head memories):
   segment_ids: `[rows, n]` int32 document id (metadata)
   valid:       `[rows, n]` bool
   scores:      `[rows, n]` float32 eviction-policy score (higher = keep)
+  clock:       `[rows, n]` int32 the position up to which the entry's score
+               is brought: the largest position of a valid query folded
+               into it, `NO_CLOCK` before any (the T' of the LFA decay,
+               memory/policies.py). Every valid entry of a row carries the
+               same value, the row's T' (`row_clock`): kept per entry so
+               that every leaf of a memory is `[rows, capacity, ...]`.
 
 Per-head memories (each head evicts on its own scores) treat (batch, head)
 as rows: row `b * heads + h`; `heads_to_rows` / `rows_to_heads` /
@@ -26,6 +32,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+# `MemoryEntries.clock` of an entry whose score no valid query has added to yet.
+NO_CLOCK = int(jnp.iinfo(jnp.int32).min)
+
 
 @flax.struct.dataclass
 class MemoryEntries:
@@ -35,6 +44,9 @@ class MemoryEntries:
   segment_ids: jax.Array   # [rows, n] int32
   valid: jax.Array         # [rows, n] bool
   scores: jax.Array        # [rows, n] float32
+  # [rows, n] int32: the largest position of a valid query folded into the
+  # score, NO_CLOCK if none (None: entries built by hand, without one).
+  clock: jax.Array | None = None
   # Logical names of the feature axes of every data leaf (after ('batch',
   # 'memory')), a tuple such as ('heads', 'head_dim'); None: unnamed.
   data_axes: tuple | None = flax.struct.field(pytree_node=False, default=None)
@@ -55,7 +67,8 @@ class MemoryEntries:
       return row_axes + tuple(features)
     data = jax.tree_util.tree_map(names, self.data)
     return MemoryEntries(data=data, positions=row_axes, segment_ids=row_axes, valid=row_axes,
-                         scores=row_axes, data_axes=self.data_axes)
+                         scores=row_axes, clock=None if self.clock is None else row_axes,
+                         data_axes=self.data_axes)
 
 
 def entries_from_chunk(data, positions: jax.Array, segment_ids: jax.Array,
@@ -63,7 +76,8 @@ def entries_from_chunk(data, positions: jax.Array, segment_ids: jax.Array,
   """Entries for a chunk: `data` leaves `[rows, n, ...]`, the rest `[rows, n]`; scores 0."""
   return MemoryEntries(data=data, positions=positions.astype(jnp.int32),
                        segment_ids=segment_ids.astype(jnp.int32), valid=valid.astype(bool),
-                       scores=jnp.zeros(positions.shape, jnp.float32), data_axes=data_axes)
+                       scores=jnp.zeros(positions.shape, jnp.float32),
+                       clock=jnp.full(positions.shape, NO_CLOCK, jnp.int32), data_axes=data_axes)
 
 
 def invalid_like(entries: MemoryEntries) -> MemoryEntries:
@@ -86,9 +100,20 @@ def concat_entries(first: MemoryEntries, second: MemoryEntries) -> MemoryEntries
 
 
 def clear_rows(entries: MemoryEntries, reset: jax.Array) -> MemoryEntries:
-  """Invalidates (and zeroes the scores of) every entry of rows where `reset [rows]` is set."""
+  """Invalidates (and zeroes the scores of) every entry of rows where `reset [rows]` is set;
+  their clock goes back to NO_CLOCK (the row's T' is reset with it)."""
   keep = ~reset[:, None]
-  return entries.replace(valid=entries.valid & keep, scores=jnp.where(keep, entries.scores, 0.0))
+  cleared = entries.replace(valid=entries.valid & keep,
+                            scores=jnp.where(keep, entries.scores, 0.0))
+  if entries.clock is None:
+    return cleared
+  return cleared.replace(clock=jnp.where(keep, entries.clock, NO_CLOCK))
+
+
+def row_clock(entries: MemoryEntries) -> jax.Array:
+  """`[rows]` the row's T': the largest clock of a valid entry (NO_CLOCK if none)."""
+  return jnp.max(jnp.where(entries.valid, entries.clock, NO_CLOCK), axis=1,
+                 initial=NO_CLOCK)
 
 
 def heads_to_rows(x: jax.Array) -> jax.Array:

@@ -13,6 +13,8 @@ capacity M of each row and returns exactly n evicted entries:
   entries compete on their initial score, and may be evicted at once.
 - New entries get the policy's initial score (mean - k * std of the
   memory's valid scores); their own `scores` field is ignored.
+- New entries take the row's clock (entries.row_clock, the LFA decay's
+  T'): their initial score is as of the memory's scores.
 
 The evicted entries come in eviction order (invalid ones first). Surviving
 entries keep their slots and new entries are written into the victims'
@@ -27,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from longformer_jax.memory import policies
+from longformer_jax.memory import entries as entries_lib
 from longformer_jax.memory.entries import MemoryEntries, take_entries
 
 
@@ -93,6 +96,8 @@ def insert_entries(memory: MemoryEntries, new: MemoryEntries,
     raise ValueError(f'new entries have {new.rows} rows, the memory {memory.rows}')
   new = new.replace(scores=jnp.broadcast_to(policies.initial_scores(policy, memory)[:, None],
                                             new.positions.shape),
+                    clock=None if memory.clock is None else jnp.broadcast_to(
+                        entries_lib.row_clock(memory)[:, None], new.positions.shape),
                     data_axes=memory.data_axes)
   new = jax.tree_util.tree_map(lambda a, b: b.astype(a.dtype), memory, new)
   n = new.capacity

@@ -5,7 +5,8 @@ evicted, `retrieve(queries, k)` returns each query's top-k entries by dot
 product (the Memorizing Transformer's kNN memory, Attendre's K/V memory).
 A `MemoryEntries` whose data is `{'keys': [rows, M, heads, head_dim],
 'values': [rows, M, heads, head_dim]}` (logical axes batch, memory, heads,
-head_dim), plus `positions`, `segment_ids`, `valid`, `scores` `[rows, M]`.
+head_dim), plus `positions`, `segment_ids`, `valid`, `scores`, `clock` (the
+LFA decay's T', memory/policies.py) `[rows, M]`.
 
 Retrieval is per head (each head its own top-k, the Memorizing Transformer's
 convention). Invalid entries are masked with -inf before the top-k and are
@@ -57,6 +58,7 @@ def create(batch_size: int, capacity: int, num_heads: int, head_dim: int, dtype=
       segment_ids=jnp.zeros((rows, capacity), jnp.int32),
       valid=jnp.zeros((rows, capacity), bool),
       scores=jnp.zeros((rows, capacity), jnp.float32),
+      clock=jnp.full((rows, capacity), entries_lib.NO_CLOCK, jnp.int32),
       data_axes=(None if per_head_rows else 'heads', 'head_dim'))
 
 

@@ -5,8 +5,8 @@ the `config.model.attendre` section, `attention/attendre.py`).
 Two pure functions do the work:
 
 - `update_scores(policy, entries, attention_weights, query_positions,
-  query_valid)`: after a chunk's queries attended to (or retrieved from) the
-  memory, fold what they gave each entry into its score.
+  query_valid, query_key_mask)`: after a chunk's queries attended to (or
+  retrieved from) the memory, fold what they gave each entry into its score.
 - `eviction_keys` / `eviction_order`: the ranking of entries, first evicted
   first. Invalid entries go first; then unprotected entries before protected
   ones (the sink policy's sinks, and with `recent_window = r` the r valid
@@ -14,10 +14,17 @@ Two pure functions do the work:
   `admission='always'`, existing entries before the new ones; then the
   lowest score; ties broken by the oldest position.
 
-Score semantics (higher = keep), with `a[b, h, q, m]` the attention weight
-query q gave memory slot m in head h, only valid queries counted. Unless
-`per_head`, heads are aggregated first by a sum (token-level eviction: all
-heads evict the same entries), `A[b, q, m] = sum_h a[b, h, q, m]`:
+Score semantics (higher = keep), after Attendre (Yang & Hua et al., 2024,
+sec. 3.1). `a[b, h, q, m]` is the attention weight query q gave memory slot m
+in head h, and the query-key mask `S[b, q, m]` (the layer's 2-d
+position/document mask) says which entries query q may see; without a mask
+every query may see every entry. Only valid queries count, and a query counts
+for an entry only where it may see it. Usage is tracked per token, as in the
+paper ("a K/V is considered used if any head of the K/V is used"): unless
+`per_head`, an entry is used by a query when any head used it, and
+attention is summed over heads, `A[b, q, m] = sum_h a[b, h, q, m]` (all
+heads evict the same entries). With `per_head` each row is one head and is
+scored on that head alone (the paper's per-token-head variant).
 
 - 'fifo': no score; the oldest positions are evicted.
 - 'sink': no score; the `num_sinks` valid entries with the smallest positions
@@ -26,18 +33,32 @@ heads evict the same entries), `A[b, q, m] = sum_h a[b, h, q, m]`:
   was among a query's retrieved top-k, see `usage_from_topk`). The score of a
   used entry becomes the largest position of a valid query that used it (the
   clock is the stream position).
-- 'lfu' (least frequently used): score += the number of (head, valid query)
-  pairs that used the entry.
+- 'lfu' (least frequently used): score += the number of valid queries that
+  used the entry, through any head (a query that used it through two heads
+  counts once; with `per_head`, through the row's head).
 - 'lra' (least recently attended): the score is replaced by this chunk's
-  attention pooled over its valid queries: 'last' = A at the last valid query
-  (largest position), 'max' = max over valid queries, 'sum' = sum over them.
-  A row with no valid query keeps its scores.
-- 'lfa' (least frequently attended, decay gamma): with T the position of the
-  chunk's last valid query and c the number of its valid queries,
-  score <- gamma^c * score + sum_{valid q} gamma^(T - p_q) A[q]
-  so that with contiguous positions the score is sum_i gamma^(T - i) A_i over
-  every query i seen so far (pairwise decay and decay between steps agree).
-  gamma = 1 is LFA-0 (plain accumulation).
+  attention pooled over the valid queries that may see the entry: 'last' =
+  A at the last of them (largest position), 'max' = their max, 'sum' = their
+  sum. An entry that no valid query may see keeps its score (in a causal
+  layer with delayed queries, the chunk's own entries until some query can
+  see them: they are not scored 0 and evicted first).
+- 'lfa' (least frequently attended, decay gamma): with T the largest position
+  of a valid query of this step and T' the row's clock (T of the last step
+  that had a valid query; kept in the memory, entries.MemoryEntries.clock),
+  score <- gamma^(T - T') * score + sum_{valid q that may see it} gamma^(T - p_q) A[q]
+  so the score is sum_i gamma^(T - p_i) A_i over every query i that saw the
+  entry, whatever padding or delayed queries fall between steps (the decay
+  follows stream distance, not the number of queries). No decay at a row's
+  first scored step after it was created or reset (no T'). gamma = 1 is
+  LFA-0 (plain accumulation).
+A row with no valid query keeps its scores and its clock; otherwise every
+policy sets the clock of its valid entries to T (new entries take the row's
+clock when inserted). `entries.clear_rows` resets it with the row.
+
+Before these definitions followed the paper (see docs/variants.md), LFU
+counted (head, query) pairs, LFA decayed by gamma^(number of valid queries),
+and LRA pooled over every valid query whether or not it may see the entry;
+the LRA / LFA numbers recorded in docs/results.md were measured then.
 
 A recent window (`recent_window = r`, any policy) keeps the r most recent
 entries whatever their score and lets the policy choose among the rest: a
@@ -68,7 +89,7 @@ FIFO and sinks rank by position alone, so admission changes nothing for them.
 
 Per-head scores (`per_head=True`): the memory has one row per (batch, head)
 (row b * heads + h; see entries.heads_to_rows) and each row is scored with
-its own head's weights only.
+its own head's weights (and query-key mask) only.
 """
 
 import dataclasses
@@ -76,7 +97,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from longformer_jax.memory.entries import MemoryEntries
+from longformer_jax.memory.entries import NO_CLOCK, MemoryEntries, row_clock
 
 POLICY_NAMES = ('fifo', 'lru', 'lfu', 'lra', 'lfa', 'sink')
 LRA_POOLINGS = ('last', 'max', 'sum')
@@ -207,45 +228,54 @@ def usage_from_retrieved(retrieved, capacity: int) -> jax.Array:
   return usage_from_topk(to_bhqk(retrieved.indices), capacity, to_bhqk(retrieved.valid))
 
 
-def _rows_view(policy, weights, query_positions, query_valid, rows):
-  """Weights `[rows, h', q, m]` and queries `[rows, q]` matching the memory's rows."""
+_INT32_MIN = jnp.iinfo(jnp.int32).min
+
+
+def _rows_view(policy, weights, mask, query_positions, query_valid, rows):
+  """Weights and mask `[rows, h', q, m]`, queries `[rows, q]`, matching the memory's rows."""
   batch, heads = weights.shape[:2]
+  mask = jnp.broadcast_to(mask, weights.shape)
   if policy.per_head:
     if rows != batch * heads:
       raise ValueError(f'per-head scores need a memory with batch*heads = {batch * heads} rows, '
                        f'got {rows}')
     weights = weights.reshape((batch * heads, 1) + weights.shape[2:])
+    mask = mask.reshape(weights.shape)
     query_positions = jnp.repeat(query_positions, heads, axis=0)
     query_valid = jnp.repeat(query_valid, heads, axis=0)
   elif rows != batch:
     raise ValueError(f'attention weights have batch {batch}, the memory has {rows} rows')
-  return weights, query_positions, query_valid
+  return weights, mask, query_positions, query_valid
 
 
-def _lra_pooled(attention, query_positions, query_valid, pooling):
-  """`attention [rows, q, m]` pooled over valid queries -> `[rows, m]`."""
-  valid = query_valid[..., None]
+def _lra_pooled(attention, seen, query_positions, pooling):
+  """`attention [rows, q, m]` pooled over the queries that see each entry
+  (`seen [rows, q, m]`) -> `[rows, m]` (meaningless where none does)."""
   if pooling == 'sum':
-    return jnp.sum(jnp.where(valid, attention, 0.0), axis=1)
+    return jnp.sum(jnp.where(seen, attention, 0.0), axis=1)
   if pooling == 'max':
-    return jnp.max(jnp.where(valid, attention, -jnp.inf), axis=1)
-  last = jnp.argmax(jnp.where(query_valid, query_positions, jnp.iinfo(jnp.int32).min), axis=1)
-  return jnp.take_along_axis(attention, last[:, None, None], axis=1)[:, 0]
+    return jnp.max(jnp.where(seen, attention, -jnp.inf), axis=1)
+  last = jnp.argmax(jnp.where(seen, query_positions[:, :, None], _INT32_MIN), axis=1)  # [rows, m]
+  return jnp.take_along_axis(attention, last[:, None, :], axis=1)[:, 0]
 
 
-def _lfa_accumulated(scores, attention, query_positions, query_valid, gamma):
-  """LFA: `gamma^c * scores + sum_q gamma^(T - p_q) attention[q]` (module docstring)."""
-  count = jnp.sum(query_valid, axis=1)                                   # [rows]
-  last = jnp.max(jnp.where(query_valid, query_positions, jnp.iinfo(jnp.int32).min), axis=1)
+def _lfa_accumulated(scores, clock, latest, attention, query_positions, query_valid, gamma):
+  """LFA: `gamma^(T - T') * scores + sum_q gamma^(T - p_q) attention[q]` (module docstring).
+
+  `clock [rows]` is T' (NO_CLOCK: no decay), `latest [rows]` T.
+  """
   gamma = jnp.float32(gamma)
-  distance = jnp.maximum(last[:, None] - query_positions, 0).astype(jnp.float32)
+  has_previous = jnp.any(query_valid, axis=1) & (clock != NO_CLOCK)
+  elapsed = jnp.where(has_previous, jnp.maximum(latest - clock, 0), 0).astype(jnp.float32)
+  distance = jnp.maximum(latest[:, None] - query_positions, 0).astype(jnp.float32)
   decay = jnp.where(query_valid, gamma ** distance, 0.0)                 # [rows, q]
   added = jnp.einsum('rq,rqm->rm', decay, attention)
-  return gamma ** count.astype(jnp.float32)[:, None] * scores + added
+  return gamma ** elapsed[:, None] * scores + added
 
 
 def update_scores(policy: EvictionPolicy, entries: MemoryEntries, attention_weights: jax.Array,
-                  query_positions: jax.Array, query_valid: jax.Array) -> MemoryEntries:
+                  query_positions: jax.Array, query_valid: jax.Array,
+                  query_key_mask: jax.Array | None = None) -> MemoryEntries:
   """Entries with scores updated by one chunk of queries (semantics: module docstring).
 
   Args:
@@ -253,30 +283,47 @@ def update_scores(policy: EvictionPolicy, entries: MemoryEntries, attention_weig
       chunk's queries over the memory slots, or a 0/1 usage mask for 'lru' /
       'lfu' (`usage_from_topk`).
     query_positions: `[batch, q]` int32; query_valid: `[batch, q]` bool.
-  Returns entries whose valid slots have new scores (invalid slots score 0).
+    query_key_mask: bool, broadcastable to `attention_weights`' shape
+      (`[batch, 1, q, capacity]` for a mask shared by the heads): True where
+      query q may see slot m. None: every query may see every entry.
+  Returns entries whose valid slots have new scores (invalid slots score 0)
+  and, in rows with a valid query, the clock T (the largest query position).
   """
+  if policy.name == 'lfa' and entries.clock is None:
+    raise ValueError("policy 'lfa' decays by the distance from the last scored query: score "
+                     'entries that have a clock (data_only.create, key_value.create)')
+  if query_key_mask is None:
+    query_key_mask = jnp.ones((1, 1, 1, 1), bool)
+  weights, mask, positions, valid = _rows_view(policy, attention_weights.astype(jnp.float32),
+                                               query_key_mask.astype(bool), query_positions,
+                                               query_valid, entries.rows)
+  latest = jnp.max(jnp.where(valid, positions, _INT32_MIN), axis=1)     # T [rows]
+  clock = None
+  if entries.clock is not None:
+    scored = entries.valid & jnp.any(valid, axis=1)[:, None]
+    clock = jnp.where(scored, latest[:, None], entries.clock)
   if not policy.uses_scores:
-    return entries
-  weights, positions, valid = _rows_view(policy, attention_weights.astype(jnp.float32),
-                                         query_positions, query_valid, entries.rows)
-  valid_q = valid[:, None, :, None]                                      # [rows, 1, q, 1]
+    return entries.replace(clock=clock)
+  seen_by_head = mask & valid[:, None, :, None]                          # [rows, h, q, m]
   old = entries.scores
   if policy.name in ('lru', 'lfu'):
-    used = (weights > 0) & valid_q                                       # [rows, h, q, m]
+    used = jnp.any((weights > 0) & seen_by_head, axis=1)                 # [rows, q, m] any head
     if policy.name == 'lfu':
-      new = old + jnp.sum(used, axis=(1, 2)).astype(jnp.float32)
+      new = old + jnp.sum(used, axis=1).astype(jnp.float32)
     else:
-      user_positions = jnp.where(used, positions[:, None, :, None], jnp.iinfo(jnp.int32).min)
-      latest = jnp.max(user_positions, axis=(1, 2))
-      new = jnp.where(jnp.any(used, axis=(1, 2)), latest.astype(jnp.float32), old)
+      user_positions = jnp.where(used, positions[:, :, None], _INT32_MIN)
+      new = jnp.where(jnp.any(used, axis=1), jnp.max(user_positions, axis=1).astype(jnp.float32),
+                      old)
   else:
-    attention = jnp.sum(jnp.where(valid_q, weights, 0.0), axis=1)       # [rows, q, m]
+    attention = jnp.sum(jnp.where(seen_by_head, weights, 0.0), axis=1)  # [rows, q, m]
     if policy.name == 'lra':
-      pooled = _lra_pooled(attention, positions, valid, policy.pooling)
-      new = jnp.where(jnp.any(valid, axis=1)[:, None], pooled, old)
+      seen = jnp.any(seen_by_head, axis=1)                               # [rows, q, m]
+      pooled = _lra_pooled(attention, seen, positions, policy.pooling)
+      new = jnp.where(jnp.any(seen, axis=1), pooled, old)
     else:
-      new = _lfa_accumulated(old, attention, positions, valid, policy.gamma)
-  return entries.replace(scores=jnp.where(entries.valid, new, 0.0))
+      new = _lfa_accumulated(old, row_clock(entries), latest, attention, positions, valid,
+                             policy.gamma)
+  return entries.replace(scores=jnp.where(entries.valid, new, 0.0), clock=clock)
 
 
 def initial_scores(policy: EvictionPolicy, entries: MemoryEntries) -> jax.Array:
