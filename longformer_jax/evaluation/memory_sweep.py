@@ -21,7 +21,8 @@ sweep evaluates every combination (the cartesian product). Settings:
 - `memory_size` (M): `model.attendre.memory_size`; `model.memorizing.memory_size`;
   vanilla `model.mem_len`; streaming_sinks `model.streaming_sinks.window =
   chunk + M - num_sinks` (the last query of a chunk then sees M + chunk
-  keys, as with attendre).
+  keys, as with attendre in its default order=attend_first; with
+  order=insert_first an attendre query sees at most M keys).
 - `q_memory_size` (N): attendre only. A decoder LM must use 0: delayed
   queries would see (and, bidirectional, leak) the tokens they predict, and
   their outputs would be N positions late; the sweep refuses N > 0.
