@@ -17,7 +17,9 @@ it was trained with; `--config.eval.*` and `--config.parallel.*` come from
 the command line. A command line that would change the architecture
 (`--config.model.*`, `--config.data.tokenizer`,
 `--config.data.sentencepiece_model`, or a `--config` file whose model
-differs) is refused, naming the settings. Memory length is a free choice at evaluation time
+differs) is refused, naming the settings, and so is any other override outside
+`eval` and `parallel` (eval.py would not read it; the evaluation batch is
+`--config.eval.batch_size`). Memory length is a free choice at evaluation time
 (Transformer-XL evaluates with a longer memory than it trained with; 0 means
 no memory). Prints a table and writes `DIR/eval/metrics.json` and, for
 several memory lengths, `DIR/eval/bits_per_byte_vs_mem_len.png`.
@@ -59,7 +61,7 @@ from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.evaluation import memory_sweep, span_report
 from longformer_jax.evaluation.architecture_overrides import (architecture_overrides,
-                                                              given_settings)
+                                                              given_settings, unread_overrides)
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
 from longformer_jax.evaluation.task_report import evaluate_task_run
@@ -72,7 +74,8 @@ from longformer_jax.train.quiet_logs import show_own_info_only
 
 
 def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
-  """The run's saved config with the command line's `eval` and `parallel` sections."""
+  """The run's saved config with the command line's `eval` and `parallel` sections
+  (`eval.batch_size > 0` replaces the run's `data.eval_batch_size`)."""
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     raise FileNotFoundError(f'{path} not found: is {workdir!r} a train.py workdir?')
@@ -81,6 +84,8 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
   config = ml_collections.ConfigDict(saved)
   config.eval = cli_config.eval
   config.parallel = cli_config.parallel
+  if config.eval.batch_size:
+    config.data.eval_batch_size = config.eval.batch_size
   return config
 
 
@@ -232,27 +237,32 @@ def evaluate_memory_sweep(config, workdir: str, tokenizer, documents, mesh, rule
   return dict(header, memory_sweep=rows)
 
 
-def check_architecture_unchanged(cli_config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Refuses command-line settings that would change the checkpoint's architecture.
+def check_overrides_apply(cli_config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses command-line settings that eval.py would not apply (architecture_overrides.py).
 
-  The given settings are those the overrides changed from the `--config`
-  file, or, when `--config` itself was given, the whole file.
+  The architecture is compared with the whole `--config` file when one was
+  given (its model must be the run's), otherwise with what the
+  `--config.KEY=VALUE` overrides changed; other sections only by the
+  overrides.
   """
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     return                                   # evaluate_run reports the missing file
   with open(path) as f:
     saved = json.load(f)
-  if flags.FLAGS['config'].present:
-    given = cli_config.to_dict()
-  else:
-    given = given_settings(cli_config.to_dict(),
-                           command_line.experiment_config(flags.FLAGS.config, []).to_dict())
+  overrides = given_settings(cli_config.to_dict(),
+                             command_line.experiment_config(flags.FLAGS.config, []).to_dict())
+  given = cli_config.to_dict() if flags.FLAGS['config'].present else overrides
   changed = architecture_overrides(given, saved)
   if changed:
     raise ConfigError(changed[0], f'eval.py reads the architecture from {path}; the command line '
                       f'would change {", ".join(changed)}: drop these settings (or evaluate '
                       'another memory with --config.eval.mem_lens / --config.eval.memory_sweep)')
+  unread = unread_overrides(overrides, saved)
+  if unread:
+    raise ConfigError(unread[0], f'eval.py takes {", ".join(unread)} from {path} and only '
+                      'eval.* and parallel.* from the command line: drop these settings (the '
+                      'evaluation batch is --config.eval.batch_size)')
 
 
 def main(argv):
@@ -260,7 +270,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   show_own_info_only()
   cli_config = command_line.flag_config()
-  check_architecture_unchanged(cli_config, flags.FLAGS.workdir)
+  check_overrides_apply(cli_config, flags.FLAGS.workdir)
   evaluate_run(cli_config, flags.FLAGS.workdir)
 
 

@@ -27,7 +27,7 @@ from longformer_jax.config.overrides import merged
 
 
 def get_config() -> dict:
-  return merged(default.get_config(), {
+  return merged(default.model_config(), {
       'model': {
           'attention': 'attendre',
           'mem_len': 0,                  # Attendre keeps no cache of hidden states

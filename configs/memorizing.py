@@ -26,7 +26,7 @@ from longformer_jax.config.overrides import merged
 
 
 def get_config() -> dict:
-  return merged(default.get_config(), {
+  return merged(default.model_config(), {
       'model': {
           'attention': 'vanilla',
           'mem_len': 128,                # local cache (hidden states, RoPE) of every layer

@@ -14,7 +14,7 @@ from longformer_jax.config.overrides import merged
 
 
 def get_config() -> dict:
-  return merged(default.get_config(), {
+  return merged(default.model_config(), {
       'data': {'corpus': 'pg19', 'tokenizer': 'sentencepiece', 'batch_size': 64,
                'eval_batch_size': 64, 'chunk_len': 512},
       'model': {'num_layers': 16, 'd_model': 1024, 'num_heads': 16,

@@ -28,7 +28,7 @@ from longformer_jax.config.overrides import merged
 
 
 def get_config() -> dict:
-  return merged(default.get_config(), {
+  return merged(default.model_config(), {
       'model': {'attention': 'vanilla',
                 'mem_len': 0},            # trained without any memory
       'data': {'chunk_len': 512,

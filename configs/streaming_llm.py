@@ -20,7 +20,7 @@ from longformer_jax.config.overrides import merged
 
 
 def get_config() -> dict:
-  return merged(default.get_config(), {
+  return merged(default.model_config(), {
       'model': {
           'attention': 'streaming_sinks',
           'mem_len': 0,                  # the layer keeps its own cache (sinks and window)

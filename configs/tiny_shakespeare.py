@@ -8,7 +8,7 @@ from longformer_jax.config.overrides import merged
 
 
 def get_config() -> dict:
-  return merged(default.get_config(), {
+  return merged(default.model_config(), {
       # --config.data.tfds_data_dir=DIR on the command line
       'data': {'corpus': 'tiny_shakespeare',
                'eval_batch_size': 1},    # the validation split is one document

@@ -14,7 +14,7 @@ from longformer_jax.config.overrides import merged
 
 
 def get_config() -> dict:
-  return merged(default.get_config(), {
+  return merged(default.model_config(), {
       'optimizer': {'warmup_steps': 30},
       'train': {'num_steps': 300},       # evaluated and saved at the end (every 300)
   })

@@ -2,8 +2,8 @@
 
 What is checked (g): for every row, the targets with target_mask=True, in
 order, are exactly doc_1 + [BOS] + doc_2 + [BOS] + ... + doc_k + [BOS] for
-the documents doc_1..doc_k assigned to that row (greedy: each document, in
-order, to the row with the fewest tokens so far, ties to the lowest row).
+the documents doc_1..doc_k assigned to that row (longest first, equal lengths
+in order, each to the row with the fewest tokens so far, ties to the lowest row).
 So over all rows every document token is a target exactly once, and each
 document is followed by exactly one BOS target (the next document's BOS or
 the row's end BOS). Every other target is padding with target_mask=False.
@@ -28,10 +28,12 @@ def make_docs(lengths):
 
 
 def reference_rows(docs, num_rows):
-  """Document ids per row, by the greedy rule, with a plain loop."""
+  """Document ids per row, by the longest-first rule, with a plain loop."""
   totals = [0] * num_rows
   rows = [[] for _ in range(num_rows)]
-  for doc_id, doc in enumerate(docs):
+  order = sorted(range(len(docs)), key=lambda i: (-docs[i].size, i))
+  for doc_id in order:
+    doc = docs[doc_id]
     row = totals.index(min(totals))  # index() picks the lowest row on ties.
     rows[row].append(doc_id)
     totals[row] += doc.size + 1
@@ -168,3 +170,16 @@ def test_bad_settings():
     EvalStreams([], 2, 4, BOS, PAD)
   with pytest.raises(IndexError):
     EvalStreams(docs, 2, 4, BOS, PAD).batch_at(99)
+
+
+def test_longest_documents_are_placed_first_so_rows_end_evenly():
+  # In the given order, the long last document would join a row that already
+  # holds two short ones (rows of 2+2 and 2+11 tokens); longest first, it has a
+  # row of its own and the short ones share the other (11 and 2+2+2).
+  docs = make_docs([1, 1, 1, 10])
+  streams = EvalStreams(docs, 2, 1, BOS, PAD)
+  assert reference_rows(docs, 2) == [[3], [0, 1, 2]]
+  assert streams.padded_length == 11   # targets of the longer row: 10 + 1 BOS
+  targets = concat_field(list(streams), 'targets')
+  mask = concat_field(list(streams), 'target_mask')
+  np.testing.assert_array_equal(targets[0][mask[0]], [5] * 10 + [BOS])

@@ -1,4 +1,4 @@
-"""eval.py's reports: the model named from its layers, no stale files, refused architecture changes."""
+"""eval.py's reports: the model named from its layers, no stale files, refused overrides."""
 
 import ml_collections
 import pytest
@@ -6,7 +6,9 @@ import pytest
 import eval as eval_script
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.evaluation import report_files
-from longformer_jax.evaluation.architecture_overrides import architecture_overrides, given_settings
+from longformer_jax import command_line
+from longformer_jax.evaluation.architecture_overrides import (architecture_overrides, given_settings,
+                                                              unread_overrides)
 from longformer_jax.evaluation.model_description import describe_model
 from tests.tiny_models import tiny_config
 
@@ -40,6 +42,13 @@ def test_architecture_overrides_names_only_changed_architecture_keys():
   assert architecture_overrides({'eval': {'step': 3}}, saved) == []
 
 
+def test_unread_overrides_are_those_outside_eval_and_parallel_that_differ():
+  saved = {'model': {'mem_len': 16}, 'train': {'num_steps': 9}, 'data': {'batch_size': 8}}
+  given = {'model': {'mem_len': 32}, 'train': {'num_steps': 5}, 'data': {'batch_size': 8},
+           'eval': {'batch_size': 4}, 'parallel': {'mesh_shape': [1, 1, 1]}}
+  assert unread_overrides(given, saved) == ['train.num_steps']
+
+
 def test_given_settings_are_the_leaves_overrides_changed():
   baseline = {'model': {'mem_len': 16, 'xl': {'clamp_len': 0}}, 'eval': {'step': -1}}
   full = {'model': {'mem_len': 32, 'xl': {'clamp_len': 0}}, 'eval': {'step': 5}}
@@ -69,6 +78,30 @@ def test_eval_refuses_a_model_override_naming_it(tmp_path, monkeypatch):
 
   monkeypatch.setattr(eval_script.flags, 'FLAGS', Flags())
   with pytest.raises(ConfigError, match='model.num_layers') as error:
-    eval_script.check_architecture_unchanged(changed, str(tmp_path))
+    eval_script.check_overrides_apply(changed, str(tmp_path))
   assert error.value.key == 'model.num_layers'
-  eval_script.check_architecture_unchanged(config, str(tmp_path))   # unchanged: accepted
+  eval_script.check_overrides_apply(config, str(tmp_path))   # unchanged: accepted
+
+
+def command_line_flags(present: bool):
+  class Flags:
+    config = 'configs/default.py'
+
+    def __getitem__(self, name):
+      return type('Flag', (), {'present': present})()
+  return Flags()
+
+
+def test_eval_refuses_an_override_it_would_not_read_and_applies_eval_batch_size(
+    tmp_path, monkeypatch):
+  saved = command_line.experiment_config('configs/default.py', [])
+  (tmp_path / 'config.json').write_text(saved.to_json_best_effort())
+  monkeypatch.setattr(eval_script.flags, 'FLAGS', command_line_flags(present=False))
+  ignored = command_line.experiment_config('configs/default.py', [('train.num_steps', '5')])
+  with pytest.raises(ConfigError, match='train.num_steps') as error:
+    eval_script.check_overrides_apply(ignored, str(tmp_path))
+  assert error.value.key == 'train.num_steps'
+  rows = command_line.experiment_config('configs/default.py', [('eval.batch_size', '3')])
+  eval_script.check_overrides_apply(rows, str(tmp_path))        # an eval setting: accepted
+  assert eval_script.training_config(rows, str(tmp_path)).data.eval_batch_size == 3
+  assert eval_script.training_config(saved, str(tmp_path)).data.eval_batch_size == 8

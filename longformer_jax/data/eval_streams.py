@@ -1,7 +1,8 @@
 """Finite evaluation streams: every held-out token scored exactly once.
 
-Documents, in the given order, go to the row with the fewest tokens so far;
-each row ends with one extra BOS so that the end of its last document is
+Documents, longest first, go to the row with the fewest tokens so far (the
+longest-processing-time rule: the rows end as evenly as the documents allow,
+so little of the batch is padding); each row ends with one extra BOS so that the end of its last document is
 predicted; rows are padded with `pad_id` to a common length. Every document
 token is a target exactly once, and so is one BOS (or end BOS) after every
 document. The stream layout is in `data/stream_batch.py`.
@@ -18,12 +19,21 @@ from longformer_jax.data.stream_batch import (RowWindow, StreamBatch, as_token_a
                                               make_run, stack_batch)
 
 
-def _assign_greedily(lengths: np.ndarray, num_rows: int) -> list[list[int]]:
-  """Documents in order, each to the row with the fewest tokens so far
-  (ties: the lowest row). Returns the document indices of each row."""
+def _assign_longest_first(lengths: np.ndarray, num_rows: int) -> list[list[int]]:
+  """Documents longest first (equal lengths: in their order), each to the row
+  with the fewest tokens so far (ties: the lowest row). Returns the document
+  indices of each row, in the order they were assigned.
+
+  A document's score does not depend on its row or on what precedes it in
+  the row (memory is reset at document starts), only the padding does: with
+  documents in their given order, a long document arriving last leaves the
+  other rows idle (the built-in validation split: 50% of the batch was
+  padding, 42% with this rule, whose bound is the longest document)."""
   heap = [(0, row) for row in range(num_rows)]
   rows = [[] for _ in range(num_rows)]
-  for index, length in enumerate(lengths):
+  for index in np.argsort(-np.asarray(lengths, dtype=np.int64), kind='stable'):
+    index = int(index)
+    length = lengths[index]
     total, row = heapq.heappop(heap)
     rows[row].append(index)
     heapq.heappush(heap, (total + int(length), row))
@@ -76,7 +86,7 @@ class EvalStreams:
     # The end BOS of a row is an empty document appended to the list.
     self._docs = as_token_arrays(docs) + [np.zeros([0], dtype=np.int32)]
     lengths = np.array([d.size + 1 for d in self._docs], dtype=np.int64)
-    row_doc_ids = _assign_greedily(lengths[:-1], self.num_rows)
+    row_doc_ids = _assign_longest_first(lengths[:-1], self.num_rows)
     end_bos = len(self._docs) - 1
     runs = [make_run(ids + [end_bos] if ids else [], lengths, 0)
             for ids in row_doc_ids]

@@ -1,17 +1,24 @@
-"""Command-line settings eval.py refuses: those that would change the checkpoint's architecture.
+"""Command-line settings eval.py refuses, instead of ignoring them.
 
-eval.py builds the model from the run's `config.json`, the settings the
-checkpoint was trained with. A `--config.model.*`, `--config.data.tokenizer`
-or `--config.data.sentencepiece_model` that differs from them would need
-another checkpoint, so eval.py names it and stops instead of ignoring it.
-(Eval-time memory variants and sizes are the job of `eval.mem_lens` and
-`eval.memory_sweep`.)
+eval.py builds the model and data from the run's `config.json`, the settings
+the checkpoint was trained with; only the `eval` and `parallel` sections come
+from the command line. So it refuses:
+
+- a `--config.model.*`, `--config.data.tokenizer` or
+  `--config.data.sentencepiece_model` that differs from the run's: it would
+  need another checkpoint (`architecture_overrides`; eval-time memory
+  variants and sizes are the job of `eval.mem_lens` and `eval.memory_sweep`);
+- any other `--config.KEY=VALUE` outside `eval` and `parallel` that differs
+  from the run's (`--config.train.num_steps`, `--config.data.batch_size`):
+  eval.py would not read it (`unread_overrides`; the evaluation batch is
+  `eval.batch_size`).
 """
 
 import json
 from typing import Any, Mapping
 
 ARCHITECTURE_PREFIXES = ('model.', 'data.tokenizer', 'data.sentencepiece_model')
+EVAL_TIME_PREFIXES = ('eval.', 'parallel.')
 
 
 def flat_settings(config: Mapping, prefix: str = '') -> dict[str, Any]:
@@ -42,6 +49,15 @@ def architecture_overrides(cli_config: Mapping, saved_config: Mapping) -> list[s
   given = {k: v for k, v in flat_settings(cli_config).items() if is_architecture_key(k)}
   saved = flat_settings(saved_config)
   return sorted(key for key, value in given.items() if saved.get(key) != value)
+
+
+def unread_overrides(overrides: Mapping, saved_config: Mapping) -> list[str]:
+  """Sorted dotted keys of `overrides` (what `--config.KEY=VALUE` changed) that eval.py
+  would not read: outside `eval` and `parallel`, not architecture, differing from the run's."""
+  saved = flat_settings(saved_config)
+  return sorted(key for key, value in flat_settings(overrides).items()
+                if not key.startswith(EVAL_TIME_PREFIXES) and not is_architecture_key(key)
+                and saved.get(key) != value)
 
 
 def given_settings(full: Mapping, baseline: Mapping) -> dict:

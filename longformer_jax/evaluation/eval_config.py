@@ -12,6 +12,7 @@ class EvalConfig(Section):
   chunk_len: int = 0                 # 0: the training chunk_len
   mem_lens: str = ''                 # comma list, e.g. '0,128,512'; '' = training mem_len
   max_tokens: int = 0                # 0: the whole split
+  batch_size: int = 0                # rows evaluated side by side; 0: the run's data.eval_batch_size
   step: int = -1                     # -1: latest checkpoint
   # Eval-time memory sweep, e.g. 'variant=attendre;policy=fifo,lra_max;memory_size=128,512'
   # (evaluation/memory_sweep.py); '' = off.
@@ -25,6 +26,8 @@ class EvalConfig(Section):
     self.require(self.split in ('valid', 'test'), 'split', "must be 'valid' or 'test'")
     self.require(self.chunk_len >= 0, 'chunk_len', 'must be >= 0 (0: the training chunk_len)')
     self.require(self.max_tokens >= 0, 'max_tokens', 'must be >= 0 (0: the whole split)')
+    self.require(self.batch_size >= 0, 'batch_size',
+                 "must be >= 0 (0: the run's data.eval_batch_size)")
     self.require(self.step >= -1, 'step', 'must be a step or -1 (latest)')
     self.require(self.far_distance >= 0, 'far_distance', 'must be >= 0 (0: off)')
     items = [item.strip() for item in self.mem_lens.split(',') if item.strip()]
