@@ -8,6 +8,7 @@ from longformer_jax.attention.attendre import AttendreAttention
 from longformer_jax.attention.bigbird import BigBirdAttention
 from longformer_jax.attention.compressive import CompressiveAttention
 from longformer_jax.attention.expire_span import ExpireSpanAttention
+from longformer_jax.attention.image_local import ImageLocalAttention
 from longformer_jax.attention.longformer import LongformerAttention
 from longformer_jax.attention.lsh import LSHAttention
 from longformer_jax.attention.memorizing import MemorizingAttention
@@ -23,6 +24,7 @@ ATTENTION_VARIANTS = {
     'bigbird': BigBirdAttention,
     'compressive': CompressiveAttention,
     'expire_span': ExpireSpanAttention,
+    'image_local': ImageLocalAttention,
     'longformer': LongformerAttention,
     'lsh': LSHAttention,
     'memorizing': MemorizingAttention,

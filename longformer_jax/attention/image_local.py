@@ -1,0 +1,213 @@
+"""Image Transformer local attention (Parmar et al., 2018, section 3.2): 1D and 2D.
+
+An image is a sequence of intensities: one position per (row, column,
+channel), channels innermost, so a row of W pixels of C channels is
+`image_width = W * C` positions (the paper treats a 32 x 32 x 3 image as 32 x 96).
+Queries are cut into query blocks; every query of a block attends to the
+same memory block, with positions not yet generated masked (causal).
+
+- Local 1D (`layout='1d'`): the sequence in raster order, query blocks of
+  `query_len` consecutive positions; the memory block of query block i is
+  the block itself plus the `memory_len` positions before it (figure 2,
+  left).
+- Local 2D (`layout='2d'`): the image cut into query blocks of
+  `block_height x block_width` positions, generated in *block-raster* order
+  (blocks in raster order, raster order inside a block), so the stream the
+  model sees is that order (`to_block_raster`; data pipelines reorder the
+  pixels, `from_block_raster` undoes it). The memory block extends the query
+  block by `flange_height` rows above and `flange_width` columns to the left
+  and to the right (figure 2, right); of it, a query sees what was generated
+  before it in block-raster order.
+
+Masks come from positions (docs/design.md, contract 2): a key is seen when
+its position is at most the query's, it is in the query's document and it
+is not padding. Which slots form a memory block is static (the pattern is a
+function of the slot in the chunk), so a chunk must start at a block
+boundary (1D) or an image start (2D: `chunk_len` a multiple of
+`image_height * image_width`, validated). Stateless: attends within the
+chunk, rotary positions as in vanilla.py. Cost O(n * memory block), never an
+n x n array: the keys of every query block are gathered by static indices.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.dot_product import masked_softmax
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.config.section import Section
+
+LAYOUTS = ('1d', '2d')
+CAUSAL_ONLY = 'image_local attention is causal only (an image is generated in order); set it True'
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageLocalConfig(Section):
+  """`config.model.image_local`; needs the shared `model.causal = True`."""
+  layout: str = '1d'              # 1d: raster order | 2d: block-raster order
+  query_len: int = 64             # 1d: l_q, positions per query block
+  memory_len: int = 64            # 1d: l_m, positions before the query block it also sees
+  image_height: int = 8           # 2d: rows of an image
+  image_width: int = 8            # 2d: positions per row (pixels x channels)
+  block_height: int = 2           # 2d: rows of a query block
+  block_width: int = 4            # 2d: positions per row of a query block
+  flange_height: int = 2          # 2d: memory rows above the query block
+  flange_width: int = 4           # 2d: memory positions left and right of the query block
+
+  def validate(self, env) -> None:
+    self.require(self.layout in LAYOUTS, 'layout', f'must be one of {list(LAYOUTS)}')
+    for name in ('query_len', 'image_height', 'image_width', 'block_height', 'block_width'):
+      self.require(getattr(self, name) >= 1, name, 'must be >= 1')
+    for name in ('memory_len', 'flange_height', 'flange_width'):
+      self.require(getattr(self, name) >= 0, name, 'must be >= 0')
+    if self.layout == '2d':
+      self.require(self.image_height % self.block_height == 0, 'block_height',
+                   f'must divide image_height={self.image_height}')
+      self.require(self.image_width % self.block_width == 0, 'block_width',
+                   f'must divide image_width={self.image_width}')
+    if env is None:
+      return
+    if not env.model.causal:
+      raise ConfigError('model.causal', f'False: {CAUSAL_ONLY}')
+    if self.layout == '2d':
+      image = self.image_height * self.image_width
+      bad = [n for n in env.chunk_lens if n % image]
+      self.require(not bad, 'image_height',
+                   f'2d layout: every chunk length must hold whole images of '
+                   f'{self.image_height} x {self.image_width} = {image} positions, '
+                   f'got chunk_len {bad[0] if bad else 0}')
+
+
+def to_block_raster(image: np.ndarray, block_height: int, block_width: int) -> np.ndarray:
+  """`[..., height, width]` -> `[..., height * width]` in block-raster order."""
+  *lead, height, width = image.shape
+  blocks = image.reshape(*lead, height // block_height, block_height,
+                         width // block_width, block_width)
+  blocks = np.moveaxis(blocks, -3, -2)      # [..., block row, block col, row, col]
+  return blocks.reshape(*lead, height * width)
+
+
+def from_block_raster(stream: np.ndarray, height: int, width: int, block_height: int,
+                      block_width: int) -> np.ndarray:
+  """The inverse of `to_block_raster`: `[..., height * width]` -> `[..., height, width]`."""
+  *lead, _ = stream.shape
+  blocks = stream.reshape(*lead, height // block_height, width // block_width,
+                          block_height, block_width)
+  blocks = np.moveaxis(blocks, -2, -3)      # [..., block row, row, block col, col]
+  return blocks.reshape(*lead, height, width)
+
+
+def local_1d_key_slots(n: int, query_len: int, memory_len: int) -> np.ndarray:
+  """`[num_blocks, memory_len + query_len]` key slots of each query block; -1 outside [0, n)."""
+  num_blocks = -(-n // query_len)
+  starts = np.arange(num_blocks)[:, None] * query_len - memory_len
+  slots = starts + np.arange(memory_len + query_len)[None, :]
+  return np.where((slots >= 0) & (slots < n), slots, -1)
+
+
+def local_2d_key_slots(height: int, width: int, block_height: int, block_width: int,
+                       flange_height: int, flange_width: int) -> np.ndarray:
+  """`[num_blocks, (bh + fh) * (bw + 2 fw)]` stream slots (block-raster order) of each
+  query block's memory block (the block and its flange); -1 outside the image."""
+  stream_of_raster = to_block_raster(np.arange(height * width).reshape(height, width),
+                                     block_height, block_width)
+  slot_of_raster = np.empty(height * width, np.int64)
+  slot_of_raster[stream_of_raster] = np.arange(height * width)
+  rows_offsets = np.arange(-flange_height, block_height)
+  col_offsets = np.arange(-flange_width, block_width + flange_width)
+  out = []
+  for block_row in range(height // block_height):
+    for block_col in range(width // block_width):
+      rows = block_row * block_height + rows_offsets[:, None]
+      cols = block_col * block_width + col_offsets[None, :]
+      inside = (rows >= 0) & (cols >= 0) & (cols < width)
+      raster = np.clip(rows, 0, height - 1) * width + np.clip(cols, 0, width - 1)
+      out.append(np.where(inside, slot_of_raster[raster], -1).reshape(-1))
+  return np.stack(out)
+
+
+def key_slots(n: int, section) -> tuple[np.ndarray, int]:
+  """`(key slots [num_blocks, keys], query block length)` of a chunk of n positions."""
+  if section.layout == '1d':
+    return local_1d_key_slots(n, section.query_len, section.memory_len), section.query_len
+  image = section.image_height * section.image_width
+  if n % image:
+    raise ValueError(f'2d local attention: chunk of {n} positions is not whole images of {image}')
+  per_image = local_2d_key_slots(section.image_height, section.image_width,
+                                 section.block_height, section.block_width,
+                                 section.flange_height, section.flange_width)
+  images = [np.where(per_image >= 0, per_image + i * image, -1) for i in range(n // image)]
+  return np.concatenate(images), section.block_height * section.block_width
+
+
+def gathered_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
+                             segment_ids: jax.Array, valid: jax.Array, slots: np.ndarray,
+                             query_len: int) -> jax.Array:
+  """Each query block attends to its gathered memory block, causally.
+
+  Args:
+    q, k, v: `[batch, n, heads, head_dim]`, q already scaled by 1/sqrt(head_dim).
+    positions, segment_ids, valid: `[batch, n]`.
+    slots: `[num_blocks, keys]` static key slots per query block, -1 for none.
+    query_len: query positions per block (the last block may be partial).
+  Returns:
+    `[batch, n, heads, head_dim]`.
+  """
+  batch, n, heads, head_dim = q.shape
+  num_blocks = slots.shape[0]
+  padded = num_blocks * query_len
+  pad = lambda a: jnp.pad(a, [(0, 0), (0, padded - n)] + [(0, 0)] * (a.ndim - 2))
+  q_blocks = pad(q).reshape(batch, num_blocks, query_len, heads, head_dim)
+  q_pos = pad(positions).reshape(batch, num_blocks, query_len)
+  q_seg = pad(segment_ids).reshape(batch, num_blocks, query_len)
+  present = jnp.asarray(slots >= 0)
+  index = jnp.asarray(np.maximum(slots, 0))
+  k_blocks, v_blocks = k[:, index], v[:, index]                  # [b, blocks, keys, h, d]
+  k_pos, k_seg = positions[:, index], segment_ids[:, index]       # [b, blocks, keys]
+  k_ok = valid[:, index] & present[None]
+  mask = ((k_pos[:, :, None, :] <= q_pos[..., None])
+          & (k_seg[:, :, None, :] == q_seg[..., None]) & k_ok[:, :, None, :])
+  logits = jnp.einsum('bnqhd,bnkhd->bhnqk', q_blocks, k_blocks)
+  weights = masked_softmax(logits, mask)
+  out = jnp.einsum('bhnqk,bnkhd->bnqhd', weights.astype(v.dtype), v_blocks)
+  return out.reshape(batch, padded, heads, head_dim)[:, :n]
+
+
+class ImageLocalAttention(nn.Module):
+  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  Config = ImageLocalConfig
+  reads_mem_len = False           # stateless: attends within the chunk
+
+  num_heads: int
+  head_dim: int
+  d_model: int
+  section: ImageLocalConfig = ImageLocalConfig()
+  dtype: jnp.dtype = jnp.float32
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    if not config.causal:
+      raise ConfigError('model.causal', f'False: {CAUSAL_ONLY}')
+    section = ImageLocalConfig(**dict(config.image_local))
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               section=section, dtype=dtype, name=name)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+    """Stateless: attends within the chunk."""
+    return {}
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state, ctx: AttentionContext):
+    q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    slots, query_len = key_slots(x.shape[1], self.section)
+    out = gathered_local_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots,
+                                   query_len)
+    out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
+    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
