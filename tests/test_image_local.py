@@ -199,3 +199,14 @@ def test_bidirectional_is_refused():
   with pytest.raises(ConfigError) as error:
     resolve_model({'attention': 'image_local', 'causal': False}, chunk_lens=(64,))
   assert error.value.key == 'model.causal'
+
+
+def test_benchmark_cases_agree_and_count_pairs():
+  from benchmarks import image_local_cases
+  n = 640
+  cases = {case.variant: case for case in image_local_cases.CASES}
+  inputs = cases['image_local_1d_blocked'].make_inputs(n, jax.random.PRNGKey(0))
+  fast = jax.jit(cases['image_local_1d_blocked'].forward)(*inputs)
+  dense = jax.jit(cases['image_local_1d_dense_mask'].forward)(*inputs)
+  np.testing.assert_allclose(np.asarray(fast), np.asarray(dense), rtol=1e-4, atol=1e-5)
+  assert image_local_cases.local_1d_pairs(n) == int(image_local_cases.local_1d_allowed(n).sum())
