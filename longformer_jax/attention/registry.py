@@ -7,6 +7,7 @@ from longformer_jax.attention.adaptive_span import AdaptiveSpanAttention
 from longformer_jax.attention.attendre import AttendreAttention
 from longformer_jax.attention.bigbird import BigBirdAttention
 from longformer_jax.attention.compressive import CompressiveAttention
+from longformer_jax.attention.etc import ETCAttention
 from longformer_jax.attention.expire_span import ExpireSpanAttention
 from longformer_jax.attention.image_local import ImageLocalAttention
 from longformer_jax.attention.longformer import LongformerAttention
@@ -23,6 +24,7 @@ ATTENTION_VARIANTS = {
     'attendre': AttendreAttention,
     'bigbird': BigBirdAttention,
     'compressive': CompressiveAttention,
+    'etc': ETCAttention,
     'expire_span': ExpireSpanAttention,
     'image_local': ImageLocalAttention,
     'longformer': LongformerAttention,
