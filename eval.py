@@ -3,8 +3,8 @@
 Language models (`task` 'lm'): bits per byte / token and perplexity on
 held-out documents, over one or more memory lengths or a memory sweep.
 Encoder tasks: accuracy (classification), span F1 and exact match (qa),
-ROUGE-1/2/L of greedy decoding (seq2seq, LED);
-`longformer_jax/evaluation/task_report.py`. Every evaluation replaces the
+ROUGE-1/2/L of greedy decoding (seq2seq, LED); the image task: bits per
+dimension; `longformer_jax/evaluation/task_report.py`. Every evaluation replaces the
 report files of the previous one in `DIR/eval` (evaluation/report_files.py).
 
   python eval.py                                     # default workdir, latest step

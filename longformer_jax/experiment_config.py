@@ -24,6 +24,7 @@ import ml_collections
 from longformer_jax.config.section import unknown_key_error
 from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.data.data_config import TASK_KEYS, DataConfig
+from longformer_jax.data.image_data import image_source
 from longformer_jax.evaluation.eval_config import EvalConfig
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.models.model_config import (ModelConfig, migrate_flat_model, resolve_model,
@@ -33,7 +34,7 @@ from longformer_jax.parallel.parallel_config import ParallelConfig
 from longformer_jax.train.optimizer_config import OptimizerConfig
 from longformer_jax.train.train_config import TrainConfig, int_list
 
-TASKS = ('lm', 'classification', 'qa', 'seq2seq')
+TASKS = ('lm', 'classification', 'qa', 'seq2seq', 'image')
 SECTIONS = {'data': DataConfig, 'optimizer': OptimizerConfig, 'train': TrainConfig,
             'parallel': ParallelConfig, 'eval': EvalConfig}
 TOP_LEVEL = ('seed', 'task', 'model') + tuple(SECTIONS)
@@ -46,7 +47,10 @@ def _plain(values) -> dict:
 
 
 def chunk_lengths(task: str, data: DataConfig, train: TrainConfig, eval_: EvalConfig) -> tuple:
-  """Every chunk length the model will see: training phases, evaluation (tasks: seq_len)."""
+  """Every chunk length the model will see: training phases, evaluation (tasks: seq_len;
+  image: the positions of one image of `data.corpus`)."""
+  if task == 'image':
+    return (image_source(data.corpus).length,)
   if task != 'lm':
     return (data.seq_len,)
   lengths = {data.chunk_len * train.phase_length_factor ** p for p in range(train.phases)}
@@ -71,6 +75,8 @@ def resolve_config(values: Mapping) -> dict:
   model = resolve_model(values.get('model'), 'model',
                         chunk_lengths(task, data, train, sections['eval']))
   _check_model_for_task(task, model)
+  if task == 'image':
+    _check_image_model(data, model)
   accum = sections['optimizer'].grad_accum_steps
   require(data.batch_size % accum == 0, 'optimizer.grad_accum_steps',
           f'{accum} must divide data.batch_size={data.batch_size}')
@@ -94,6 +100,19 @@ def _check_task_keys(task: str, data: DataConfig, train: TrainConfig, values: Ma
   for name in lm_only if task != 'lm' else ('eval_max_examples',):
     if name in given and getattr(train, name) != getattr(TrainConfig(), name):
       raise ConfigError(f'train.{name}', f'{getattr(train, name)!r} is ignored by task {task!r}')
+
+
+def _check_image_model(data: DataConfig, model: dict) -> None:
+  """Task image: a causal model; 2D image_local attention sized to the images of `data.corpus`."""
+  require(model['causal'], 'model.causal', 'False: task image trains a causal decoder')
+  source = image_source(data.corpus)
+  section = model.get('image_local') or {}
+  if model['attention'] != 'image_local' or section.get('layout') != '2d':
+    return
+  for key, want in (('image_height', source.height), ('image_width', source.row_len)):
+    require(section[key] == want, f'model.image_local.{key}',
+            f'{section[key]} must be {want} for {data.corpus!r} images of {source.height} x '
+            f'{source.width} x {source.channels} (width counts channels)')
 
 
 def _check_model_for_task(task: str, model: dict) -> None:

@@ -3,9 +3,12 @@
   classification: loss (nats per example), accuracy
   qa:             loss (nats per example), span_f1, exact_match (token positions, SQuAD-style)
   seq2seq:        loss (nats per target token), token_accuracy, tokens
+  image:          loss (nats per dimension), bits_per_dim (loss / ln 2), intensity_accuracy, dims
 
 plus `examples`, the number of examples scored.
 """
+
+import math
 
 
 def task_metrics(task: str, totals: dict) -> dict:
@@ -17,6 +20,9 @@ def task_metrics(task: str, totals: dict) -> dict:
     metrics['accuracy'] = totals['correct'] / count
   elif task == 'qa':
     metrics.update(span_f1=totals['f1_sum'] / count, exact_match=totals['exact_sum'] / count)
+  elif task == 'image':
+    metrics.update(bits_per_dim=metrics['loss'] / math.log(2),
+                   intensity_accuracy=totals['correct'] / count, dims=totals['count'])
   else:
     metrics.update(token_accuracy=totals['correct'] / count, tokens=totals['count'])
   return metrics

@@ -3,6 +3,7 @@
   classification: accuracy          qa: span F1 and exact match
   seq2seq (LED):  token loss and accuracy, and ROUGE-1/2/L F-measures (over
                   words of the decoded text) of greedy decoding
+  image:          bits per dimension (nats per intensity / ln 2)
 
 The task, model and data settings are the run's own (`config.json`); the
 split is `eval.split` and the step `eval.step` (-1: the latest).
@@ -32,6 +33,7 @@ TASK_COLUMNS = {
     'qa': (('span_f1', 'span F1'), ('exact_match', 'exact match')),
     'seq2seq': (('token_accuracy', 'token accuracy'), ('rouge1', 'ROUGE-1'),
                 ('rouge2', 'ROUGE-2'), ('rougeL', 'ROUGE-L')),
+    'image': (('bits_per_dim', 'bits/dim'), ('intensity_accuracy', 'intensity accuracy')),
 }
 
 

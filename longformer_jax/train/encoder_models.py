@@ -1,4 +1,5 @@
-"""The encoder tasks' data, models and train state: classification, qa, seq2seq (LED).
+"""The fixed-size-example tasks' data, models and train state: classification, qa, seq2seq (LED),
+image (a causal decoder over one image, `train/image_task.py`).
 
 `task_model` builds the task's model (`SequenceClassifier`, `SpanExtractor`,
 `EncoderDecoder`) with the global tokens the task needs;
@@ -15,18 +16,19 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.config.errors import require
-from longformer_jax.data import classification_tasks, qa_tasks, seq2seq_tasks
+from longformer_jax.data import classification_tasks, image_data, qa_tasks, seq2seq_tasks
 from longformer_jax.models.encoder import (SequenceClassifier, SpanExtractor, encoder_context,
                                            encoder_model_config)
 from longformer_jax.models.encoder_decoder import EncoderDecoder, decoder_context
 from longformer_jax.parallel import sharding
-from longformer_jax.train import task_objectives
+from longformer_jax.train import image_task, task_objectives
 from longformer_jax.train.train_state import TrainState
 
-TASKS = ('classification', 'qa', 'seq2seq')
-TASK_DATA = {'classification': classification_tasks, 'qa': qa_tasks, 'seq2seq': seq2seq_tasks}
+TASKS = ('classification', 'qa', 'seq2seq', 'image')
+TASK_DATA = {'classification': classification_tasks, 'qa': qa_tasks, 'seq2seq': seq2seq_tasks,
+             'image': image_data}
 TASK_MODELS = {'classification': SequenceClassifier, 'qa': SpanExtractor,
-               'seq2seq': EncoderDecoder}
+               'seq2seq': EncoderDecoder, 'image': image_task.ImageDecoder}
 
 
 def validate_task_config(config: ml_collections.ConfigDict) -> None:
@@ -58,7 +60,10 @@ def task_model(config: ml_collections.ConfigDict, vocab_size: int):
 
   `model.longformer.global_tokens = 0` becomes the task's number of global
   tokens (`global_tokens_needed`), the capacity Longformer attention reserves.
+  The image task ignores `vocab_size` (its vocabulary is the intensities + BOS).
   """
+  if config.task == 'image':
+    return image_task.image_model(config)
   overrides = {}
   longformer = config.model.longformer
   if not longformer.global_tokens:
@@ -69,6 +74,8 @@ def task_model(config: ml_collections.ConfigDict, vocab_size: int):
 
 def task_sums_fn(config: ml_collections.ConfigDict, model):
   """`(params, batch, rngs, deterministic) -> sums` of `config.task` (task_objectives)."""
+  if config.task == 'image':
+    return image_task.image_sums_fn(config, model)
   sums = task_objectives.TASK_SUMS[config.task]
   if config.task == 'qa':
     sums = functools.partial(sums, max_answer_len=config.data.max_answer_len)
@@ -77,6 +84,8 @@ def task_sums_fn(config: ml_collections.ConfigDict, model):
 
 def init_arguments(task: str, batch: dict) -> tuple:
   """The positional arguments of the task model's `__call__` for `batch` (for `init`)."""
+  if task == 'image':
+    return batch['inputs'], image_task.image_context(batch['inputs'], True)
   ctx = encoder_context(batch['input_mask'], batch['global_flags'], True)
   if task == 'seq2seq':
     return (batch['inputs'], ctx, batch['decoder_inputs'],

@@ -1,11 +1,12 @@
-"""The encoder tasks of the training loop: classification, qa, seq2seq (LED).
+"""The fixed-size-example tasks of the training loop: classification, qa, seq2seq (LED), image.
 
 Examples are fixed-size and independent: the train state has no memory
 (`memory=()`), batches are shuffled epochs (`data/task_batches.TaskBatches`)
 whose data position is the step alone. Validation scores the whole valid
 split (at most `train.eval_max_examples`): accuracy (classification), span
 F1 and exact match (qa), token loss and accuracy (seq2seq;
-eval.py adds ROUGE of greedy decoding).
+eval.py adds ROUGE of greedy decoding), bits per dimension (image, a causal
+decoder: `train/image_task.py`).
 """
 
 import functools
@@ -34,7 +35,7 @@ def global_batch_example(arrays: dict, batch_size: int) -> dict:
 
 
 class EncoderTask:
-  """`config.task` in classification | qa | seq2seq (a `loop.TrainingTask`)."""
+  """`config.task` in classification | qa | seq2seq | image (a `loop.TrainingTask`)."""
 
   unit = 'ex'
 
@@ -52,7 +53,8 @@ class EncoderTask:
                  len(valid_arrays['weight']))
 
     model_config, model = encoder_models.task_model(config, tokenizer.vocab_size)
-    self.description = f'{self.task} encoder, ' + describe_model(model_config)
+    kind = 'decoder' if self.task == 'image' else 'encoder'
+    self.description = f'{self.task} {kind}, ' + describe_model(model_config)
     num_steps = config.train.num_steps
     optimizer = make_optimizer(config.optimizer, num_steps)
     self.mesh = make_mesh(config.parallel.mesh_shape)
