@@ -6,6 +6,8 @@ A new variant is one file in this folder plus one line here.
 from longformer_jax.attention.adaptive_span import AdaptiveSpanAttention
 from longformer_jax.attention.attendre import AttendreAttention
 from longformer_jax.attention.bigbird import BigBirdAttention
+from longformer_jax.attention.blockbert import BlockBERTAttention
+from longformer_jax.attention.bp_transformer import BPTransformerAttention
 from longformer_jax.attention.compressive import CompressiveAttention
 from longformer_jax.attention.etc import ETCAttention
 from longformer_jax.attention.expire_span import ExpireSpanAttention
@@ -23,6 +25,8 @@ ATTENTION_VARIANTS = {
     'adaptive_span': AdaptiveSpanAttention,
     'attendre': AttendreAttention,
     'bigbird': BigBirdAttention,
+    'blockbert': BlockBERTAttention,
+    'bp_transformer': BPTransformerAttention,
     'compressive': CompressiveAttention,
     'etc': ETCAttention,
     'expire_span': ExpireSpanAttention,

@@ -1,0 +1,257 @@
+"""BP-Transformer attention (Ye et al., 2019): fine-to-coarse attention over a binary partition.
+
+Within the chunk (stateless). The chunk is padded to N = 2^m slots and
+partitioned by a perfect binary tree: node (l, p) at level l spans the slots
+[p 2^l, (p + 1) 2^l); level 0 holds the tokens. Positions are relative to the
+chunk's first token (consecutive along the chunk, as in block_sparse.py).
+
+Contextual edges (section 3): token i attends to, with the paper's k,
+
+  level 0   the tokens j with |i - j| <= k (causal: 0 <= i - j <= k), itself included;
+  level l   the k nearest nodes on each side (causal: on the left) whose spans are not
+            inside what the finer levels cover: with [A, B] the chunk's tokens covered
+            by levels < l, the nodes with a token left of A or right of B, nearest
+            first; A and B then grow to the taken nodes' spans.
+
+Spans count the chunk's n tokens only, not the slots padded up to N. On the
+left, in node units: lo_0 = i - k, hi_l = ceil(lo_{l-1} / 2), nodes hi_l - k ..
+hi_l - 1, lo_l = hi_l - k; on the right, in tokens: B_0 = min(i + k, n - 1),
+st_l = floor((B_{l-1} + 1) / 2^l), nodes st_l .. st_l + k - 1 (none once
+B = n - 1), B_l = min((st_l + k) 2^l - 1, n - 1). `neighbour_graph`
+evaluates this with array arithmetic for all tokens at once, as gather indices
+`[n, num_neighbours]` into [tokens; nodes]: (2k + 1) + 2k L neighbours per token
+(causal: k + 1 + k L) for L = min(num_levels, ceil(log2 n)) levels, so the cost
+is O(n k log n) and no n x n array is built. A node may overlap the finer
+levels by one child (the tree's spans are aligned, the fine window is not). A
+causal token only sees nodes whose spans end at or before it (true by
+construction, and masked by the rule span end <= query position on top).
+
+Node representations (affiliated edges, section 3): a node's initial
+representation is the mean of the inputs of its valid tokens; as the
+projections are linear, its query, key and value are the means of its tokens'
+queries, keys and values. The node then attends to its two children (their
+initial keys and values; the children of a level-1 node are tokens), and the
+result is the node's value; its key stays the mean key. One such step per
+layer (the paper's graph updates every node in every layer; here the stack
+carries only the token states, so the nodes are rebuilt from each layer's
+input).
+
+Relative positions (section 3): a learned key r[l, o] per level l and
+relative offset o (level 0: o = j - i in [-k, k]; level l: the node's rank
++-1 .. +-k on its side, nearest first) is added to the neighbour's key:
+logit = q_i . (k_u + r[l, o]) (the paper's relative position representation).
+
+Documents and padding: a node is used only when all of its valid tokens belong
+to one document; a node mixing documents (or holding padding only) is masked
+for every query. Tokens and nodes of another document are masked (contract 2).
+
+Settings: `config.model.bp_transformer` (`BPTransformerConfig`).
+"""
+
+import dataclasses
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from longformer_jax.attention.core import block_sparse, cached_context
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.dot_product import masked_softmax
+from longformer_jax.config.section import Section
+
+
+@dataclasses.dataclass(frozen=True)
+class BPTransformerConfig(Section):
+  """`config.model.bp_transformer`; causal or bidirectional is the shared `model.causal`."""
+  k: int = 4                      # the paper's k: tokens on each side, and nodes per level and side
+  num_levels: int = 8             # coarsest level used: spans of up to 2^num_levels tokens
+
+  def validate(self, env) -> None:
+    self.require(self.k >= 1, 'k', 'must be >= 1')
+    self.require(0 <= self.num_levels <= 30, 'num_levels', 'must be in [0, 30]')
+
+
+class Graph(NamedTuple):
+  """Token i's neighbours, each `[n, num_neighbours]`: level, node index, offset, present."""
+  level: np.ndarray
+  node: np.ndarray
+  offset: np.ndarray
+  present: np.ndarray
+
+
+def tree_levels(n: int, num_levels: int) -> int:
+  """Levels above the tokens: min(num_levels, ceil(log2 n))."""
+  return min(num_levels, max(0, (n - 1).bit_length()))
+
+
+def neighbour_graph(n: int, k: int, num_levels: int, causal: bool) -> Graph:
+  """Contextual edges of every token (module docstring), by array arithmetic over tokens."""
+  i = np.arange(n)[:, None]
+  columns = []
+
+  def add(level, node, offset, present):
+    node = np.broadcast_to(node, present.shape)
+    columns.append((np.full(present.shape, level), np.where(present, node, 0),
+                    np.broadcast_to(offset, present.shape), present))
+
+  fine = np.arange(-k, 1 if causal else k + 1)[None]
+  add(0, i + fine, fine, (i + fine >= 0) & (i + fine < n))
+  rank = np.arange(1, k + 1)[None]
+  lo = i - k                      # left: first covered node of the level below
+  last = np.minimum(i + k, n - 1)  # right: last covered real token
+  for level in range(1, tree_levels(n, num_levels) + 1):
+    hi = -(-lo // 2)                                        # ceil(lo / 2)
+    add(level, hi - rank, -rank, hi - rank >= 0)
+    lo = hi - k
+    if not causal:
+      st = (last + 1) >> level                              # first node ending after `last`
+      count = -(-n // 2 ** level)                           # nodes holding a real token
+      add(level, st + rank - 1, rank, (st + rank - 1 < count) & (last < n - 1))
+      last = np.minimum((st + k) * 2 ** level - 1, n - 1)
+  return Graph(*(np.concatenate([c[f] for c in columns], axis=1) for f in range(4)))
+
+
+def num_offsets(k: int) -> int:
+  return 2 * k + 1
+
+
+class TreeNodes(NamedTuple):
+  """[tokens; level-1 nodes; level-2 nodes; ...] of a chunk padded to N = 2^m slots.
+
+  keys, values: `[batch, N + nodes, heads, head_dim]`; ok (usable: real tokens of
+  one document), segments and end (relative position of the span's last slot):
+  `[batch, N + nodes]`; starts: `[levels + 1]` numpy, where each level begins.
+  """
+  keys: jax.Array
+  values: jax.Array
+  ok: jax.Array
+  segments: jax.Array
+  end: jax.Array
+  starts: np.ndarray
+
+
+def tree_nodes(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
+               segment_ids: jax.Array, valid: jax.Array, levels: int) -> TreeNodes:
+  """The tokens and the span nodes of levels 1..`levels`, with their keys and values.
+
+  Args:
+    q, k, v: `[batch, n, heads, head_dim]`, q already scaled by 1/sqrt(head_dim).
+    positions, segment_ids, valid: `[batch, n]`; positions consecutive along the chunk.
+  """
+  b, n = q.shape[:2]
+  padded = 2 ** max(0, (n - 1).bit_length())
+  rel, seg, ok = block_sparse.blocked_context(positions, segment_ids, valid, padded)
+  q, k, v = (block_sparse.pad_length(a, padded) for a in (q, k, v))
+  weight = ok.astype(jnp.float32)[..., None, None]
+  big = jnp.iinfo(jnp.int32).max
+  # Level by level: sums and counts of real tokens, the least and greatest document id.
+  sums = [tuple(a.astype(jnp.float32) * weight for a in (q, k, v))]
+  counts = [ok.astype(jnp.float32)]
+  seg_lo, seg_hi = [jnp.where(ok, seg, big)], [jnp.where(ok, seg, -big)]
+  keys, values, usable, segments, end = [k], [v], [ok], [seg], [rel]
+  pair = lambda a: a.reshape(b, a.shape[1] // 2, 2, *a.shape[2:])     # children of each node
+  mean = lambda s, c: (s / jnp.maximum(c, 1.0)[..., None, None]).astype(q.dtype)
+  for level in range(1, levels + 1):
+    sums.append(tuple(jnp.sum(pair(a), axis=2) for a in sums[-1]))
+    counts.append(jnp.sum(pair(counts[-1]), axis=2))
+    seg_lo.append(jnp.min(pair(seg_lo[-1]), axis=2))
+    seg_hi.append(jnp.max(pair(seg_hi[-1]), axis=2))
+    # Initial representation: the mean over real tokens (of q, k, v: projections are linear).
+    node_q, node_k = (mean(s, counts[-1]) for s in sums[-1][:2])
+    child_k, child_v = ((mean(s, counts[-2]) for s in sums[-2][1:]) if level > 1 else (k, v))
+    # Affiliated edges: the node attends to its two children; the result is its value.
+    logits = jnp.einsum('bphd,bpchd->bhpc', node_q, pair(child_k))
+    weights = masked_softmax(logits, pair(counts[-2] > 0)).astype(v.dtype)
+    values.append(jnp.einsum('bhpc,bpchd->bphd', weights, pair(child_v)))
+    keys.append(node_k)
+    usable.append((counts[-1] > 0) & (seg_lo[-1] == seg_hi[-1]))
+    segments.append(seg_lo[-1])
+    end.append(rel[:, 2 ** level - 1::2 ** level])
+  join = lambda parts: jnp.concatenate(parts, axis=1)
+  starts = np.cumsum([0] + [padded >> level for level in range(levels)])
+  return TreeNodes(join(keys), join(values), join(usable), join(segments), join(end), starts)
+
+
+def graph_index(graph: Graph, starts: np.ndarray) -> np.ndarray:
+  """`[n, m]` indices of the neighbours in [tokens; level 1; level 2; ...]."""
+  return starts[graph.level] + graph.node
+
+
+def relative_index(graph: Graph, radius: int) -> np.ndarray:
+  """`[n, m]` row of r[l, o] in `rel_keys` flattened over (level, offset)."""
+  return graph.level * num_offsets(radius) + graph.offset + radius
+
+
+def bp_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, rel_keys: jax.Array,
+                             positions: jax.Array, segment_ids: jax.Array, valid: jax.Array, *,
+                             radius: int, num_levels: int, causal: bool) -> jax.Array:
+  """Token attention over the binary-partition graph, by gathering `[n, m]` neighbours.
+
+  Args:
+    q, k, v: `[batch, n, heads, head_dim]`, q already scaled by 1/sqrt(head_dim).
+    rel_keys: `[num_levels + 1, 2 radius + 1, heads, head_dim]`: r[l, o + radius].
+    positions, segment_ids, valid: `[batch, n]`; positions consecutive along the chunk.
+    radius: the paper's k. num_levels: coarsest level used. causal: edges to the left only.
+  Returns:
+    `[batch, n, heads, head_dim]`; a query with no allowed neighbour gives zeros.
+  """
+  n = q.shape[1]
+  nodes = tree_nodes(q, k, v, positions, segment_ids, valid, tree_levels(n, num_levels))
+  graph = neighbour_graph(n, radius, num_levels, causal)
+  index = jnp.asarray(graph_index(graph, nodes.starts))
+  gather = lambda a: a[:, index]                                        # [batch, n, m, ...]
+  q_rel = (positions - positions[:, :1])[:, :, None]
+  mask = (jnp.asarray(graph.present)[None] & gather(nodes.ok)
+          & (gather(nodes.segments) == segment_ids[:, :, None]))
+  if causal:
+    mask &= gather(nodes.end) <= q_rel
+  flat = rel_keys.reshape(-1, *rel_keys.shape[2:])
+  offsets = flat[jnp.asarray(relative_index(graph, radius))].astype(q.dtype)   # [n, m, h, d]
+  logits = (jnp.einsum('bnhd,bnmhd->bhnm', q, gather(nodes.keys))
+            + jnp.einsum('bnhd,nmhd->bhnm', q, offsets))
+  weights = masked_softmax(logits, mask).astype(v.dtype)
+  return jnp.einsum('bhnm,bnmhd->bnhd', weights, gather(nodes.values))
+
+
+class BPTransformerAttention(nn.Module):
+  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  Config = BPTransformerConfig
+  reads_mem_len = False           # stateless: attends within the chunk
+
+  num_heads: int
+  head_dim: int
+  d_model: int
+  k: int = 4
+  num_levels: int = 8
+  causal: bool = False
+  dtype: jnp.dtype = jnp.float32
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    section = config.bp_transformer
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               k=section.k, num_levels=section.num_levels, causal=config.causal, dtype=dtype,
+               name=name)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+    """Stateless: attends within the chunk."""
+    return {}
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state, ctx: AttentionContext):
+    project = lambda name: cached_context.project_heads(x, self.num_heads, self.head_dim, name,
+                                                        self.dtype)
+    q = project('query') / jnp.sqrt(self.head_dim).astype(self.dtype)
+    k, v = project('key'), project('value')
+    init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
+                                        (None, None, 'heads', 'head_dim'))
+    rel_keys = self.param('relative_keys', init, (self.num_levels + 1, num_offsets(self.k),
+                                                  self.num_heads, self.head_dim), jnp.float32)
+    out = bp_transformer_attention(q, k, v, rel_keys, ctx.positions, ctx.segment_ids, ctx.valid,
+                                   radius=self.k, num_levels=self.num_levels, causal=self.causal)
+    out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
+    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
