@@ -243,10 +243,7 @@ class BPTransformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    project = lambda name: cached_context.project_heads(x, self.num_heads, self.head_dim, name,
-                                                        self.dtype)
-    q = project('query') / jnp.sqrt(self.head_dim).astype(self.dtype)
-    k, v = project('key'), project('value')
+    q, k, v = cached_context.chunk_qkv(x, self.num_heads, self.head_dim, self.dtype)
     init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
                                         (None, None, 'heads', 'head_dim'))
     rel_keys = self.param('relative_keys', init, (self.num_levels + 1, num_offsets(self.k),

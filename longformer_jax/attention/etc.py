@@ -249,10 +249,7 @@ class ETCAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    project = lambda name: cached_context.project_heads(x, self.num_heads, self.head_dim, name,
-                                                        self.dtype)
-    q = project('query') / jnp.sqrt(self.head_dim).astype(self.dtype)
-    k, v = project('key'), project('value')
+    q, k, v = cached_context.chunk_qkv(x, self.num_heads, self.head_dim, self.dtype)
     init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
                                         (None, 'heads', 'head_dim'))
     rel_keys = self.param('relative_keys', init,

@@ -45,6 +45,16 @@ def project_output(x: jax.Array, d_model: int, dtype) -> jax.Array:
                     name='out', dtype=dtype)(x)
 
 
+def chunk_qkv(x: jax.Array, num_heads: int, head_dim: int, dtype):
+  """Vanilla's projections of a chunk, unrotated (variants with their own positions: relative
+  labels in ETC and BP-Transformer). Returns `(q, k, v)`, each `[batch, chunk, heads, head_dim]`,
+  with q already scaled by 1/sqrt(head_dim).
+  """
+  q = project_heads(x, num_heads, head_dim, 'query', dtype) / jnp.sqrt(head_dim).astype(dtype)
+  return (q, project_heads(x, num_heads, head_dim, 'key', dtype),
+          project_heads(x, num_heads, head_dim, 'value', dtype))
+
+
 def chunk_rotary_qkv(x: jax.Array, ctx: AttentionContext, num_heads: int, head_dim: int, dtype):
   """Vanilla's projections of a chunk, RoPE-rotated relative to its first position.
 
@@ -52,9 +62,6 @@ def chunk_rotary_qkv(x: jax.Array, ctx: AttentionContext, num_heads: int, head_d
   each `[batch, chunk, heads, head_dim]`, with q already scaled by
   1/sqrt(head_dim).
   """
-  q = project_heads(x, num_heads, head_dim, 'query', dtype)
-  k = project_heads(x, num_heads, head_dim, 'key', dtype)
-  v = project_heads(x, num_heads, head_dim, 'value', dtype)
+  q, k, v = chunk_qkv(x, num_heads, head_dim, dtype)
   relative = ctx.positions - ctx.positions[:, :1]
-  q = apply_rotary(q, relative) / jnp.sqrt(head_dim).astype(dtype)
-  return q, apply_rotary(k, relative), v
+  return apply_rotary(q, relative), apply_rotary(k, relative), v
