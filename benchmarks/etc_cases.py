@@ -18,15 +18,14 @@ Quick check (both cases at one length, fast vs dense-mask agreement):
   python -m benchmarks.etc_cases --seq_len=1024
 """
 
-import argparse
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.attention_case import AttentionCase
-from benchmarks.sparse_cases import HEAD_DIM, HEADS, one_document, scaled, seconds
+from benchmarks.attention_case import AttentionCase, quick_check
+from benchmarks.sparse_cases import HEAD_DIM, HEADS, one_document, scaled
 from longformer_jax.attention import etc
 from longformer_jax.attention.core.dot_product import attend
 
@@ -101,20 +100,7 @@ CASES = [
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--seq_len', type=int, default=1024)
-  n = parser.parse_args().seq_len
-  outputs = {}
-  for case in CASES:
-    inputs = case.make_inputs(n, jax.random.PRNGKey(0))
-    forward = jax.jit(case.forward)
-    fwd_bwd = jax.jit(jax.grad(lambda *a: jnp.sum(case.forward(*a)), argnums=(0, 1, 2, 3)))
-    outputs[case.variant] = np.asarray(forward(*inputs))
-    print(f'{case.variant:16s} n={n}  fwd {seconds(forward, *inputs):.3f}s  '
-          f'fwd_bwd {seconds(fwd_bwd, *inputs):.3f}s  {case.flops(n) / 1e9:.2f} GFLOP')
-  error = np.abs(outputs['etc_blocked'] - outputs['etc_dense_mask']).max()
-  print(f'etc_blocked vs etc_dense_mask: max |difference| {error:.2e}')
-  assert error < 1e-4, error
+  quick_check(CASES, __doc__.splitlines()[0])
 
 
 if __name__ == '__main__':

@@ -24,15 +24,13 @@ Quick check (each case once at one length, blocked vs dense-mask agreement):
   python -m benchmarks.sparse_cases --seq_len=1024
 """
 
-import argparse
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.attention_case import AttentionCase
+from benchmarks.attention_case import AttentionCase, quick_check
 from longformer_jax.attention import bigbird, sparse_transformer
 from longformer_jax.attention.core.block_sparse import num_blocks_for
 from longformer_jax.attention.core.dot_product import attend
@@ -153,31 +151,9 @@ CASES = [
 ]
 
 
-def seconds(fn, *args) -> float:
-  """Wall time of one call after a compiling call."""
-  jax.block_until_ready(fn(*args))
-  start = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  return time.perf_counter() - start
-
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--seq_len', type=int, default=1024)
-  n = parser.parse_args().seq_len
-  outputs = {}
-  for case in CASES:
-    inputs = case.make_inputs(n, jax.random.PRNGKey(0))
-    forward = jax.jit(case.forward)
-    fwd_bwd = jax.jit(jax.grad(lambda *a: jnp.sum(case.forward(*a)), argnums=(0, 1, 2)))
-    outputs[case.variant] = np.asarray(forward(*inputs))
-    print(f'{case.variant:28s} n={n}  fwd {seconds(forward, *inputs):.3f}s  '
-          f'fwd_bwd {seconds(fwd_bwd, *inputs):.3f}s  {case.flops(n) / 1e9:.2f} GFLOP')
-  for blocked in [v for v in outputs if v.endswith('_blocked')]:
-    dense = blocked.replace('_blocked', '_dense_mask')
-    error = np.abs(outputs[blocked] - outputs[dense]).max()
-    print(f'{blocked} vs {dense}: max |difference| {error:.2e}')
-    assert error < 1e-4, (blocked, error)
+  quick_check(CASES, __doc__.splitlines()[0])
 
 
 if __name__ == '__main__':

@@ -56,6 +56,7 @@ TINY = {
     'longformer': {'window': 3, 'global_tokens': 2},
     'lsh': {'chunk_len': 4, 'num_buckets': 4},
     'memorizing': {'memory_size': 16, 'top_k': 4},
+    'performer': {'block_len': 4, 'num_features': 16},
     'sparse_transformer': {'stride': 4},
     'streaming_sinks': {'num_sinks': 2, 'window': 5},
 }

@@ -15,6 +15,7 @@ from longformer_jax.attention.image_local import ImageLocalAttention
 from longformer_jax.attention.longformer import LongformerAttention
 from longformer_jax.attention.lsh import LSHAttention
 from longformer_jax.attention.memorizing import MemorizingAttention
+from longformer_jax.attention.performer import PerformerAttention
 from longformer_jax.attention.sparse_transformer import SparseTransformerAttention
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
 from longformer_jax.attention.vanilla import VanillaAttention
@@ -34,6 +35,7 @@ ATTENTION_VARIANTS = {
     'longformer': LongformerAttention,
     'lsh': LSHAttention,
     'memorizing': MemorizingAttention,
+    'performer': PerformerAttention,
     'sparse_transformer': SparseTransformerAttention,
     'streaming_sinks': StreamingSinkAttention,
     'vanilla': VanillaAttention,

@@ -52,13 +52,15 @@ def weighted_aux_losses(aux_per_layer, weights) -> tuple[jax.Array, dict]:
   return objective, stats
 
 
-def chunk_context(chunk: dict, deterministic: bool) -> AttentionContext:
-  """The attention context of one `[batch, chunk_len]` chunk."""
+def chunk_context(chunk: dict, deterministic: bool,
+                  step: Optional[jax.Array] = None) -> AttentionContext:
+  """The attention context of one `[batch, chunk_len]` chunk (`step`: the training step)."""
   return AttentionContext(
       positions=chunk['positions'],
       segment_ids=chunk['segment_ids'],
       reset=chunk['doc_start'][:, 0],
       valid=chunk['input_mask'],
+      step=step,
       deterministic=deterministic)
 
 
@@ -73,7 +75,7 @@ def subset_sums(nll: jax.Array, targets: jax.Array, subset: jax.Array,
 
 def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
             rng: Optional[jax.Array] = None, deterministic: bool = True,
-            token_bytes: Optional[jax.Array] = None):
+            token_bytes: Optional[jax.Array] = None, step: Optional[jax.Array] = None):
   """Scans the model over the step's chunks and sums the next-token loss.
 
   Args:
@@ -86,6 +88,7 @@ def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
       deterministic.
     token_bytes: optional `[vocab]` int32 UTF-8 bytes per token; adds
       `bytes`, the number of bytes the valid targets stand for.
+    step: optional int32 training step, passed to attention as `ctx.step`.
   Returns:
     `(memory, sums)` with float32 scalars `loss_sum` (nats), `tokens`,
     `objective_sum` (the loss plus the weighted auxiliary losses, each
@@ -100,7 +103,7 @@ def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
   def one_chunk(states, chunk, index):
     rngs = {} if deterministic else {'dropout': jax.random.fold_in(rng, index)}
     logits, states, aux = model.apply({'params': params}, chunk['inputs'], states,
-                                      chunk_context(chunk, deterministic), rngs=rngs)
+                                      chunk_context(chunk, deterministic, step), rngs=rngs)
     mask = chunk['target_mask'].astype(jnp.float32)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, chunk['targets'])
     aux_objective, aux_stats = weighted_aux_losses(aux, weights)

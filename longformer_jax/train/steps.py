@@ -50,7 +50,7 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
 
   def summed_loss(params, memory, micro_batch, micro_rng):
     memory, sums = lm_sums(model, params, memory, micro_batch, chunk_len,
-                           rng=micro_rng, deterministic=False)
+                           rng=micro_rng, deterministic=False, step=state.step)
     return sums['objective_sum'], (memory, sums)
 
   grad_fn = jax.grad(summed_loss, has_aux=True)

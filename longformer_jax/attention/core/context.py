@@ -19,6 +19,8 @@ class AttentionContext:
     valid: `[batch, chunk]` bool, the token is real (not padding).
     global_flags: optional `[batch, chunk]` bool, global tokens (Longformer,
       BigBird).
+    step: optional int32 scalar, the training step (set by the LM train step;
+      None elsewhere). Performer redraws its random features by it.
     deterministic: static; True disables dropout.
   """
   positions: jax.Array
@@ -26,4 +28,5 @@ class AttentionContext:
   reset: jax.Array
   valid: jax.Array
   global_flags: Optional[jax.Array] = None
+  step: Optional[jax.Array] = None
   deterministic: bool = flax.struct.field(pytree_node=False, default=True)

@@ -1,0 +1,351 @@
+"""Performer attention, FAVOR+ (Choromanski et al., 2021, "Rethinking Attention with Performers").
+
+Softmax attention exp(q . k / sqrt(d)) is replaced by a random-feature kernel
+phi(q) . phi(k) (`core/random_features.py`: positive orthogonal features for
+the softmax kernel, or the ReLU kernel of generalised attention), and the
+attention is computed in O(n) by associativity (sec. 2.2, eq. for Att):
+
+  out_i = phi(q_i) . sum_j phi(k_j) v_j^T / phi(q_i) . sum_j phi(k_j),
+
+the sums over the keys j that query i may attend to under the causal,
+document and padding rule of `masking.py`. A query with no such key gives 0.
+
+Numerical shifts (softmax kernel). Features are exponentials; each is
+computed as exp(logit - shift) with a stop-gradient shift that cancels
+exactly in the ratio above: per query row its max over the m features; for
+keys, one shift per (row, head) shared by every key a query sums over (a
+running max over the blocks, carried with the sums). The constant factors
+1/sqrt(m) and exp(-|q|^2 / 2) cancel the same way and are left out.
+
+Causal (`model.causal`): prefix sums. A `lax.scan` runs over blocks of
+`block_len` positions; inside a block the exact masked part phi(Q) phi(K)^T
+(`[block, block]`), across blocks a carried S = sum phi(k) v^T
+`[heads, m, head_dim]` and z = sum phi(k) `[heads, m]` that hold only keys of
+one document: at a block's end the carry becomes its old value plus the
+block's keys if the block's last token is of the carry's document, else only
+the block's keys of that last document. A query sees the carry iff it is of
+the carry's document. Never an n x n array, never a loop over positions.
+
+Memory across chunks (docs/design.md, contracts 1 and 4): causal Performer is
+an RNN; with `carry_state` (default) the carry is the variant's state
+(`PerformerState`, stop-gradient between chunks), cleared for rows flagged
+`reset`, after a feature redraw, and unseen by queries of another document.
+Bidirectional attention is stateless: a forward scan (keys at or before the
+query) plus a backward scan (keys after it) of the same blocks, so documents
+inside a chunk stay apart; one key shift per (row, head) over the chunk.
+
+Features come from an explicit key: `fold_in(PRNGKey(seed), crc32(module
+path))`, fixed per layer, identical in training and evaluation (under
+`scan_layers` every layer has the same path, hence the same features). With
+`redraw_every = r > 0` training step t uses `fold_in(fixed, t // r)` (the
+fixed key itself for t < r; the step comes from `ctx.step`); deterministic
+calls (evaluation) always use the fixed features. Queries and keys are
+rotated by RoPE at their absolute stream positions (`rotary`), so carried
+keys and new queries share one frame.
+"""
+
+import dataclasses
+import functools
+import zlib
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import random_features
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.config.section import Section
+from longformer_jax.layers.positional import apply_rotary
+
+KERNELS = ('softmax', 'relu')
+RELU_EPS = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class PerformerConfig(Section):
+  """`config.model.performer`; causal or not is the shared `model.causal`."""
+  num_features: int = 256         # m random features per layer (shared by the heads)
+  kernel: str = 'softmax'         # softmax: positive features (FAVOR+) | relu: relu(Wx) + eps
+  feature_norm: str = 'chi'       # row norms of W: chi (unbiased) | sqrt_d (fixed length)
+  block_len: int = 64             # causal: exact attention inside blocks, prefix sums across
+  redraw_every: int = 0           # redraw features every N training steps; 0: never
+  seed: int = 0                   # fixed features per layer from this seed
+  carry_state: bool = True        # causal: carry S, z from chunk to chunk (False: stateless)
+  rotary: bool = True             # RoPE on q and k at absolute positions
+  relu_eps: float = RELU_EPS      # kernel='relu': eps added to every feature
+
+  def validate(self, env) -> None:
+    self.require(self.num_features >= 1, 'num_features', 'must be >= 1')
+    self.require(self.kernel in KERNELS, 'kernel', f'must be one of {list(KERNELS)}')
+    self.require(self.feature_norm in random_features.FEATURE_NORMS, 'feature_norm',
+                 f'must be one of {list(random_features.FEATURE_NORMS)}')
+    self.require(self.block_len >= 1, 'block_len', 'must be >= 1')
+    self.require(self.redraw_every >= 0, 'redraw_every', 'must be >= 0 (0: never redraw)')
+    self.require(self.seed >= 0, 'seed', 'must be >= 0')
+    self.require(self.relu_eps > 0, 'relu_eps', 'must be > 0 (keeps the normaliser positive)')
+    self.require(self.kernel == 'relu' or self.relu_eps == RELU_EPS, 'relu_eps',
+                 "is read only by kernel='relu'")
+
+
+@flax.struct.dataclass
+class PerformerState:
+  """The causal carry: sums over the keys of one document, scaled by exp(-shift).
+
+  The true sums are `sums * exp(shift)` and `normaliser * exp(shift)` (softmax
+  kernel; the ReLU kernel keeps shift 0).
+  """
+  sums: jax.Array         # [batch, heads, m, head_dim] float32: S = sum phi(k) v^T
+  normaliser: jax.Array   # [batch, heads, m] float32: z = sum phi(k)
+  shift: jax.Array        # [batch, heads] float32: the keys' feature shift
+  segment_ids: jax.Array  # [batch] int32: the document of the summed keys
+  valid: jax.Array        # [batch] bool: the sums hold keys
+  period: jax.Array       # [batch] int32: the feature draw the sums were made with
+
+  def logical_axes(self) -> 'PerformerState':
+    return PerformerState(sums=('batch', 'heads', None, 'head_dim'),
+                          normaliser=('batch', 'heads', None), shift=('batch', 'heads'),
+                          segment_ids=('batch',), valid=('batch',), period=('batch',))
+
+
+def empty_state(batch: int, heads: int, num_features: int, head_dim: int) -> PerformerState:
+  return PerformerState(
+      sums=jnp.zeros((batch, heads, num_features, head_dim), jnp.float32),
+      normaliser=jnp.zeros((batch, heads, num_features), jnp.float32),
+      shift=jnp.zeros((batch, heads), jnp.float32),
+      segment_ids=jnp.zeros((batch,), jnp.int32), valid=jnp.zeros((batch,), bool),
+      period=jnp.zeros((batch,), jnp.int32))
+
+
+def _block_step(carry: PerformerState, block, *, shifted: bool, inclusive: bool):
+  """One block: the carry's part, the exact in-block part, then the carry update.
+
+  `block`: phi_q `[b, L, h, m]`; keys `[b, L, h, m]` (log-features if
+  `shifted`, else features); v `[b, L, h, d]`; positions, segments, valid `[b, L]`.
+  Returns the new carry and the unnormalised (numerator `[b, L, h, d]`,
+  denominator `[b, L, h]`).
+  """
+  phi_q, keys, v, positions, segments, valid = block
+  has = carry.valid
+  key_valid = valid[:, :, None, None]
+  if shifted:
+    logits = jnp.where(key_valid, keys, -jnp.inf)
+    shift = jnp.maximum(jnp.where(has[:, None], carry.shift, -jnp.inf),
+                        jnp.max(logits, axis=(1, 3)))                      # [b, h]
+    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
+    scale = jnp.where(has[:, None], jnp.exp(jnp.minimum(carry.shift - shift, 0.0)), 0.0)
+    phi_k = jnp.exp(logits - shift[:, None, :, None])
+  else:
+    shift = carry.shift
+    scale = jnp.broadcast_to(has[:, None], shift.shape).astype(jnp.float32)
+    phi_k = jnp.where(key_valid, keys, 0.0)
+  sums = carry.sums * scale[..., None, None]
+  normaliser = carry.normaliser * scale[..., None]
+
+  # Earlier blocks (and chunks): only queries of the carry's document see them.
+  sees_carry = (has[:, None] & (segments == carry.segment_ids[:, None])).astype(jnp.float32)
+  num = jnp.einsum('blhm,bhmd->blhd', phi_q, sums) * sees_carry[..., None, None]
+  den = jnp.einsum('blhm,bhm->blh', phi_q, normaliser) * sees_carry[..., None]
+  # The block itself, exactly: keys at (or, not `inclusive`, strictly before) the query.
+  allowed = causal_document_mask(positions if inclusive else positions - 1, segments,
+                                 positions, segments, valid)              # [b, L, L]
+  weights = jnp.einsum('bqhm,bkhm->bhqk', phi_q, phi_k) * allowed[:, None].astype(jnp.float32)
+  num = num + jnp.einsum('bhqk,bkhd->bqhd', weights, v)
+  den = den + jnp.swapaxes(jnp.sum(weights, axis=-1), 1, 2)
+
+  # The carry keeps the keys of the block's last document (with the old sums if it is theirs).
+  last = segments[:, -1]
+  keep = (has & (carry.segment_ids == last)).astype(jnp.float32)
+  joins = (valid & (segments == last[:, None])).astype(jnp.float32)
+  kept = phi_k * joins[:, :, None, None]
+  new = PerformerState(
+      sums=sums * keep[:, None, None, None] + jnp.einsum('bkhm,bkhd->bhmd', kept, v),
+      normaliser=normaliser * keep[:, None, None] + jnp.sum(kept, axis=1),
+      shift=shift, segment_ids=last, valid=(keep > 0) | jnp.any(joins > 0, axis=1),
+      period=carry.period)
+  return new, (num, den)
+
+
+def linear_attention_blocks(phi_q: jax.Array, keys: jax.Array, v: jax.Array,
+                            positions: jax.Array, segment_ids: jax.Array, valid: jax.Array,
+                            carry: PerformerState, *, block_len: int, shifted: bool,
+                            inclusive: bool = True):
+  """Causal linear attention by a scan over blocks (module docstring).
+
+  Args:
+    phi_q: `[batch, n, heads, m]` query features.
+    keys: `[batch, n, heads, m]` key log-features (`shifted`) or features.
+    v: `[batch, n, heads, head_dim]`.
+    positions, segment_ids: `[batch, n]` int32 (segments non-decreasing along
+      the row); valid: `[batch, n]` bool.
+    carry: the sums of earlier keys (`PerformerState`).
+    block_len: L; n need not be a multiple of it.
+    inclusive: a query sees its own key (False: only keys strictly before it).
+  Returns:
+    `(numerator [b, n, h, d], denominator [b, n, h], carry)`, float32.
+  """
+  batch, n = phi_q.shape[:2]
+  block = min(block_len, n)
+  padded = -(-n // block) * block
+
+  def pad(a, mode='constant'):
+    return jnp.pad(a, [(0, 0), (0, padded - n)] + [(0, 0)] * (a.ndim - 2), mode=mode)
+
+  def to_blocks(a):  # [b, padded, ...] -> [blocks, b, L, ...]
+    return jnp.moveaxis(a.reshape(batch, padded // block, block, *a.shape[2:]), 1, 0)
+
+  def from_blocks(a):
+    return jnp.moveaxis(a, 0, 1).reshape(batch, padded, *a.shape[3:])[:, :n]
+
+  inputs = (pad(phi_q), pad(keys), pad(v.astype(jnp.float32)), pad(positions, 'edge'),
+            pad(segment_ids, 'edge'), pad(valid))
+  step = functools.partial(_block_step, shifted=shifted, inclusive=inclusive)
+  carry, (num, den) = jax.lax.scan(step, carry, tuple(map(to_blocks, inputs)))
+  return from_blocks(num), from_blocks(den), carry
+
+
+def normalised(num: jax.Array, den: jax.Array) -> jax.Array:
+  """num / den `[b, n, h, d]`; rows with den = 0 (no key) give 0, with finite gradients."""
+  nonzero = den > 0
+  return jnp.where(nonzero[..., None], num / jnp.where(nonzero, den, 1.0)[..., None], 0.0)
+
+
+def query_features(q: jax.Array, features: jax.Array, kernel: str, relu_eps: float) -> jax.Array:
+  """phi(q) `[b, n, h, m]` up to a per-query factor (it cancels in the output)."""
+  if kernel == 'relu':
+    return random_features.relu_features(q, features, relu_eps)
+  logits = random_features.softmax_logits(q, features)
+  return jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
+
+
+def causal_performer_attention(q, k, v, positions, segment_ids, valid, features,
+                               carry: PerformerState, *, kernel: str = 'softmax',
+                               block_len: int = 64, relu_eps: float = RELU_EPS):
+  """Causal FAVOR+ over `[batch, n, heads, head_dim]` q, k, v after `carry`.
+
+  `features`: W `[m, head_dim]`. Returns `(out [b, n, h, d] float32, carry)`.
+  """
+  phi_q = query_features(q, features, kernel, relu_eps)
+  if kernel == 'relu':
+    keys, shifted = random_features.relu_features(k, features, relu_eps), False
+  else:
+    keys, shifted = random_features.softmax_logits(k, features), True
+  num, den, carry = linear_attention_blocks(phi_q, keys, v, positions, segment_ids, valid,
+                                            carry, block_len=block_len, shifted=shifted)
+  return normalised(num, den), carry
+
+
+def bidirectional_performer_attention(q, k, v, positions, segment_ids, valid, features, *,
+                                      kernel: str = 'softmax', block_len: int = 64,
+                                      relu_eps: float = RELU_EPS) -> jax.Array:
+  """Bidirectional FAVOR+ within each document of the chunk: `[b, n, h, d]` float32."""
+  phi_q = query_features(q, features, kernel, relu_eps)
+  if kernel == 'relu':
+    phi_k = random_features.relu_features(k, features, relu_eps)
+  else:
+    logits = jnp.where(valid[:, :, None, None], random_features.softmax_logits(k, features),
+                       -jnp.inf)
+    shift = jnp.max(logits, axis=(1, 3), keepdims=True)                    # [b, 1, h, 1]
+    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
+    phi_k = jnp.exp(logits - shift)
+  empty = empty_state(q.shape[0], q.shape[2], features.shape[0], v.shape[-1])
+  run = functools.partial(linear_attention_blocks, block_len=block_len, shifted=False)
+  num, den, _ = run(phi_q, phi_k, v, positions, segment_ids, valid, empty)
+  # Keys after the query: the same scan over the reversed chunk, strictly before.
+  flip = lambda a: jnp.flip(a, axis=1)  # noqa: E731
+  num_after, den_after, _ = run(flip(phi_q), flip(phi_k), flip(v), -flip(positions),
+                                flip(segment_ids), flip(valid), empty, inclusive=False)
+  return normalised(num + flip(num_after), den + flip(den_after))
+
+
+class PerformerAttention(nn.Module):
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, {})`.
+
+  State: `PerformerState` (causal with `carry_state`), else `{}`. Settings:
+  `model.performer` (`PerformerConfig`) and the shared `model.causal`.
+  """
+  Config = PerformerConfig
+  reads_mem_len = False           # the carry is S and z, not a cache of mem_len states
+
+  num_heads: int
+  head_dim: int
+  d_model: int
+  num_features: int = 256
+  kernel: str = 'softmax'
+  feature_norm: str = 'chi'
+  block_len: int = 64
+  redraw_every: int = 0
+  seed: int = 0
+  carry_state: bool = True
+  rotary: bool = True
+  relu_eps: float = RELU_EPS
+  causal: bool = True
+  dtype: jnp.dtype = jnp.float32
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
+    s = config.performer
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               num_features=s.num_features, kernel=s.kernel, feature_norm=s.feature_norm,
+               block_len=s.block_len, redraw_every=s.redraw_every, seed=s.seed,
+               carry_state=s.carry_state, rotary=s.rotary, relu_eps=s.relu_eps,
+               causal=config.causal, dtype=dtype, name=name)
+
+  @staticmethod
+  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+    """Zero sums (float32 whatever `dtype`) when causal with `carry_state`, else `{}`."""
+    del dtype
+    if not config.causal or not config.performer.carry_state:
+      return {}
+    return empty_state(batch_size, config.num_heads, config.performer.num_features,
+                       config.head_dim)
+
+  def feature_period(self, ctx: AttentionContext) -> jax.Array:
+    """int32 scalar: step // redraw_every in training, 0 (the fixed features) otherwise."""
+    if self.redraw_every == 0 or ctx.deterministic or ctx.step is None:
+      return jnp.zeros((), jnp.int32)
+    return jnp.asarray(ctx.step, jnp.int32) // self.redraw_every
+
+  def feature_key(self, period: jax.Array) -> jax.Array:
+    """fold_in(PRNGKey(seed), crc32(module path)) for period 0, folded with the period after."""
+    path = '/'.join(str(part) for part in self.scope.path)
+    fixed = jax.random.fold_in(jax.random.PRNGKey(self.seed), zlib.crc32(path.encode()))
+    return jnp.where(period == 0, fixed, jax.random.fold_in(fixed, period))
+
+  def incoming_carry(self, state, ctx: AttentionContext, batch: int,
+                     period: jax.Array) -> PerformerState:
+    """The state as the first block's carry: cleared on reset or a new feature draw."""
+    if not self.carry_state:
+      return empty_state(batch, self.num_heads, self.num_features, self.head_dim)
+    return state.replace(
+        sums=jax.lax.stop_gradient(state.sums),
+        normaliser=jax.lax.stop_gradient(state.normaliser),
+        valid=state.valid & ~ctx.reset & (state.period == period))
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state, ctx: AttentionContext):
+    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    k = cached_context.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
+    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
+    if self.rotary:
+      q, k = apply_rotary(q, ctx.positions), apply_rotary(k, ctx.positions)
+    period = self.feature_period(ctx)
+    features = random_features.random_feature_matrix(
+        self.feature_key(period), self.num_features, self.head_dim, self.feature_norm)
+    self.sow('intermediates', 'features', features)
+    facts = (ctx.positions, ctx.segment_ids, ctx.valid, features)
+    if self.causal:
+      carry = self.incoming_carry(state, ctx, x.shape[0], period)
+      out, carry = causal_performer_attention(q, k, v, *facts, carry, kernel=self.kernel,
+                                              block_len=self.block_len, relu_eps=self.relu_eps)
+      if self.carry_state:
+        state = carry.replace(period=jnp.broadcast_to(period, carry.period.shape))
+    else:
+      out = bidirectional_performer_attention(q, k, v, *facts, kernel=self.kernel,
+                                              block_len=self.block_len, relu_eps=self.relu_eps)
+    out = nn.with_logical_constraint(out.astype(self.dtype),
+                                     ('batch', 'length', 'heads', 'head_dim'))
+    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
