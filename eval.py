@@ -105,7 +105,8 @@ def at_checkpoint_phase(config: ml_collections.ConfigDict, workdir: str) -> ml_c
 
 
 def restore_params(config, tokenizer, workdir: str, mesh, rules):
-  """`(params, param_shardings, step)` of the requested (or latest) checkpoint."""
+  """`(params, param_shardings, step, model_state)` of the requested (or latest) checkpoint
+  (`model_state`: the non-gradient state, train/train_state.py; `{}` for most models)."""
   model = DecoderLM(lm_model_config(config.model, tokenizer.vocab_size))
   # The optimizer train.py built (a phased run chains a phase scale): same state layout.
   optimizer = phases.phased_optimizer(make_optimizer(config.optimizer, config.train.num_steps),
@@ -117,7 +118,7 @@ def restore_params(config, tokenizer, workdir: str, mesh, rules):
     if checkpointer.latest_step() is None:
       raise FileNotFoundError(f'no checkpoint in {checkpointer.directory}; train first')
     state, _ = checkpointer.restore(step, abstract)
-  return state.params, shardings.params, int(state.step)
+  return state.params, shardings.params, int(state.step), state.model_state
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -152,10 +153,11 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
                                  config.data.skip_undecodable)
   mesh = make_mesh(config.parallel.mesh_shape)
   rules = config.parallel.logical_axis_rules
-  params, param_shardings, step = restore_params(config, tokenizer, workdir, mesh, rules)
+  params, param_shardings, step, model_state = restore_params(config, tokenizer, workdir, mesh,
+                                                              rules)
   if config.eval.memory_sweep:
     return evaluate_memory_sweep(config, workdir, tokenizer, documents, mesh, rules, params,
-                                 param_shardings, step)
+                                 param_shardings, step, model_state)
 
   rows = []
   for mem_len in mem_lens:
@@ -164,7 +166,7 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
                           chunk_len=chunk_len, mesh=mesh, rules=rules,
                           param_shardings=param_shardings,
                           far_distance=config.eval.far_distance)
-    metrics = evaluator.evaluate(params, documents, config.eval.max_tokens)
+    metrics = evaluator.evaluate(params, documents, config.eval.max_tokens, model_state)
     rows.append(dict(model=describe_model(model_config), mem_len=mem_len, chunk_len=chunk_len,
                      **metrics))
     logging.info('%s: %.4f bits/byte', rows[-1]['model'], metrics['bits_per_byte'])
@@ -209,7 +211,7 @@ def sweep_model_config(config, tokenizer, point) -> ml_collections.FrozenConfigD
 
 
 def evaluate_memory_sweep(config, workdir: str, tokenizer, documents, mesh, rules, params,
-                          param_shardings, step: int) -> dict:
+                          param_shardings, step: int, model_state=None) -> dict:
   """`config.eval.memory_sweep`: one evaluation per point; writes the table and the plot."""
   points = memory_sweep.parse_sweep(config.eval.memory_sweep,
                                     config.eval.chunk_len or config.data.chunk_len)
@@ -220,7 +222,7 @@ def evaluate_memory_sweep(config, workdir: str, tokenizer, documents, mesh, rule
                           chunk_len=point.chunk, mesh=mesh, rules=rules,
                           param_shardings=param_shardings,
                           far_distance=config.eval.far_distance)
-    metrics = evaluator.evaluate(params, documents, config.eval.max_tokens)
+    metrics = evaluator.evaluate(params, documents, config.eval.max_tokens, model_state)
     logging.info('%s: %.4f bits/byte', point.describe(), metrics['bits_per_byte'])
     return metrics
 

@@ -57,6 +57,7 @@ TINY = {
     'lsh': {'chunk_len': 4, 'num_buckets': 4},
     'memorizing': {'memory_size': 16, 'top_k': 4},
     'performer': {'block_len': 4, 'num_features': 16},
+    'routing': {'num_clusters': 2, 'window': 3, 'local_window': 3, 'local_heads': 1},
     'sparse_transformer': {'stride': 4},
     'streaming_sinks': {'num_sinks': 2, 'window': 5},
 }
@@ -195,10 +196,13 @@ def build_harness(make_module, init_state, adapt=lambda out: out) -> dict:
   """
   modules = {dtype: make_module(dtype) for dtype in (jnp.float32, jnp.bfloat16)}
   warm_ctx = context(stream_positions(0), seed=1)
-  params = nn.meta.unbox(jax.jit(modules[jnp.float32].init, compiler_options=FAST_COMPILE)(
+  variables = nn.meta.unbox(jax.jit(modules[jnp.float32].init, compiler_options=FAST_COMPILE)(
       jax.random.PRNGKey(0), random_inputs(0)[0], init_state(jnp.float32),
-      jax.tree_util.tree_map(lambda a: a[0], warm_ctx))['params'])
-  apply = lambda dtype: (lambda p, x, s, ctx: adapt(modules[dtype].apply({'params': p}, x, s, ctx)))
+      jax.tree_util.tree_map(lambda a: a[0], warm_ctx)))
+  params = variables.pop('params')
+  # Other collections (non-gradient model state, e.g. Routing's centroids) are read as initialised.
+  apply = lambda dtype: (lambda p, x, s, ctx: adapt(
+      modules[dtype].apply({'params': p, **variables}, x, s, ctx)))
   run = scan_runner(apply(jnp.float32), with_grads=True)
   h = dict(params=params, run=run, init=init_state,
            run_bf16=scan_runner(apply(jnp.bfloat16), with_grads=False))

@@ -194,7 +194,7 @@ def test_far_recurrences_are_scored_alone(trained_vanilla):
   documents = tokenize_documents(tokenizer, load_corpus(saved.data, saved.eval.split),
                                  saved.data.skip_undecodable)
   mesh, rules = make_mesh(saved.parallel.mesh_shape), saved.parallel.logical_axis_rules
-  params, shardings, _ = eval_script.restore_params(saved, tokenizer, trained_vanilla, mesh, rules)
+  params, shardings, _, _ = eval_script.restore_params(saved, tokenizer, trained_vanilla, mesh, rules)
   model_config = lm_model_config(saved.model, tokenizer.vocab_size)
   evaluator = Evaluator(model_config, tokenizer, batch_size=8, chunk_len=8, mesh=mesh,
                         rules=rules, param_shardings=shardings)

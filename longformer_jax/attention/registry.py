@@ -16,6 +16,7 @@ from longformer_jax.attention.longformer import LongformerAttention
 from longformer_jax.attention.lsh import LSHAttention
 from longformer_jax.attention.memorizing import MemorizingAttention
 from longformer_jax.attention.performer import PerformerAttention
+from longformer_jax.attention.routing import RoutingAttention
 from longformer_jax.attention.sparse_transformer import SparseTransformerAttention
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
 from longformer_jax.attention.vanilla import VanillaAttention
@@ -36,6 +37,7 @@ ATTENTION_VARIANTS = {
     'lsh': LSHAttention,
     'memorizing': MemorizingAttention,
     'performer': PerformerAttention,
+    'routing': RoutingAttention,
     'sparse_transformer': SparseTransformerAttention,
     'streaming_sinks': StreamingSinkAttention,
     'vanilla': VanillaAttention,

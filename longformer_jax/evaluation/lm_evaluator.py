@@ -69,7 +69,8 @@ class Evaluator:
     fn = functools.partial(steps.eval_step, model=DecoderLM(model_config), chunk_len=chunk_len,
                     token_bytes=token_bytes)
     self._step = jax.jit(
-        fn, in_shardings=(param_shardings, self._memory_shardings, self._batch_sharding),
+        fn, in_shardings=(param_shardings, self._memory_shardings, self._batch_sharding,
+                          sharding.replicated(mesh)),
         out_shardings=(self._memory_shardings, sharding.replicated(mesh)),
         donate_argnums=1)
     self._fresh_memory = jax.jit(lambda: DecoderLM.init_state(model_config, batch_size),
@@ -85,8 +86,9 @@ class Evaluator:
                        process_count=jax.process_count(),
                        chunks_per_batch=self.chunks_per_batch, max_tokens=max_tokens)
 
-  def evaluate(self, params, documents, max_tokens: int = 0) -> dict:
-    """Scores `documents` (token arrays); `max_tokens > 0` stops early."""
+  def evaluate(self, params, documents, max_tokens: int = 0, model_state=None) -> dict:
+    """Scores `documents` (token arrays); `max_tokens > 0` stops early. `model_state`: the
+    run's non-gradient model state (`TrainState.model_state`), if the model has any."""
     memory = self.fresh_memory()
     totals = None
     streams = self.streams(documents, max_tokens)
@@ -98,7 +100,7 @@ class Evaluator:
         if marker is not None:
           arrays['subset_mask'] = marker.mark(batch)
         arrays = sharding.to_global_batch(arrays, self._batch_sharding)
-        memory, sums = self._step(params, memory, arrays)
+        memory, sums = self._step(params, memory, arrays, model_state or {})
         totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
     totals = jax.tree_util.tree_map(lambda x: float(np.asarray(x)), totals)
     metrics = summarize(totals['loss_sum'], totals['tokens'], totals['bytes'])

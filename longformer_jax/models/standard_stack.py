@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.models.block_registry import block_class
 from longformer_jax.models.layer_schedule import layer_config
@@ -65,7 +65,7 @@ class BlockStack(nn.Module):
     if cfg.scan_layers:
       scanned = nn.scan(
           layer_block(cfg, self.dtype, 'layers'),
-          variable_axes={'params': 0},
+          variable_axes={'params': 0, MODEL_STATE: 0},
           split_rngs={'params': True, 'dropout': True},
           in_axes=(0, nn.broadcast),
           length=cfg.num_layers,

@@ -30,6 +30,7 @@ cause. `orbax_noise` filters exactly these reports; a `Checkpointer` installs
 it when it is created, before any read.
 """
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -184,10 +185,12 @@ class Checkpointer:
     orbax_noise.install()  # Again, in case something replaced the filters.
     step = self._existing_step(step)
     target = _without_empty_arrays(abstract_state)
+    target, as_target = self._target_like_saved(step, target)
     self._check_shapes(step, target)
     restored = self._restore_items(step, target)
-    self._verify_checksums(step, restored[_STATE], restored[_CHECKSUMS])
-    return _with_empty_arrays(restored[_STATE], abstract_state), restored[_DATA]
+    state = as_target(restored[_STATE])
+    self._verify_checksums(step, state, restored[_CHECKSUMS])
+    return _with_empty_arrays(state, abstract_state), restored[_DATA]
 
   def restore_latest_intact(
       self, abstract_state: PyTree
@@ -282,6 +285,27 @@ class Checkpointer:
           f'longformer_jax_move_aside_{step}_{next(self._barriers)}')
     self._manager.reload()
     return target
+
+  def _target_like_saved(self, step: int, target: PyTree):
+    """`(target, as_target)`: fields of a dataclass `target` that hold no arrays and that the
+    saved state lacks (a state field added after the checkpoint was written, such as
+    `TrainState.model_state`) are left out of the restore; `as_target` puts them back."""
+    unchanged = (target, lambda restored: restored)
+    if not dataclasses.is_dataclass(target):
+      return unchanged
+    try:
+      saved = self._manager.item_metadata(step)[_STATE]
+    except Exception:  # Unreadable metadata: the restore reports it.
+      return unchanged
+    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(target)}
+    if saved is None or not hasattr(saved, 'keys') or not set(saved.keys()) <= set(fields):
+      return unchanged
+    absent = {name: value for name, value in fields.items()
+              if name not in saved.keys() and not jax.tree_util.tree_leaves(value)}
+    if not absent:
+      return unchanged
+    kept = {name: value for name, value in fields.items() if name not in absent}
+    return kept, lambda restored: dataclasses.replace(target, **restored, **absent)
 
   def _check_shapes(self, step: int, target: PyTree) -> None:
     """Raises `CheckpointMismatchError` if leaves of `target` have other

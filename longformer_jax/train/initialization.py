@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from longformer_jax.attention.core.context import MODEL_STATE
 from longformer_jax.models.decoder_lm import DecoderLM, state_logical_axes
 from longformer_jax.parallel import sharding
 from longformer_jax.train.lm_objective import chunk_context
@@ -31,22 +32,30 @@ def boxed_memory(model_config: ml_collections.FrozenConfigDict, batch_size: int)
   return sharding.box_with_logical_axes(memory, state_logical_axes(memory))
 
 
-def init_params(model: DecoderLM, rng: jax.Array, batch_size: int, chunk_len: int):
-  """Logically boxed parameters of `model`."""
+def init_variables(model: DecoderLM, rng: jax.Array, batch_size: int, chunk_len: int) -> dict:
+  """Every Flax collection of `model` at initialisation: `params` (logically boxed) and,
+  for models with non-gradient state, `model_state` (train/train_state.py)."""
   chunk = dummy_chunk(batch_size, chunk_len)
   memory = DecoderLM.init_state(model.config, batch_size)
-  return model.init({'params': rng}, chunk['inputs'], memory,
-                    chunk_context(chunk, deterministic=True))['params']
+  return dict(model.init({'params': rng}, chunk['inputs'], memory,
+                         chunk_context(chunk, deterministic=True)))
+
+
+def init_params(model: DecoderLM, rng: jax.Array, batch_size: int, chunk_len: int):
+  """Logically boxed parameters of `model`."""
+  return init_variables(model, rng, batch_size, chunk_len)['params']
 
 
 def create_train_state(model: DecoderLM, optimizer: optax.GradientTransformation,
                        rng: jax.Array, batch_size: int, chunk_len: int) -> TrainState:
   """The boxed initial state (use inside `jax.eval_shape` / `jax.jit`)."""
   init_rng, state_rng = jax.random.split(rng)
-  params = init_params(model, init_rng, batch_size, chunk_len)
+  variables = init_variables(model, init_rng, batch_size, chunk_len)
+  params = variables['params']
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optimizer.init(params),
-                    memory=boxed_memory(model.config, batch_size), rng=state_rng)
+                    memory=boxed_memory(model.config, batch_size), rng=state_rng,
+                    model_state=variables.get(MODEL_STATE, {}))
 
 
 def abstract_train_state(model: DecoderLM, optimizer: optax.GradientTransformation, seed: int,

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.chunk_driver import scan_chunks
 
@@ -74,13 +74,25 @@ def subset_sums(nll: jax.Array, targets: jax.Array, subset: jax.Array,
 
 
 def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
-            rng: Optional[jax.Array] = None, deterministic: bool = True,
-            token_bytes: Optional[jax.Array] = None, step: Optional[jax.Array] = None):
+            model_state=None, **options):
+  """`(memory, sums)` of `lm_sums_with_state` with the model state read, not returned
+  (evaluation; models without model state). `options` as there."""
+  memory, _, sums = lm_sums_with_state(model, params, model_state or {}, memory, batch,
+                                       chunk_len, **options)
+  return memory, sums
+
+
+def lm_sums_with_state(model: nn.Module, params, model_state, memory, batch: dict,
+                       chunk_len: int, *, rng: Optional[jax.Array] = None,
+                       deterministic: bool = True, token_bytes: Optional[jax.Array] = None,
+                       step: Optional[jax.Array] = None):
   """Scans the model over the step's chunks and sums the next-token loss.
 
   Args:
     model: a `DecoderLM`.
     params: its parameters.
+    model_state: its collection `model_state` (train/train_state.py), `{}` if
+      it has none. Training (not `deterministic`) updates it chunk by chunk.
     memory: the memory pytree at the start of the step.
     batch: `[batch, n * chunk_len]` arrays (module docstring).
     chunk_len: tokens per chunk.
@@ -90,7 +102,7 @@ def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
       `bytes`, the number of bytes the valid targets stand for.
     step: optional int32 training step, passed to attention as `ctx.step`.
   Returns:
-    `(memory, sums)` with float32 scalars `loss_sum` (nats), `tokens`,
+    `(memory, model_state, sums)`: `sums` has float32 scalars `loss_sum` (nats), `tokens`,
     `objective_sum` (the loss plus the weighted auxiliary losses, each
     chunk's weighted by its number of target tokens, so that dividing by
     `tokens` gives the per-token objective), `chunks`, the per-chunk sums of
@@ -100,10 +112,17 @@ def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
   """
   weights = model.config.aux_loss_weights
 
-  def one_chunk(states, chunk, index):
+  def one_chunk(carry, chunk, index):
+    states, model_state = carry
     rngs = {} if deterministic else {'dropout': jax.random.fold_in(rng, index)}
-    logits, states, aux = model.apply({'params': params}, chunk['inputs'], states,
-                                      chunk_context(chunk, deterministic, step), rngs=rngs)
+    variables = {'params': params, MODEL_STATE: model_state} if model_state else {'params': params}
+    arguments = (chunk['inputs'], states, chunk_context(chunk, deterministic, step))
+    if model_state and not deterministic:
+      (logits, states, aux), updated = model.apply(variables, *arguments, rngs=rngs,
+                                                   mutable=[MODEL_STATE])
+      model_state = updated[MODEL_STATE]
+    else:
+      logits, states, aux = model.apply(variables, *arguments, rngs=rngs)
     mask = chunk['target_mask'].astype(jnp.float32)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, chunk['targets'])
     aux_objective, aux_stats = weighted_aux_losses(aux, weights)
@@ -116,7 +135,8 @@ def lm_sums(model: nn.Module, params, memory, batch: dict, chunk_len: int, *,
     if 'subset_mask' in chunk:
       subset = mask * chunk['subset_mask'].astype(jnp.float32)
       sums.update(subset_sums(nll, chunk['targets'], subset, token_bytes))
-    return states, sums
+    return (states, model_state), sums
 
-  memory, per_chunk = scan_chunks(one_chunk, memory, batch, chunk_len)
-  return memory, jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), per_chunk)
+  (memory, model_state), per_chunk = scan_chunks(one_chunk, (memory, model_state), batch,
+                                                 chunk_len)
+  return memory, model_state, jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), per_chunk)

@@ -171,4 +171,5 @@ class LanguageModelTask:
 
   def evaluate(self, state) -> dict:
     return self.run.evaluator.evaluate(state.params, self.valid_docs,
-                                       self.config.train.eval_max_tokens)
+                                       self.config.train.eval_max_tokens,
+                                       model_state=state.model_state)

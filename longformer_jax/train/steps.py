@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from longformer_jax.train.lm_objective import AUX_PREFIX, lm_sums
+from longformer_jax.train.lm_objective import AUX_PREFIX, lm_sums, lm_sums_with_state
 from longformer_jax.train.train_state import TrainState
 
 
@@ -48,26 +48,31 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
   """
   rng = jax.random.fold_in(state.rng, state.step)
 
-  def summed_loss(params, memory, micro_batch, micro_rng):
-    memory, sums = lm_sums(model, params, memory, micro_batch, chunk_len,
-                           rng=micro_rng, deterministic=False, step=state.step)
-    return sums['objective_sum'], (memory, sums)
+  def summed_loss(params, model_state, memory, micro_batch, micro_rng):
+    memory, model_state, sums = lm_sums_with_state(
+        model, params, model_state, memory, micro_batch, chunk_len, rng=micro_rng,
+        deterministic=False, step=state.step)
+    return sums['objective_sum'], (memory, model_state, sums)
 
   grad_fn = jax.grad(summed_loss, has_aux=True)
   if grad_accum_steps == 1:
-    grads, (memory, sums) = grad_fn(state.params, state.memory, batch, rng)
+    grads, (memory, model_state, sums) = grad_fn(state.params, state.model_state, state.memory,
+                                                 batch, rng)
   else:
     micro_batches = split_rows(batch, grad_accum_steps, row_axis=0)
     micro_memory = split_rows(state.memory, grad_accum_steps, row_axis=0)
 
-    def accumulate(grads, xs):
+    def accumulate(carry, xs):
+      grads, model_state = carry
       memory, micro_batch, index = xs
-      g, (memory, sums) = grad_fn(state.params, memory, micro_batch, jax.random.fold_in(rng, index))
-      return jax.tree_util.tree_map(jnp.add, grads, g), (memory, sums)
+      g, (memory, model_state, sums) = grad_fn(state.params, model_state, memory, micro_batch,
+                                               jax.random.fold_in(rng, index))
+      return (jax.tree_util.tree_map(jnp.add, grads, g), model_state), (memory, sums)
 
     zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-    grads, (micro_memory, micro_sums) = jax.lax.scan(
-        accumulate, zeros, (micro_memory, micro_batches, jnp.arange(grad_accum_steps)))
+    (grads, model_state), (micro_memory, micro_sums) = jax.lax.scan(
+        accumulate, (zeros, state.model_state),
+        (micro_memory, micro_batches, jnp.arange(grad_accum_steps)))
     memory = merge_rows(micro_memory, row_axis=0)
     sums = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), micro_sums)
 
@@ -87,15 +92,16 @@ def train_step(state: TrainState, batch: dict, *, model: nn.Module,
     if name.startswith(AUX_PREFIX):
       metrics[name] = value / jnp.maximum(sums['chunks'], 1.0)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                            memory=memory)
+                            memory=memory, model_state=model_state)
   return new_state, metrics
 
 
-def eval_step(params, memory, batch: dict, *, model: nn.Module, chunk_len: int,
-              token_bytes: jax.Array):
-  """Loss sums over one evaluation batch; memory carried to the next batch."""
-  return lm_sums(model, params, memory, batch, chunk_len, deterministic=True,
-                 token_bytes=token_bytes)
+def eval_step(params, memory, batch: dict, model_state=None, *, model: nn.Module,
+              chunk_len: int, token_bytes: jax.Array):
+  """Loss sums over one evaluation batch; memory carried to the next batch; the model
+  state (train/train_state.py) read, not changed."""
+  return lm_sums(model, params, memory, batch, chunk_len, model_state=model_state,
+                 deterministic=True, token_bytes=token_bytes)
 
 
 

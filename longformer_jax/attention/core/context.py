@@ -5,6 +5,11 @@ from typing import Optional
 import flax.struct
 import jax
 
+# The Flax collection of a model's non-gradient state (e.g. the Routing
+# Transformer's centroids): updated only when the caller makes it mutable and
+# the context is not deterministic (training); kept in TrainState.model_state.
+MODEL_STATE = 'model_state'
+
 
 @flax.struct.dataclass
 class AttentionContext:
