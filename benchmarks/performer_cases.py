@@ -49,12 +49,14 @@ def performer_blocked(q, k, v):
 
 
 def performer_dense_mask(q, k, v):
-  """phi(Q) phi(K)^T `[1, h, n, n]` under the causal mask; one key shift per head."""
+  """phi(Q) phi(K)^T `[1, h, n, n]` under the causal mask; one key shift per head and
+  feature over the whole sequence."""
   w = jnp.asarray(fixed_features())
   n = q.shape[1]
-  phi_q = performer.query_features(q, w, 'softmax', performer.RELU_EPS)
   logits = random_features.softmax_logits(k, w)
-  phi_k = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=(1, 3), keepdims=True)))
+  shift = jax.lax.stop_gradient(jnp.max(logits, axis=1, keepdims=True))
+  phi_k = jnp.exp(logits - shift)
+  phi_q = performer.shifted_query_features(random_features.softmax_logits(q, w), shift)
   causal = jnp.arange(n)[None, :] <= jnp.arange(n)[:, None]
   scores = jnp.einsum('bqhm,bkhm->bhqk', phi_q, phi_k) * causal
   out = jnp.einsum('bhqk,bkhd->bqhd', scores, v)

@@ -211,6 +211,33 @@ def test_a_large_key_logit_range_stays_exact():
   np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-4, atol=1e-5)
 
 
+
+@pytest.mark.parametrize('causal', [True, False])
+def test_a_query_and_keys_strong_on_different_features_keep_their_normaliser(causal):
+  """Two orthogonal features: the query's log-features are [150, -50], every key's [-50, 150].
+  With one key shift for all features the normaliser underflowed to 0 (output 0, and in
+  training a NaN gradient); per-feature key shifts keep it exact: the mean of the values."""
+  w = 20.0 * jnp.eye(HD)[:2]                                  # W [2, d], rows of norm 20
+  scale = HD ** 0.25                                          # x' = x / d^(1/4)
+  strong = lambda axis: 10.0 * scale * jnp.eye(HD)[axis]      # noqa: E731  x' = 10 e_axis
+  k = jnp.broadcast_to(strong(1), (1, 2, 1, HD))
+  q = jnp.stack([strong(1), strong(0)])[None, :, None]        # [1, 2, 1, d]
+  v = jax.random.normal(jax.random.PRNGKey(0), (1, 2, 1, HD))
+  positions = jnp.arange(2, dtype=jnp.int32)[None]
+  facts = (positions, jnp.zeros_like(positions), jnp.ones((1, 2), bool), w)
+
+  def attention(q, k, v):
+    if causal:
+      return performer.causal_performer_attention(q, k, v, *facts,
+                                                  performer.empty_state(1, 1, 2, HD))[0]
+    return performer.bidirectional_performer_attention(q, k, v, *facts)
+  out = jax.jit(attention)(q, k, v)
+  np.testing.assert_allclose(np.asarray(out[0, 1, 0]), np.asarray(v[0].mean(0)[0]), rtol=1e-5,
+                             atol=1e-6)
+  grads = jax.jit(jax.grad(lambda *a: jnp.sum(attention(*a)), argnums=(0, 1, 2)))(q, k, v)
+  assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+
+
 # --------------------------------------------------------- the random features
 
 

@@ -11,11 +11,16 @@ the sums over the keys j that query i may attend to under the causal,
 document and padding rule of `masking.py`. A query with no such key gives 0.
 
 Numerical shifts (softmax kernel). Features are exponentials; each is
-computed as exp(logit - shift) with a stop-gradient shift that cancels
-exactly in the ratio above: per query row its max over the m features; for
-keys, one shift per (row, head) shared by every key a query sums over (a
-running max over the blocks, carried with the sums). The constant factors
-1/sqrt(m) and exp(-|q|^2 / 2) cancel the same way and are left out.
+computed as exp(logit - shift) with stop-gradient shifts that cancel exactly
+in the ratio above. Keys: one shift per (row, head, feature), s_m, the
+running max over the keys summed so far of their m-th log-feature (carried
+with the sums), so every feature's sum z_m holds a term of about 1. Queries:
+log phi(q)_m + s_m, shifted by its max over m (the key shifts move into the
+query, where they cancel per query). A query's normaliser then has a term
+near 1 and does not underflow, however far the features of different keys
+lie apart (one shared key shift made it underflow late in training, and its
+gradient overflow). The constant factors 1/sqrt(m) and exp(-|q|^2 / 2)
+cancel the same way and are left out.
 
 Causal (`model.causal`): prefix sums. A `lax.scan` runs over blocks of
 `block_len` positions; inside a block the exact masked part phi(Q) phi(K)^T
@@ -95,19 +100,19 @@ class PerformerConfig(Section):
 class PerformerState:
   """The causal carry: sums over the keys of one document, scaled by exp(-shift).
 
-  The true sums are `sums * exp(shift)` and `normaliser * exp(shift)` (softmax
-  kernel; the ReLU kernel keeps shift 0).
+  The true sums are `sums * exp(shift)[..., None]` and `normaliser * exp(shift)`
+  (softmax kernel; the ReLU kernel keeps shift 0).
   """
   sums: jax.Array         # [batch, heads, m, head_dim] float32: S = sum phi(k) v^T
   normaliser: jax.Array   # [batch, heads, m] float32: z = sum phi(k)
-  shift: jax.Array        # [batch, heads] float32: the keys' feature shift
+  shift: jax.Array        # [batch, heads, m] float32: the keys' shift per feature
   segment_ids: jax.Array  # [batch] int32: the document of the summed keys
   valid: jax.Array        # [batch] bool: the sums hold keys
   period: jax.Array       # [batch] int32: the feature draw the sums were made with
 
   def logical_axes(self) -> 'PerformerState':
     return PerformerState(sums=('batch', 'heads', None, 'head_dim'),
-                          normaliser=('batch', 'heads', None), shift=('batch', 'heads'),
+                          normaliser=('batch', 'heads', None), shift=('batch', 'heads', None),
                           segment_ids=('batch',), valid=('batch',), period=('batch',))
 
 
@@ -115,7 +120,7 @@ def empty_state(batch: int, heads: int, num_features: int, head_dim: int) -> Per
   return PerformerState(
       sums=jnp.zeros((batch, heads, num_features, head_dim), jnp.float32),
       normaliser=jnp.zeros((batch, heads, num_features), jnp.float32),
-      shift=jnp.zeros((batch, heads), jnp.float32),
+      shift=jnp.zeros((batch, heads, num_features), jnp.float32),
       segment_ids=jnp.zeros((batch,), jnp.int32), valid=jnp.zeros((batch,), bool),
       period=jnp.zeros((batch,), jnp.int32))
 
@@ -123,27 +128,29 @@ def empty_state(batch: int, heads: int, num_features: int, head_dim: int) -> Per
 def _block_step(carry: PerformerState, block, *, shifted: bool, inclusive: bool):
   """One block: the carry's part, the exact in-block part, then the carry update.
 
-  `block`: phi_q `[b, L, h, m]`; keys `[b, L, h, m]` (log-features if
-  `shifted`, else features); v `[b, L, h, d]`; positions, segments, valid `[b, L]`.
+  `block`: queries and keys `[b, L, h, m]` (log-features if `shifted`, else
+  features); v `[b, L, h, d]`; positions, segments, valid `[b, L]`.
   Returns the new carry and the unnormalised (numerator `[b, L, h, d]`,
   denominator `[b, L, h]`).
   """
-  phi_q, keys, v, positions, segments, valid = block
+  queries, keys, v, positions, segments, valid = block
   has = carry.valid
   key_valid = valid[:, :, None, None]
-  if shifted:
+  if shifted:   # per-feature key shifts, moved into the queries (module docstring)
     logits = jnp.where(key_valid, keys, -jnp.inf)
-    shift = jnp.maximum(jnp.where(has[:, None], carry.shift, -jnp.inf),
-                        jnp.max(logits, axis=(1, 3)))                      # [b, h]
+    shift = jnp.maximum(jnp.where(has[:, None, None], carry.shift, -jnp.inf),
+                        jnp.max(logits, axis=1))                           # [b, h, m]
     shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
-    scale = jnp.where(has[:, None], jnp.exp(jnp.minimum(carry.shift - shift, 0.0)), 0.0)
-    phi_k = jnp.exp(logits - shift[:, None, :, None])
+    scale = jnp.where(has[:, None, None], jnp.exp(jnp.minimum(carry.shift - shift, 0.0)), 0.0)
+    phi_k = jnp.exp(logits - shift[:, None])
+    phi_q = shifted_query_features(queries, shift[:, None])
   else:
     shift = carry.shift
-    scale = jnp.broadcast_to(has[:, None], shift.shape).astype(jnp.float32)
+    scale = jnp.broadcast_to(has[:, None, None], shift.shape).astype(jnp.float32)
     phi_k = jnp.where(key_valid, keys, 0.0)
-  sums = carry.sums * scale[..., None, None]
-  normaliser = carry.normaliser * scale[..., None]
+    phi_q = queries
+  sums = carry.sums * scale[..., None]
+  normaliser = carry.normaliser * scale
 
   # Earlier blocks (and chunks): only queries of the carry's document see them.
   sees_carry = (has[:, None] & (segments == carry.segment_ids[:, None])).astype(jnp.float32)
@@ -169,15 +176,20 @@ def _block_step(carry: PerformerState, block, *, shifted: bool, inclusive: bool)
   return new, (num, den)
 
 
-def linear_attention_blocks(phi_q: jax.Array, keys: jax.Array, v: jax.Array,
+def shifted_query_features(logits: jax.Array, key_shift: jax.Array) -> jax.Array:
+  """exp(logits + key_shift - c) with c the max over the m features: `[b, L, h, m]`."""
+  logits = logits + key_shift
+  return jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
+
+
+def linear_attention_blocks(queries: jax.Array, keys: jax.Array, v: jax.Array,
                             positions: jax.Array, segment_ids: jax.Array, valid: jax.Array,
                             carry: PerformerState, *, block_len: int, shifted: bool,
                             inclusive: bool = True):
   """Causal linear attention by a scan over blocks (module docstring).
 
   Args:
-    phi_q: `[batch, n, heads, m]` query features.
-    keys: `[batch, n, heads, m]` key log-features (`shifted`) or features.
+    queries, keys: `[batch, n, heads, m]` log-features (`shifted`) or features.
     v: `[batch, n, heads, head_dim]`.
     positions, segment_ids: `[batch, n]` int32 (segments non-decreasing along
       the row); valid: `[batch, n]` bool.
@@ -187,7 +199,7 @@ def linear_attention_blocks(phi_q: jax.Array, keys: jax.Array, v: jax.Array,
   Returns:
     `(numerator [b, n, h, d], denominator [b, n, h], carry)`, float32.
   """
-  batch, n = phi_q.shape[:2]
+  batch, n = queries.shape[:2]
   block = min(block_len, n)
   padded = -(-n // block) * block
 
@@ -200,7 +212,7 @@ def linear_attention_blocks(phi_q: jax.Array, keys: jax.Array, v: jax.Array,
   def from_blocks(a):
     return jnp.moveaxis(a, 0, 1).reshape(batch, padded, *a.shape[3:])[:, :n]
 
-  inputs = (pad(phi_q), pad(keys), pad(v.astype(jnp.float32)), pad(positions, 'edge'),
+  inputs = (pad(queries), pad(keys), pad(v.astype(jnp.float32)), pad(positions, 'edge'),
             pad(segment_ids, 'edge'), pad(valid))
   step = functools.partial(_block_step, shifted=shifted, inclusive=inclusive)
   carry, (num, den) = jax.lax.scan(step, carry, tuple(map(to_blocks, inputs)))
@@ -213,14 +225,6 @@ def normalised(num: jax.Array, den: jax.Array) -> jax.Array:
   return jnp.where(nonzero[..., None], num / jnp.where(nonzero, den, 1.0)[..., None], 0.0)
 
 
-def query_features(q: jax.Array, features: jax.Array, kernel: str, relu_eps: float) -> jax.Array:
-  """phi(q) `[b, n, h, m]` up to a per-query factor (it cancels in the output)."""
-  if kernel == 'relu':
-    return random_features.relu_features(q, features, relu_eps)
-  logits = random_features.softmax_logits(q, features)
-  return jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
-
-
 def causal_performer_attention(q, k, v, positions, segment_ids, valid, features,
                                carry: PerformerState, *, kernel: str = 'softmax',
                                block_len: int = 64, relu_eps: float = RELU_EPS):
@@ -228,13 +232,13 @@ def causal_performer_attention(q, k, v, positions, segment_ids, valid, features,
 
   `features`: W `[m, head_dim]`. Returns `(out [b, n, h, d] float32, carry)`.
   """
-  phi_q = query_features(q, features, kernel, relu_eps)
   if kernel == 'relu':
-    keys, shifted = random_features.relu_features(k, features, relu_eps), False
+    queries, keys = (random_features.relu_features(x, features, relu_eps) for x in (q, k))
   else:
-    keys, shifted = random_features.softmax_logits(k, features), True
-  num, den, carry = linear_attention_blocks(phi_q, keys, v, positions, segment_ids, valid,
-                                            carry, block_len=block_len, shifted=shifted)
+    queries, keys = (random_features.softmax_logits(x, features) for x in (q, k))
+  num, den, carry = linear_attention_blocks(queries, keys, v, positions, segment_ids, valid,
+                                            carry, block_len=block_len,
+                                            shifted=kernel != 'relu')
   return normalised(num, den), carry
 
 
@@ -242,15 +246,15 @@ def bidirectional_performer_attention(q, k, v, positions, segment_ids, valid, fe
                                       kernel: str = 'softmax', block_len: int = 64,
                                       relu_eps: float = RELU_EPS) -> jax.Array:
   """Bidirectional FAVOR+ within each document of the chunk: `[b, n, h, d]` float32."""
-  phi_q = query_features(q, features, kernel, relu_eps)
   if kernel == 'relu':
-    phi_k = random_features.relu_features(k, features, relu_eps)
-  else:
+    phi_q, phi_k = (random_features.relu_features(x, features, relu_eps) for x in (q, k))
+  else:   # one key shift per (row, head, feature) over the chunk, moved into the queries
     logits = jnp.where(valid[:, :, None, None], random_features.softmax_logits(k, features),
                        -jnp.inf)
-    shift = jnp.max(logits, axis=(1, 3), keepdims=True)                    # [b, 1, h, 1]
+    shift = jnp.max(logits, axis=1, keepdims=True)                         # [b, 1, h, m]
     shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
     phi_k = jnp.exp(logits - shift)
+    phi_q = shifted_query_features(random_features.softmax_logits(q, features), shift)
   empty = empty_state(q.shape[0], q.shape[2], features.shape[0], v.shape[-1])
   run = functools.partial(linear_attention_blocks, block_len=block_len, shifted=False)
   num, den, _ = run(phi_q, phi_k, v, positions, segment_ids, valid, empty)
