@@ -4,7 +4,8 @@ Language models (`task` 'lm'): bits per byte / token and perplexity on
 held-out documents, over one or more memory lengths or a memory sweep.
 Encoder tasks: accuracy (classification), span F1 and exact match (qa),
 ROUGE-1/2/L of greedy decoding (seq2seq, LED); the image task: bits per
-dimension; `longformer_jax/evaluation/task_report.py`. Every evaluation replaces the
+dimension; HIBERT: masked-sentence token accuracy (sentence_mask), ROUGE-1/2/L
+of the top sentences (extractive); `longformer_jax/evaluation/task_report.py`. Every evaluation replaces the
 report files of the previous one in `DIR/eval` (evaluation/report_files.py).
 
   python eval.py                                     # default workdir, latest step

@@ -11,8 +11,9 @@ run started on a workdir with checkpoints resumes from the newest intact one.
 `config.task` picks what is trained: 'lm' (default; `train/lm_task.py`, with
 phased training when `train.phases > 1`, Longformer sec. 4.2) or an encoder
 task, 'classification' | 'qa' | 'seq2seq' (LED; `train/encoder_task.py`), or 'image'
-(a causal decoder over whole images, bits per dimension; `train/image_task.py`,
-run by the same fixed-size-example task).
+(a causal decoder over whole images, bits per dimension; `train/image_task.py`),
+or HIBERT's 'sentence_mask' (pretraining) | 'extractive' (summarisation;
+`train/hibert_task.py`), run by the same fixed-size-example task.
 Both run in the one loop of `train/loop.py`.
 
 Exit status: 0 when training stopped at `train.num_steps` or

@@ -27,6 +27,7 @@ from longformer_jax.data.data_config import TASK_KEYS, DataConfig
 from longformer_jax.data.image_data import image_source
 from longformer_jax.evaluation.eval_config import EvalConfig
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
+from longformer_jax.models.hibert import HIBERT_TASKS, HibertConfig
 from longformer_jax.models.model_config import (ModelConfig, migrate_flat_model, resolve_model,
                                                 section_classes)
 from longformer_jax.parallel.mesh import resolve_mesh_shape
@@ -34,7 +35,7 @@ from longformer_jax.parallel.parallel_config import ParallelConfig
 from longformer_jax.train.optimizer_config import OptimizerConfig
 from longformer_jax.train.train_config import TrainConfig, int_list
 
-TASKS = ('lm', 'classification', 'qa', 'seq2seq', 'image')
+TASKS = ('lm', 'classification', 'qa', 'seq2seq', 'image') + HIBERT_TASKS
 SECTIONS = {'data': DataConfig, 'optimizer': OptimizerConfig, 'train': TrainConfig,
             'parallel': ParallelConfig, 'eval': EvalConfig}
 TOP_LEVEL = ('seed', 'task', 'model') + tuple(SECTIONS)
@@ -46,9 +47,12 @@ def _plain(values) -> dict:
   return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in dict(values).items()}
 
 
-def chunk_lengths(task: str, data: DataConfig, train: TrainConfig, eval_: EvalConfig) -> tuple:
+def chunk_lengths(task: str, data: DataConfig, train: TrainConfig, eval_: EvalConfig,
+                  hibert: HibertConfig = HibertConfig()) -> tuple:
   """Every chunk length the model will see: training phases, evaluation (tasks: seq_len;
-  image: the positions of one image of `data.corpus`)."""
+  image: the positions of one image of `data.corpus`; HIBERT: sentence tokens and sentences)."""
+  if task in HIBERT_TASKS:
+    return tuple(sorted({hibert.max_sentence_tokens, hibert.max_sentences}))
   if task == 'image':
     return (image_source(data.corpus).length,)
   if task != 'lm':
@@ -72,9 +76,13 @@ def resolve_config(values: Mapping) -> dict:
   sections = {name: cls.build(values.get(name), name) for name, cls in SECTIONS.items()}
   data, train = sections['data'], sections['train']
   _check_task_keys(task, data, train, values)
-  model = resolve_model(values.get('model'), 'model',
-                        chunk_lengths(task, data, train, sections['eval']))
+  model_values = dict(values.get('model') or {})
+  hibert = _hibert_section(task, model_values)
+  model = resolve_model(model_values, 'model',
+                        chunk_lengths(task, data, train, sections['eval'], hibert))
   _check_model_for_task(task, model)
+  if task in HIBERT_TASKS:
+    model['hibert'] = hibert.to_dict()
   if task == 'image':
     _check_image_model(data, model)
   accum = sections['optimizer'].grad_accum_steps
@@ -102,6 +110,18 @@ def _check_task_keys(task: str, data: DataConfig, train: TrainConfig, values: Ma
       raise ConfigError(f'train.{name}', f'{getattr(train, name)!r} is ignored by task {task!r}')
 
 
+def _hibert_section(task: str, model_values: dict) -> HibertConfig:
+  """`model.hibert` (popped from `model_values`), checked for `task`; HIBERT's encoders take their
+  depths from it, so `model.num_layers` and `model.layer_schedule` are errors there."""
+  hibert = HibertConfig.build(model_values.pop('hibert', None), 'model.hibert', task)
+  if task in HIBERT_TASKS:
+    for key in ('num_layers', 'layer_schedule'):
+      if model_values.get(key, getattr(ModelConfig(), key)) != getattr(ModelConfig(), key):
+        raise ConfigError(f'model.{key}', f'{model_values[key]!r} is ignored by task {task!r}: '
+                          'set model.hibert.sentence_layers and model.hibert.document_layers')
+  return hibert
+
+
 def _check_image_model(data: DataConfig, model: dict) -> None:
   """Task image: a causal model; 2D image_local attention sized to the images of `data.corpus`."""
   require(model['causal'], 'model.causal', 'False: task image trains a causal decoder')
@@ -127,6 +147,11 @@ def _check_model_for_task(task: str, model: dict) -> None:
   elif model['decoder_layers']:
     raise ConfigError('model.decoder_layers',
                       f"{model['decoder_layers']} is ignored by task {task!r}")
+  scheduled = str(dict(model.get('layer_schedule') or {}).get('attention', ''))
+  attentions = {model['attention']} | {name.strip() for name in scheduled.split(',')}
+  if task != 'lm' and 'routing' in attentions:
+    raise ConfigError('model.attention', f"routing keeps its centroids as model state, which "
+                      f"only task 'lm' carries (task is {task!r})")
 
 
 def validate_config(config: ml_collections.ConfigDict,
@@ -181,7 +206,7 @@ def migrate_saved_config(values: Mapping) -> tuple:
   values = _plain(values)
   model = values.get('model')
   if not isinstance(model, Mapping) or not any(k not in ModelConfig.field_names() and k not in
-                                               section_classes() for k in model):
+                                               section_classes() and k != 'hibert' for k in model):
     return values, []
   model, moved = migrate_flat_model(model)
   schedule = str(dict(model.get('layer_schedule') or {}).get('attention', ''))

@@ -235,3 +235,12 @@ def test_reversible_stack_is_refused_with_the_key():
   with pytest.raises(ConfigError) as error:
     tiny_config(attention='routing', num_heads=4, stack='reversible')
   assert error.value.key == 'model.stack' and 'model state' in str(error.value)
+
+
+def test_tasks_other_than_lm_are_refused_with_the_key():
+  from longformer_jax.experiment_config import resolve_config
+  with pytest.raises(ConfigError) as error:
+    resolve_config({'task': 'classification',
+                    'model': {'attention': 'routing', 'num_classes': 2,
+                              'aux_loss_weights': {'commitment_loss': 0.1}}})
+  assert error.value.key == 'model.attention' and "only task 'lm'" in str(error.value)

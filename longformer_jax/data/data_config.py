@@ -4,7 +4,9 @@ The language model reads whole documents as streams of `chunk_len`-token
 chunks (`data/train_streams.py`, `data/eval_streams.py`); the encoder tasks read fixed-length
 examples (`seq_len`, and `question_len`, `max_answer_len`, `target_len` for
 QA and sequence-to-sequence); the image task reads whole images of `corpus`
-(`data/image_data.py`: digits | cifar10 | downsampled_imagenet/32x32). A
+(`data/image_data.py`: digits | cifar10 | downsampled_imagenet/32x32); the HIBERT tasks
+(sentence_mask, extractive) read documents split into sentences (`data/hibert_documents.py`:
+stdlib docstrings | a path to text files | cnn_dailymail; shapes in `model.hibert`). A
 setting that the run's task does not read is an error (`TASK_KEYS`).
 """
 
@@ -17,7 +19,7 @@ TOKENIZERS = ('byte', 'sentencepiece')
 # Settings only some tasks read -> those tasks.
 TASK_KEYS = {
     'seq_len': ('classification', 'qa', 'seq2seq'),
-    'max_examples': ('classification', 'qa', 'seq2seq', 'image'),
+    'max_examples': ('classification', 'qa', 'seq2seq', 'image', 'sentence_mask', 'extractive'),
     'tfds_config': ('classification', 'qa', 'seq2seq'),
     'question_len': ('qa',),
     'max_answer_len': ('qa',),
@@ -39,7 +41,7 @@ class DataConfig(Section):
   chunks_per_step: int = 1           # language model: chunks scanned per step
   eval_batch_size: int = 8
   seq_len: int = 512                 # tasks: tokens per example
-  max_examples: int = 0              # tasks, image: examples per split (0: all)
+  max_examples: int = 0              # tasks, image, HIBERT: examples per split (0: all)
   tfds_config: str = ''              # tasks: builder config of the tfds data set
   question_len: int = 64             # qa: question tokens kept
   max_answer_len: int = 32           # qa: longest predicted span

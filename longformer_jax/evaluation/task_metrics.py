@@ -4,6 +4,8 @@
   qa:             loss (nats per example), span_f1, exact_match (token positions, SQuAD-style)
   seq2seq:        loss (nats per target token), token_accuracy, tokens
   image:          loss (nats per dimension), bits_per_dim (loss / ln 2), intensity_accuracy, dims
+  sentence_mask:  loss (nats per masked-sentence token), token_accuracy, tokens
+  extractive:     loss (binary cross-entropy per sentence), label_accuracy, sentences
 
 plus `examples`, the number of examples scored.
 """
@@ -23,6 +25,8 @@ def task_metrics(task: str, totals: dict) -> dict:
   elif task == 'image':
     metrics.update(bits_per_dim=metrics['loss'] / math.log(2),
                    intensity_accuracy=totals['correct'] / count, dims=totals['count'])
+  elif task == 'extractive':
+    metrics.update(label_accuracy=totals['correct'] / count, sentences=totals['count'])
   else:
     metrics.update(token_accuracy=totals['correct'] / count, tokens=totals['count'])
   return metrics

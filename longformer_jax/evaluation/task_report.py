@@ -4,6 +4,9 @@
   seq2seq (LED):  token loss and accuracy, and ROUGE-1/2/L F-measures (over
                   words of the decoded text) of greedy decoding
   image:          bits per dimension (nats per intensity / ln 2)
+  sentence_mask:  masked-sentence token loss and accuracy (HIBERT pretraining)
+  extractive:     ROUGE-1/2/L F-measures of the top `model.hibert.summary_sentences`
+                  sentences (in document order) and the oracle-label accuracy
 
 The task, model and data settings are the run's own (`config.json`); the
 split is `eval.split` and the step `eval.step` (-1: the latest).
@@ -21,7 +24,7 @@ from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
 from longformer_jax.evaluation.task_evaluator import TaskEvaluator
 from longformer_jax.parallel.mesh import make_mesh
-from longformer_jax.train import encoder_models
+from longformer_jax.train import encoder_models, hibert_task
 from longformer_jax.train.checkpointing import Checkpointer
 from longformer_jax.train.encoder_task import global_batch_example
 from longformer_jax.train.optimizer import make_optimizer
@@ -34,6 +37,9 @@ TASK_COLUMNS = {
     'seq2seq': (('token_accuracy', 'token accuracy'), ('rouge1', 'ROUGE-1'),
                 ('rouge2', 'ROUGE-2'), ('rougeL', 'ROUGE-L')),
     'image': (('bits_per_dim', 'bits/dim'), ('intensity_accuracy', 'intensity accuracy')),
+    'sentence_mask': (('token_accuracy', 'masked token accuracy'),),
+    'extractive': (('rouge1', 'ROUGE-1'), ('rouge2', 'ROUGE-2'), ('rougeL', 'ROUGE-L'),
+                   ('label_accuracy', 'label accuracy')),
 }
 
 
@@ -75,6 +81,9 @@ def evaluate_task_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   metrics = evaluator.evaluate(state.params)
   if task == 'seq2seq':
     metrics.update(rouge_of_batches(model, state.params, evaluator.batches(), tokenizer))
+  if task == 'extractive':
+    metrics.update(hibert_task.extractive_rouge(config, config.eval.split, model, state.params,
+                                                evaluator.batches()))
   result = dict(checkpoint_step=int(state.step), split=config.eval.split, task=task,
                 model=describe_model(model_config), corpus=config.data.corpus, **metrics)
   if jax.process_index() == 0:

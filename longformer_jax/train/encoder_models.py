@@ -1,5 +1,6 @@
 """The fixed-size-example tasks' data, models and train state: classification, qa, seq2seq (LED),
-image (a causal decoder over one image, `train/image_task.py`).
+image (a causal decoder over one image, `train/image_task.py`), HIBERT's sentence_mask and
+extractive (documents as sentences, `train/hibert_task.py`).
 
 `task_model` builds the task's model (`SequenceClassifier`, `SpanExtractor`,
 `EncoderDecoder`) with the global tokens the task needs;
@@ -21,12 +22,12 @@ from longformer_jax.models.encoder import (SequenceClassifier, SpanExtractor, en
                                            encoder_model_config)
 from longformer_jax.models.encoder_decoder import EncoderDecoder, decoder_context
 from longformer_jax.parallel import sharding
-from longformer_jax.train import image_task, task_objectives
+from longformer_jax.train import hibert_task, image_task, task_objectives
 from longformer_jax.train.train_state import TrainState
 
-TASKS = ('classification', 'qa', 'seq2seq', 'image')
+TASKS = ('classification', 'qa', 'seq2seq', 'image') + hibert_task.TASKS
 TASK_DATA = {'classification': classification_tasks, 'qa': qa_tasks, 'seq2seq': seq2seq_tasks,
-             'image': image_data}
+             'image': image_data, **{task: hibert_task for task in hibert_task.TASKS}}
 TASK_MODELS = {'classification': SequenceClassifier, 'qa': SpanExtractor,
                'seq2seq': EncoderDecoder, 'image': image_task.ImageDecoder}
 
@@ -64,6 +65,8 @@ def task_model(config: ml_collections.ConfigDict, vocab_size: int):
   """
   if config.task == 'image':
     return image_task.image_model(config)
+  if config.task in hibert_task.TASKS:
+    return hibert_task.hibert_model(config, vocab_size)
   overrides = {}
   longformer = config.model.longformer
   if not longformer.global_tokens:
@@ -76,6 +79,8 @@ def task_sums_fn(config: ml_collections.ConfigDict, model):
   """`(params, batch, rngs, deterministic) -> sums` of `config.task` (task_objectives)."""
   if config.task == 'image':
     return image_task.image_sums_fn(config, model)
+  if config.task in hibert_task.TASKS:
+    return hibert_task.hibert_sums_fn(config, model)
   sums = task_objectives.TASK_SUMS[config.task]
   if config.task == 'qa':
     sums = functools.partial(sums, max_answer_len=config.data.max_answer_len)
@@ -86,6 +91,8 @@ def init_arguments(task: str, batch: dict) -> tuple:
   """The positional arguments of the task model's `__call__` for `batch` (for `init`)."""
   if task == 'image':
     return batch['inputs'], image_task.image_context(batch['inputs'], True)
+  if task in hibert_task.TASKS:
+    return hibert_task.init_arguments(task, batch)
   ctx = encoder_context(batch['input_mask'], batch['global_flags'], True)
   if task == 'seq2seq':
     return (batch['inputs'], ctx, batch['decoder_inputs'],

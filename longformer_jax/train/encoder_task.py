@@ -6,7 +6,9 @@ whose data position is the step alone. Validation scores the whole valid
 split (at most `train.eval_max_examples`): accuracy (classification), span
 F1 and exact match (qa), token loss and accuracy (seq2seq;
 eval.py adds ROUGE of greedy decoding), bits per dimension (image, a causal
-decoder: `train/image_task.py`).
+decoder: `train/image_task.py`), HIBERT (`train/hibert_task.py`): masked-sentence
+token loss and accuracy (sentence_mask), label accuracy and ROUGE of the top
+sentences (extractive; `model.hibert.init_from` starts from a sentence_mask run).
 """
 
 import functools
@@ -23,7 +25,7 @@ from longformer_jax.evaluation.task_evaluator import TaskEvaluator
 from longformer_jax.evaluation.task_metrics import task_metrics
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
-from longformer_jax.train import encoder_models, steps
+from longformer_jax.train import encoder_models, hibert_init, hibert_task, steps
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from longformer_jax.train.task_batch_sharding import batch_shardings, to_global
 
@@ -35,12 +37,14 @@ def global_batch_example(arrays: dict, batch_size: int) -> dict:
 
 
 class EncoderTask:
-  """`config.task` in classification | qa | seq2seq | image (a `loop.TrainingTask`)."""
+  """`config.task` in classification | qa | seq2seq | image | sentence_mask | extractive
+  (a `loop.TrainingTask`)."""
 
   unit = 'ex'
 
   def __init__(self, config: ml_collections.ConfigDict):
     encoder_models.validate_task_config(config)
+    hibert_init.check_init_from(config)
     self.config = config
     self.task = config.task
     tokenizer = make_tokenizer(config.data)
@@ -75,6 +79,7 @@ class EncoderTask:
         self.task, sums_fn, valid_arrays, batch_size=config.data.eval_batch_size,
         max_examples=config.train.eval_max_examples, shardings=self.shardings,
         param_shardings=state_shardings.params, mesh=self.mesh)
+    self._model = model
     self._compiled_step = None
     self._next_batch = None
 
@@ -83,7 +88,8 @@ class EncoderTask:
     return self._abstract_state
 
   def fresh_state(self):
-    return self._create_state(jax.random.PRNGKey(self.config.seed))
+    state = self._create_state(jax.random.PRNGKey(self.config.seed))
+    return hibert_init.with_pretrained_encoder(self.config, state, self.mesh, self.rules)
 
   def data_state(self) -> dict:
     return self.batches.state()
@@ -119,4 +125,8 @@ class EncoderTask:
     return metrics
 
   def evaluate(self, state) -> dict:
-    return self.evaluator.evaluate(state.params)
+    metrics = self.evaluator.evaluate(state.params)
+    if self.task == 'extractive':
+      metrics.update(hibert_task.extractive_rouge(self.config, 'valid', self._model, state.params,
+                                                  self.evaluator.batches()))
+    return metrics

@@ -1,0 +1,74 @@
+"""Starting extractive fine-tuning from a sentence_mask run: `model.hibert.init_from=WORKDIR`.
+
+A fresh `extractive` state takes the encoder parameters (the `hibert/`
+subtree: token embedding, sentence and document encoders) of the newest
+checkpoint in WORKDIR, a `sentence_mask` run; the classifier keeps its fresh
+initialisation and the optimizer starts fresh (its moments are zeros, so
+replacing the parameters after creating the state is exact). A resumed
+fine-tuning run restores its own checkpoint instead (WORKDIR must still hold
+its checkpoint: `check_init_from` runs at every start).
+"""
+
+import json
+import os
+
+import jax
+import ml_collections
+
+from longformer_jax.config.errors import ConfigError, require
+from longformer_jax.data.tokenizers import make_tokenizer
+from longformer_jax.experiment_config import migrate_saved_config, validate_config
+from longformer_jax.train import encoder_models, hibert_task
+from longformer_jax.train.checkpointing import Checkpointer
+from longformer_jax.train.optimizer import make_optimizer
+
+KEY = 'model.hibert.init_from'
+SCOPE = 'hibert'
+
+
+def check_init_from(config: ml_collections.ConfigDict) -> None:
+  """Fails early (`ConfigError` naming the key) unless WORKDIR holds a sentence_mask run."""
+  workdir = config.model.hibert.init_from if config.task == 'extractive' else ''
+  if not workdir:
+    return
+  path = os.path.join(workdir, 'config.json')
+  require(os.path.isfile(path), KEY, f'{workdir!r} has no config.json (not a run directory)')
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  steps = [d for d in os.listdir(checkpoints) if d.isdigit()] if os.path.isdir(checkpoints) else []
+  require(bool(steps), KEY, f'{workdir!r} has no checkpoint')
+  with open(path) as f:
+    saved_task = json.load(f).get('task')
+  require(saved_task == 'sentence_mask', KEY,
+          f'{workdir!r} is a {saved_task!r} run; it must be a sentence_mask run')
+
+
+def pretrained_params(workdir: str, mesh, rules):
+  """The parameters of the newest checkpoint of the sentence_mask run in `workdir`."""
+  with open(os.path.join(workdir, 'config.json')) as f:
+    saved = validate_config(ml_collections.ConfigDict(migrate_saved_config(json.load(f))[0]))
+  tokenizer = make_tokenizer(saved.data)
+  _, model = encoder_models.task_model(saved, tokenizer.vocab_size)
+  optimizer = make_optimizer(saved.optimizer, saved.train.num_steps)
+  abstract, _, _ = encoder_models.abstract_task_state(
+      saved.task, model, optimizer, saved.seed,
+      hibert_task.example_batch(saved, saved.data.batch_size), mesh, rules)
+  with Checkpointer(workdir, saved.train.keep_checkpoints, async_save=False) as checkpointer:
+    state, _ = checkpointer.restore(None, abstract)
+  return state.params
+
+
+def with_pretrained_encoder(config: ml_collections.ConfigDict, state, mesh, rules):
+  """`state` with the `hibert/` parameters of `config.model.hibert.init_from` (if set)."""
+  workdir = config.model.hibert.init_from if config.task == 'extractive' else ''
+  if not workdir:
+    return state
+  check_init_from(config)
+  source = pretrained_params(workdir, mesh, rules)[SCOPE]
+  target = state.params[SCOPE]
+  source_shapes = jax.tree_util.tree_map(lambda x: x.shape, source)
+  target_shapes = jax.tree_util.tree_map(lambda x: x.shape, target)
+  if source_shapes != target_shapes:
+    raise ConfigError(KEY, f'the encoder of {workdir!r} has other shapes than this model '
+                      '(model.* and data.tokenizer must match the pretraining run)')
+  copied = jax.tree_util.tree_map(lambda new, old: jax.device_put(old, new.sharding), target, source)
+  return state.replace(params=dict(state.params, **{SCOPE: copied}))
