@@ -145,6 +145,9 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Evaluates the run in `workdir`; returns what it writes to metrics.json."""
   config = at_checkpoint_phase(training_config(cli_config, workdir), workdir)
   validate_config(config, jax.device_count())
+  if config.eval.image_samples and config.task != 'image':
+    raise ConfigError('eval.image_samples', f'{config.eval.image_samples} is read only by task '
+                      f"'image' (this run's task is {config.task!r})")
   if config.task != 'lm':
     return evaluate_task_run(config, workdir)
   mem_lens = parse_int_list(config.eval.mem_lens, 'eval.mem_lens') or [config.model.mem_len]

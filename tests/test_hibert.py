@@ -30,6 +30,9 @@ from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.hibert import HibertEncoder
 from longformer_jax.train import encoder_models, hibert_masking, hibert_task
 
+# Tiny programs: compile fast rather than run fast (as tests/test_contract_attention.py).
+FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
+jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE)
 TINY_MODEL = {'d_model': 32, 'num_heads': 2, 'head_dim': 16, 'd_ff': 64, 'dropout_rate': 0.0}
 TINY_HIBERT = {'sentence_layers': 1, 'document_layers': 1, 'max_sentences': 6,
                'max_sentence_tokens': 12}
@@ -72,7 +75,7 @@ def init_model(config):
   _, model = encoder_models.task_model(config, tokenizer.vocab_size)
   arrays = hibert_task.load_arrays(config, 'train', tokenizer)
   batch = {name: jnp.asarray(value[:8]) for name, value in arrays.items()}
-  params = jax.jit(model.init)(jax.random.PRNGKey(1),
+  params = jit(model.init)(jax.random.PRNGKey(1),
                                *encoder_models.init_arguments(config.task, batch))['params']
   return model, params, batch
 
@@ -85,9 +88,9 @@ def test_batched_sentence_encoder_equals_each_sentence_alone(corpus):
   encoder = HibertEncoder(model.config)
   tokens = batch['sentences'][:3]
   token_mask = tokens != ByteTokenizer.pad_id
-  params = jax.jit(encoder.init, static_argnums=4)(
+  params = jit(encoder.init, static_argnums=4)(
       jax.random.PRNGKey(2), tokens, token_mask, batch['sentence_mask'][:3], True)
-  apply = jax.jit(lambda t, m: encoder.apply(params, t, m, True,
+  apply = jit(lambda t, m: encoder.apply(params, t, m, True,
                                              method=HibertEncoder.encode_sentences)[0])
   batched = np.asarray(apply(tokens, token_mask))
   mask = np.asarray(batch['sentence_mask'][:3])
@@ -111,7 +114,7 @@ def test_masking_is_80_10_10_of_15_percent_of_sentences():
   token_mask = jnp.ones((b, s, t), bool).at[:, :, -1].set(False)
   tokens = jnp.where(token_mask, tokens, 500)
   sentence_mask = jnp.ones((b, s), bool).at[:, -2:].set(False)         # 18 real sentences
-  out = jax.jit(functools.partial(
+  out = jit(functools.partial(
       hibert_masking.mask_sentences, mask_rate=0.15, replace_mask=0.8, replace_random=0.1,
       max_predictions=3, mask_id=mask_id))(
           jax.random.PRNGKey(3), tokens, token_mask, sentence_mask, jnp.arange(b))
@@ -141,7 +144,7 @@ def test_masking_is_80_10_10_of_15_percent_of_sentences():
 def test_masking_depends_on_the_key_and_example_not_the_batch():
   tokens = jnp.tile(jnp.arange(8, dtype=jnp.int32)[None, :, None], (4, 1, 3))
   args = dict(mask_rate=0.3, replace_mask=0.8, replace_random=0.1, max_predictions=3, mask_id=99)
-  masker = jax.jit(functools.partial(hibert_masking.mask_sentences, **args))
+  masker = jit(functools.partial(hibert_masking.mask_sentences, **args))
   run = lambda key, x, idx: np.asarray(masker(
       key, x, jnp.ones(x.shape, bool), jnp.ones(x.shape[:2], bool), idx)['positions'])
   key = jax.random.PRNGKey(5)
@@ -156,7 +159,7 @@ def test_masking_depends_on_the_key_and_example_not_the_batch():
 def test_sentence_mask_loss_reaches_only_the_picked_sentences(corpus):
   config = tiny_config('sentence_mask', corpus)
   model, params, batch = init_model(config)
-  sums_fn = jax.jit(lambda p, b: encoder_models.task_sums_fn(config, model)(p, b, {}, True))
+  sums_fn = jit(lambda p, b: encoder_models.task_sums_fn(config, model)(p, b, {}, True))
   base = sums_fn(params, batch)
   tokens = batch['sentences']
   picked = hibert_masking.mask_sentences(

@@ -255,9 +255,13 @@ def test_three_steps_train_and_validation_reports_bits_per_dim(tmp_path, capsys)
   assert [line['step'] for line in lines if line['split'] == 'train'] == [1, 2, 3]
   assert all('bits_per_dim' in line for line in lines)
   config.eval.split = 'test'
+  config.eval.image_samples = 3
   result = eval_script.evaluate_run(config, str(tmp_path))
   assert result['examples'] == 200 and 0 < result['bits_per_dim'] < 8
   assert '| bits/dim | intensity accuracy | loss | examples |' in capsys.readouterr().out
+  from tests.test_image_sampling import read_png   # 3 digits of 8 x 8, 4 x 4 pixels each
+  header, _ = read_png(open(os.path.join(tmp_path, 'eval', 'samples.png'), 'rb').read())
+  assert (header['height'], header['width']) == (2 * 33 - 1, 2 * 33 - 1)
 
 
 @pytest.mark.slow

@@ -273,6 +273,7 @@ def test_softmax_kernel_estimate_is_unbiased(orthogonal):
     assert error < 4 * estimates.std() / np.sqrt(draws), (error, estimates.std(), exact)
 
 
+@pytest.mark.slow
 def test_attention_error_falls_as_inverse_sqrt_features():
   """Mean |FAVOR+ - softmax attention| at m = 16 over m = 256 is near sqrt(256 / 16) = 4.
 

@@ -93,7 +93,9 @@ def fast(q, k, v, clusters, positions, segments, valid, window, causal):
                                    window=window, causal=causal)
 
 
-CASES = [(True, 2, 16), (True, 4, 13), (True, 32, 13), (False, 2, 16), (False, 32, 13)]
+CASES = [(True, 2, 16), (True, 4, 13), (False, 2, 16),
+         pytest.param(True, 32, 13, marks=pytest.mark.slow),
+         pytest.param(False, 32, 13, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize('causal,window,n', CASES)

@@ -20,6 +20,10 @@ class EvalConfig(Section):
   # > 0: also score the far recurrences alone, the targets whose bigram last occurred more
   # than this many tokens back in the document (data/far_recurrences.py). 0 = off.
   far_distance: int = 0
+  # Task image: also draw this many images position by position and save them as
+  # DIR/eval/samples.png (evaluation/image_sampling.py); 0 = off.
+  image_samples: int = 0
+  sample_temperature: float = 1.0    # image samples: softmax temperature (0: the most likely)
 
   def validate(self, env) -> None:
     del env
@@ -30,6 +34,8 @@ class EvalConfig(Section):
                  "must be >= 0 (0: the run's data.eval_batch_size)")
     self.require(self.step >= -1, 'step', 'must be a step or -1 (latest)')
     self.require(self.far_distance >= 0, 'far_distance', 'must be >= 0 (0: off)')
+    self.require(self.image_samples >= 0, 'image_samples', 'must be >= 0 (0: off)')
+    self.require(self.sample_temperature >= 0, 'sample_temperature', 'must be >= 0')
     items = [item.strip() for item in self.mem_lens.split(',') if item.strip()]
     self.require(all(item.isdigit() for item in items), 'mem_lens',
                  'must be a comma-separated list of integers >= 0')

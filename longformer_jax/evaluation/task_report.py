@@ -19,6 +19,7 @@ import jax
 import ml_collections
 
 from longformer_jax.data.tokenizers import make_tokenizer
+from longformer_jax.evaluation import image_sampling
 from longformer_jax.evaluation.greedy_decoding import rouge_of_batches
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
@@ -93,4 +94,8 @@ def evaluate_task_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     print(f'{config.eval.split} split, checkpoint step {result["checkpoint_step"]}, '
           f'task {task}:')
     print(markdown_table(task, result))
+    if task == 'image' and config.eval.image_samples:
+      path = os.path.join(out_dir, 'samples.png')
+      image_sampling.save_samples(config, model, state.params, path)
+      print(f'{config.eval.image_samples} samples: {path}')
   return result
