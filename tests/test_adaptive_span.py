@@ -201,6 +201,7 @@ def test_dynamic_span_shapes_and_penalty():
   assert 0.0 < float(aux['span_loss']) < M
 
 
+@pytest.mark.slow
 def test_adaptive_span_model_trains_and_eval_reports_spans(tmp_path):
   import json
   from eval import evaluate_run

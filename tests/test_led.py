@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from longformer_jax.data import seq2seq_tasks
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
@@ -112,6 +113,7 @@ def test_seq2seq_arrays_shift_the_target_behind_bos_and_end_it_with_eos():
   np.testing.assert_array_equal(np.flatnonzero(arrays['global_flags'][0]), [0])
 
 
+@pytest.mark.slow
 def test_led_learns_the_synthetic_task():
   before, after = fit(tiny_task_config('seq2seq'), 400)
   # Half the targets are EOS; the other half, the planted letter, needs cross-attention
