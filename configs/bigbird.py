@@ -20,7 +20,7 @@ the same pattern as long as they use chunks with the same number of blocks
   python train.py --config=configs/bigbird.py --workdir=workdirs/bigbird
   python eval.py  --config=configs/bigbird.py --workdir=workdirs/bigbird
 
-Data, size and budget as configs/default.py (compare with configs/vanilla.py).
+Data and size as configs/default.py, 900 steps (the train section default) (compare with configs/vanilla.py).
 """
 
 

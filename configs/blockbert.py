@@ -11,7 +11,7 @@ blocks b (identity + shift by one, e.g. `:4` gives '0,1,2,3;3,0,1,2').
   python train.py --config=configs/blockbert.py:4 --workdir=workdirs/blockbert_4
   python eval.py  --config=configs/blockbert.py --workdir=workdirs/blockbert
 
-Data, size and budget as configs/default.py (compare with configs/default.py's
+Data and size as configs/default.py, 900 steps (the train section default) (compare with configs/default.py's
 Transformer-XL and configs/vanilla.py).
 """
 

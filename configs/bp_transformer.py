@@ -10,7 +10,7 @@ key per (level, offset). The optional argument after ':' sets k (e.g. `:8`).
   python train.py --config=configs/bp_transformer.py:8 --workdir=workdirs/bp_transformer_k8
   python eval.py  --config=configs/bp_transformer.py --workdir=workdirs/bp_transformer
 
-Data, size and budget as configs/default.py (compare with configs/vanilla.py).
+Data and size as configs/default.py, 900 steps (the train section default) (compare with configs/vanilla.py).
 """
 
 from longformer_jax.config.errors import require

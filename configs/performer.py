@@ -18,7 +18,7 @@ The optional argument after ':' picks, comma-separated:
   python train.py --config=configs/performer.py:relu --workdir=workdirs/performer_relu
   python eval.py  --config=configs/performer.py --workdir=workdirs/performer
 
-Data, size and budget as configs/default.py (compare with configs/vanilla.py).
+Data and size as configs/default.py, 900 steps (the train section default) (compare with configs/vanilla.py).
 """
 
 from longformer_jax.config.errors import require

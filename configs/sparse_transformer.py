@@ -19,7 +19,7 @@ pattern and the integration (section 4.3), comma-separated:
       --workdir=workdirs/sparse_interleaved
   python eval.py  --config=configs/sparse_transformer.py --workdir=workdirs/sparse_strided
 
-Data, size and budget as configs/default.py (compare with configs/vanilla.py).
+Data and size as configs/default.py, 900 steps (the train section default) (compare with configs/vanilla.py).
 With `interleaved`, changing --config.model.num_layers needs a schedule of the
 new length (--config.model.layer_schedule.sparse_transformer.pattern=...).
 """
