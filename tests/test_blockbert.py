@@ -10,6 +10,8 @@ float64. Inputs have a document boundary and padding, and lengths that are
 and are not multiples of the number of blocks.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -20,12 +22,12 @@ import train as train_script
 from benchmarks import blockbert_cases
 from longformer_jax.attention.blockbert import (BlockBERTAttention, blockbert_attention,
                                                 key_block_maps)
-from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from tests.gradient_checks import assert_gradients_match
 from tests.test_contract_attention import FAST_COMPILE
-from tests.test_sparse_transformer import (dense_jax_attention, largest_intermediate,
-                                           reference_layer)
+from tests.test_sparse_transformer import chunk_facts as sparse_chunk_facts
+from tests.test_sparse_transformer import (context_for, dense_jax_attention,
+                                           largest_intermediate, reference_layer)
 from tests.tiny_models import tiny_config, tiny_model_config
 
 B, D, H, HD = 2, 32, 4, 8
@@ -51,19 +53,8 @@ def reference_mask(permutations: str, causal: bool, positions, segments, valid,
   return allowed
 
 
-def chunk_facts(n: int):
-  """Row 0: one document; row 1: a new document at slot 5 and its last 3 slots padding."""
-  positions = np.tile(np.arange(START, START + n, dtype=np.int32), (B, 1))
-  segments = np.zeros((B, n), np.int32)
-  segments[1, 5:] = 1
-  valid = np.ones((B, n), bool)
-  valid[1, -3:] = False
-  return positions, segments, valid
-
-
-def context_for(positions, segments, valid) -> AttentionContext:
-  return AttentionContext(positions=jnp.asarray(positions), segment_ids=jnp.asarray(segments),
-                          reset=jnp.zeros((B,), bool), valid=jnp.asarray(valid))
+# Row 1 starts a new document at slot 5 (the sparse tests' rows, B = 2, START = 40).
+chunk_facts = functools.partial(sparse_chunk_facts, boundary=5)
 
 
 # (permutations, causal, n): b = 2 and 3, n a multiple of b and not; bidirectional

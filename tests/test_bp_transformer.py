@@ -17,6 +17,8 @@ relative-position indices, then runs plain dense masked softmax: numpy
 float64 for outputs, jax float32 for gradients.
 """
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -27,11 +29,11 @@ import train as train_script
 from benchmarks import bp_transformer_cases
 from longformer_jax.attention.bp_transformer import (BPTransformerAttention,
                                                      bp_transformer_attention, neighbour_graph)
-from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from tests.gradient_checks import assert_gradients_match
 from tests.test_contract_attention import FAST_COMPILE
-from tests.test_sparse_transformer import largest_intermediate
+from tests.test_sparse_transformer import chunk_facts as sparse_chunk_facts
+from tests.test_sparse_transformer import context_for, largest_intermediate
 from tests.tiny_models import tiny_config, tiny_model_config
 
 B, D, H, HD = 2, 32, 2, 16
@@ -156,19 +158,8 @@ def reference_core(xp, q, k, v, rel_keys, matrices):
   return masked_attend(xp, logits, token_mask, values)
 
 
-def chunk_facts(n: int):
-  """Row 0: one document; row 1: a new document at slot 5 and its last 3 slots padding."""
-  positions = np.tile(np.arange(START, START + n, dtype=np.int32), (B, 1))
-  segments = np.zeros((B, n), np.int32)
-  segments[1, 5:] = 1
-  valid = np.ones((B, n), bool)
-  valid[1, -3:] = False
-  return positions, segments, valid
-
-
-def context_for(positions, segments, valid) -> AttentionContext:
-  return AttentionContext(positions=jnp.asarray(positions), segment_ids=jnp.asarray(segments),
-                          reset=jnp.zeros((B,), bool), valid=jnp.asarray(valid))
+# Row 1 starts a new document at slot 5 (the sparse tests' rows, B = 2, START = 40).
+chunk_facts = functools.partial(sparse_chunk_facts, boundary=5)
 
 
 # (n, k, num_levels, causal): a power of 2 and not, longer than 16, levels capped.

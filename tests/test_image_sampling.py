@@ -23,26 +23,14 @@ import pytest
 from longformer_jax.data import image_data
 from longformer_jax.evaluation import image_sampling
 from longformer_jax.evaluation.png_writer import image_grid, png_bytes, write_png
-from longformer_jax.train import encoder_models
-from tests.test_image_task import digits_config
+from tests.test_image_task import tiny_model  # noqa: F401 (the fixture: the local 2D digits model)
 
 LEVELS, LENGTH = 17, 64
 
 
-@pytest.fixture(scope='module')
-def tiny_model():
-  config = digits_config('2d')
-  config.data.max_examples = 2
-  arrays = image_data.load_arrays(config, 'valid')
-  batch = {name: jnp.asarray(value) for name, value in arrays.items()}
-  _, model = encoder_models.task_model(config, 0)
-  params = model.init(jax.random.PRNGKey(0), *encoder_models.init_arguments('image', batch))
-  return model, params['params']
-
-
 @pytest.mark.parametrize('temperature', [1.0, pytest.param(0.0, marks=pytest.mark.slow)])
 def test_sampler_equals_drawing_from_each_prefix_alone(tiny_model, temperature):
-  model, params = tiny_model
+  model, params, _, _ = tiny_model
   key, num = jax.random.PRNGKey(3), 2
   drawn = np.asarray(jax.jit(lambda p: image_sampling.sample_stream(
       model, p, key, num, LENGTH, LEVELS, temperature))(params))

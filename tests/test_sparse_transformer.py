@@ -99,11 +99,12 @@ def reference_layer(params, x, positions, allowed):
   return np.einsum('bqhe,hed->bqd', numpy_attention(q, k, v, allowed), p['out']['kernel'])
 
 
-def chunk_facts(n: int):
-  """Row 0: one document; row 1: a new document at slot 6 and its last 3 slots padding."""
+def chunk_facts(n: int, boundary: int = 6):
+  """Row 0: one document; row 1: a new document at slot `boundary` and its last 3 slots
+  padding. Positions from START, 2 rows (shared by the tests of other variants)."""
   positions = np.tile(np.arange(START, START + n, dtype=np.int32), (B, 1))
   segments = np.zeros((B, n), np.int32)
-  segments[1, 6:] = 1
+  segments[1, boundary:] = 1
   valid = np.ones((B, n), bool)
   valid[1, -3:] = False
   return positions, segments, valid

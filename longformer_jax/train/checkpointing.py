@@ -30,7 +30,6 @@ cause. `orbax_noise` filters exactly these reports; a `Checkpointer` installs
 it when it is created, before any read.
 """
 
-import dataclasses
 import itertools
 import logging
 import os
@@ -39,7 +38,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from longformer_jax.train import orbax_noise
+from longformer_jax.train import orbax_noise, saved_layout
 from longformer_jax.train.checkpoint_checksums import state_checksums
 from longformer_jax.train.resume_checks import CheckpointMismatchError
 from longformer_jax.train.resume_checks import mismatch_error
@@ -147,7 +146,7 @@ class Checkpointer:
     if not force and not self._manager.should_save(step):
       _log.info('Not saving step %d: not newer than the latest.', step)
       return False
-    state = _without_empty_arrays(state)
+    state = saved_layout.without_empty_arrays(state)
     args = ocp.args.Composite(
         **{
             _STATE: ocp.args.StandardSave(state),
@@ -184,13 +183,13 @@ class Checkpointer:
     self.wait()
     orbax_noise.install()  # Again, in case something replaced the filters.
     step = self._existing_step(step)
-    target = _without_empty_arrays(abstract_state)
+    target = saved_layout.without_empty_arrays(abstract_state)
     target, as_target = self._target_like_saved(step, target)
     self._check_shapes(step, target)
     restored = self._restore_items(step, target)
     state = as_target(restored[_STATE])
     self._verify_checksums(step, state, restored[_CHECKSUMS])
-    return _with_empty_arrays(state, abstract_state), restored[_DATA]
+    return saved_layout.with_empty_arrays(state, abstract_state), restored[_DATA]
 
   def restore_latest_intact(
       self, abstract_state: PyTree
@@ -287,25 +286,12 @@ class Checkpointer:
     return target
 
   def _target_like_saved(self, step: int, target: PyTree):
-    """`(target, as_target)`: fields of a dataclass `target` that hold no arrays and that the
-    saved state lacks (a state field added after the checkpoint was written, such as
-    `TrainState.model_state`) are left out of the restore; `as_target` puts them back."""
-    unchanged = (target, lambda restored: restored)
-    if not dataclasses.is_dataclass(target):
-      return unchanged
+    """`saved_layout.target_like_saved` against this step's saved metadata."""
     try:
       saved = self._manager.item_metadata(step)[_STATE]
     except Exception:  # Unreadable metadata: the restore reports it.
-      return unchanged
-    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(target)}
-    if saved is None or not hasattr(saved, 'keys') or not set(saved.keys()) <= set(fields):
-      return unchanged
-    absent = {name: value for name, value in fields.items()
-              if name not in saved.keys() and not jax.tree_util.tree_leaves(value)}
-    if not absent:
-      return unchanged
-    kept = {name: value for name, value in fields.items() if name not in absent}
-    return kept, lambda restored: dataclasses.replace(target, **restored, **absent)
+      return target, lambda restored: restored
+    return saved_layout.target_like_saved(saved, target)
 
   def _check_shapes(self, step: int, target: PyTree) -> None:
     """Raises `CheckpointMismatchError` if leaves of `target` have other
@@ -381,22 +367,3 @@ def _first_line(error: BaseException, max_chars: int = 300) -> str:
   lines = str(error).strip().splitlines()
   line = lines[0] if lines else ''
   return line if len(line) <= max_chars else line[:max_chars] + '...'
-
-
-def _without_empty_arrays(tree: PyTree) -> PyTree:
-  """Zero-size leaves (e.g. a memory of capacity 0) as None: Orbax refuses to
-  save them, and they hold no data."""
-  return jax.tree_util.tree_map(lambda x: None if x.size == 0 else x, tree)
-
-
-def _with_empty_arrays(restored: PyTree, abstract_state: PyTree) -> PyTree:
-  """Puts back the zero-size leaves of `abstract_state` that were saved as None."""
-
-  def fill(abstract, value):
-    if abstract.size:
-      return value
-    sharding = getattr(abstract, 'sharding', None)
-    return jax.device_put(jax.numpy.zeros(abstract.shape, abstract.dtype), sharding)
-  return jax.tree_util.tree_map(fill, abstract_state, restored,
-                                is_leaf=lambda x: x is None)
-
