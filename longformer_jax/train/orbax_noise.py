@@ -122,6 +122,9 @@ def _coroutine_names(module: Any) -> set[str]:
       members = [getattr(v, '__func__', v) for v in vars(value).values()]
     else:
       members = [value]
-    names.update(member.__qualname__ for member in members
+    # Some Orbax versions hold lazily loaded modules that pass
+    # iscoroutinefunction but have no qualified name: skip them.
+    names.update(getattr(member, '__qualname__', None) for member in members
                  if inspect.iscoroutinefunction(member))
+  names.discard(None)
   return names
