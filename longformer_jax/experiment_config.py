@@ -30,8 +30,8 @@ from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.models.hibert import HIBERT_TASKS, HibertConfig
 from longformer_jax.models.model_config import (ModelConfig, migrate_flat_model, resolve_model,
                                                 section_classes)
-from longformer_jax.parallel.mesh import resolve_mesh_shape
-from longformer_jax.parallel.parallel_config import ParallelConfig
+from longformer_jax.parallel.mesh import mesh_axis_sizes
+from longformer_jax.parallel.parallel_config import ParallelConfig, check_sequence_split
 from longformer_jax.train.optimizer_config import OptimizerConfig
 from longformer_jax.train.train_config import TrainConfig, int_list
 
@@ -177,7 +177,13 @@ def validate_config(config: ml_collections.ConfigDict,
 
 def validate_mesh(config: ml_collections.ConfigDict, device_count: int) -> None:
   """The mesh fills the devices, and the sharded sizes divide evenly."""
-  data, fsdp, tensor = resolve_mesh_shape(config.parallel.mesh_shape, device_count)
+  sizes = mesh_axis_sizes(config.parallel.mesh_shape, device_count)
+  data, fsdp, tensor = sizes['data'], sizes['fsdp'], sizes['tensor']
+  if sizes['sequence'] > 1:
+    built = {name: SECTIONS[name].build(config[name].to_dict(), name)
+             for name in ('data', 'train', 'eval')}
+    check_sequence_split(chunk_lengths(config.task, built['data'], built['train'], built['eval']),
+                         sizes['sequence'], config.parallel.load_balance and config.model.causal)
   for key in ('data.batch_size', 'data.eval_batch_size'):
     section, name = key.split('.')
     rows = config[section][name]
