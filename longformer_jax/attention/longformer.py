@@ -17,6 +17,14 @@ layer i from its own config), so this module reads one value of each.
 Positions: RoPE (as attention/vanilla.py), rotated relative to the chunk's
 first position; the cache holds hidden states (keys are re-made and rotated at
 their stored positions), which keeps it exact. The cache is stop-gradient.
+
+Kernels (`model.attention_backend`, attention/core/attention_backend.py): the
+sliding window without dilation, without global tokens and without a window
+cache (two-sided layers, or `window_cache=False`) runs through the splash
+kernel (`LocalMask` of the same window, documents and padding as segment ids)
+on TPU; everything else stays on the blocked XLA kernel. cuDNN is never used
+here: documents and padding would reach it as a dense mask, which this O(n·w)
+layer never builds (docs/kernels.md).
 """
 
 import dataclasses
@@ -27,12 +35,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cached_context, global_tokens
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dilated_window import dilated_window_attention
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
 from longformer_jax.attention.core.sliding_window import auto_block_size
+from longformer_jax.attention.core.splash_kernels import splash_attention
 from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary
@@ -108,6 +118,7 @@ class LongformerAttention(nn.Module):
   global_projections: bool = True
   window_cache: bool = True
   rotary: bool = True
+  attention_backend: str = 'auto'
   dtype: jnp.dtype = jnp.float32
 
   @classmethod
@@ -124,7 +135,14 @@ class LongformerAttention(nn.Module):
                 causal=config.causal, block_size=section.block_size,
                 global_tokens=section.global_tokens,
                 global_projections=section.global_projections,
-                window_cache=section.window_cache and config.causal, rotary=section.rotary)
+                window_cache=section.window_cache and config.causal, rotary=section.rotary,
+                attention_backend=config.get('attention_backend', 'auto'))
+
+  @staticmethod
+  def kernel_pattern(model, section) -> backends.KernelPattern:
+    """What a layer with shared settings `model` and `section` asks of a kernel (config checks)."""
+    return _pattern(section.window, dilations_per_head(section, model.num_heads), model.causal,
+                    section.global_tokens, in_chunk=not (section.window_cache and model.causal))
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -185,7 +203,17 @@ class LongformerAttention(nn.Module):
       # Global keys are attended through the global part only (counted once).
       key_valid = key_valid & ~jnp.pad(is_global, ((0, 0), (key_offset, 0)))
 
-    out, lse = self._window_part(q, k, v, ctx, context, key_valid)
+    backend = backends.resolve_backend(
+        self.attention_backend,
+        _pattern(self.window, self.head_dilations, self.causal, self.global_tokens,
+                 in_chunk=key_offset == 0),
+        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+    if backend == 'splash':      # no cache, no dilation, no global tokens (_pattern)
+      out = splash_attention(q * jnp.asarray(self.head_dim ** -0.5, q.dtype), k, v,
+                             ctx.segment_ids, key_valid, left=self.window,
+                             right=0 if self.causal else self.window)
+    else:
+      out, lse = self._window_part(q, k, v, ctx, context, key_valid)
     if self.global_tokens:
       to_global, to_global_lse = self._attend_global_keys(q, k, v, ctx, slots, found, key_offset)
       out = merge_parts([out, to_global], [lse, to_global_lse])
@@ -237,3 +265,14 @@ class LongformerAttention(nn.Module):
 def cache_length(window: int, head_dilations: tuple, window_cache: bool) -> int:
   """Hidden states one layer needs from before the chunk: w * max(d), or 0."""
   return window * max(head_dilations) if window_cache else 0
+
+
+def _pattern(window: int, head_dilations: tuple, causal: bool, num_global: int,
+             in_chunk: bool) -> backends.KernelPattern:
+  """The window `-w..0` (causal) or `-w..w`, O(n·w): no dense mask for cuDNN."""
+  unsupported = [reason for reason, present in (
+      ('dilated windows', any(d != 1 for d in head_dilations)),
+      ('global tokens', num_global > 0)) if present]
+  return backends.KernelPattern(
+      left=window, right=0 if causal else window, in_chunk=in_chunk, dense_mask_ok=False,
+      unsupported=' or '.join(unsupported))

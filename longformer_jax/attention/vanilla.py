@@ -5,6 +5,12 @@ within the chunk only; with `mem_len > 0` it also attends to a FIFO cache of
 the previous `mem_len` hidden states (rotated at their stored positions, so
 the cache is exact for RoPE: keys are made from cached hidden states at
 every step, never cached after rotation).
+
+Kernels (`model.attention_backend`, attention/core/attention_backend.py): the
+softmax runs through XLA (dense mask), splash (TPU; in-chunk only, `mem_len =
+0`: with a cache the keys' slots are not always full, so it stays on XLA) or
+cuDNN (GPU, bfloat16; the dense position mask as its bias, with or without a
+cache). Every path computes the same masked softmax (docs/kernels.md).
 """
 
 import flax.linen as nn
@@ -12,10 +18,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.core.splash_kernels import splash_attention
 from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
 
@@ -23,7 +32,8 @@ from longformer_jax.memory import fifo
 class VanillaAttention(nn.Module):
   """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`.
 
-  No settings of its own: the shared `model.causal` and `model.mem_len`.
+  No settings of its own: the shared `model.causal`, `model.mem_len` and
+  `model.attention_backend`.
   """
   reads_mem_len = True
 
@@ -31,13 +41,21 @@ class VanillaAttention(nn.Module):
   head_dim: int
   d_model: int
   causal: bool = True
+  attention_backend: str = 'auto'
   dtype: jnp.dtype = jnp.float32
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
     return cls(num_heads=config.num_heads, head_dim=config.head_dim,
                d_model=config.d_model, causal=config.causal,
+               attention_backend=config.get('attention_backend', 'auto'),
                dtype=dtype, name=name)
+
+  @staticmethod
+  def kernel_pattern(model, section=None) -> backends.KernelPattern:
+    """What a layer with the shared settings `model` asks of a kernel (config checks)."""
+    del section
+    return _pattern(model.causal, in_chunk=model.mem_len == 0)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -55,9 +73,29 @@ class VanillaAttention(nn.Module):
     origin = ctx.positions[:, :1]
     q = apply_rotary(q, ctx.positions - origin)
     k = apply_rotary(k, context.positions - origin)
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / jnp.sqrt(self.head_dim).astype(self.dtype)
-    mask = causal_document_mask(ctx.positions, ctx.segment_ids, context.positions,
-                                context.segment_ids, context.valid, causal=self.causal)
-    out = attend(logits, mask, v)
+    out = self._attend(q, k, v, ctx, context)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return cached_context.project_output(out, self.d_model, self.dtype), new_state, {}
+
+  def _attend(self, q, k, v, ctx: AttentionContext, context: fifo.FifoMemory) -> jax.Array:
+    """Masked softmax of `q [b, c, h, d]` over `k, v [b, mem + c, h, d]` -> `[b, c, h, d]`."""
+    in_chunk = k.shape[1] == q.shape[1]          # no cache (mem_len = 0)
+    backend = backends.resolve_backend(
+        self.attention_backend, _pattern(self.causal, in_chunk),
+        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+    if backend == 'splash':      # in-chunk only: k, v are the chunk's own tokens
+      scaled = q * jnp.asarray(self.head_dim ** -0.5, q.dtype)
+      return splash_attention(scaled, k, v, ctx.segment_ids, ctx.valid, left=None,
+                              right=0 if self.causal else None).astype(self.dtype)
+    mask = causal_document_mask(ctx.positions, ctx.segment_ids, context.positions,
+                                context.segment_ids, context.valid, causal=self.causal)
+    if backend == 'cudnn':
+      return cudnn_attention(q, k, v, mask, scale=self.head_dim ** -0.5,
+                             causal=self.causal and in_chunk).astype(self.dtype)
+    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / jnp.sqrt(self.head_dim).astype(self.dtype)
+    return attend(logits, mask, v)
+
+
+def _pattern(causal: bool, in_chunk: bool) -> backends.KernelPattern:
+  return backends.KernelPattern(left=None, right=0 if causal else None,
+                                         in_chunk=in_chunk)

@@ -19,6 +19,7 @@ a variant no layer uses, or `mem_len` when no layer's variant keeps a cache.
 import dataclasses
 from typing import Any, Mapping
 
+from longformer_jax.attention.core import attention_backend
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.config.section import Section, closest_name, unknown_key_error
 from longformer_jax.config.errors import ConfigError
@@ -58,6 +59,9 @@ class ModelConfig(Section):
   dtype: str = 'float32'           # compute dtype: float32 | bfloat16
   vocab_multiple: int = 64         # vocabulary padded to a multiple of this
   causal: bool = True              # False: bidirectional (encoders)
+  attention_backend: str = 'auto'  # softmax kernel: auto | xla | splash (TPU) | cudnn (GPU);
+                                   # auto: splash on TPU, cuDNN on GPU where the layer fits
+                                   # them, else xla (attention/core/attention_backend.py)
   mem_len: int = 0                 # cache of past hidden states (variants that keep one)
   scan_layers: bool = False        # nn.scan over identical layers
   remat_policy: str = 'none'       # parallel/remat.py
@@ -82,6 +86,8 @@ class ModelConfig(Section):
     self.require(self.ff_chunk_size >= 0, 'ff_chunk_size', 'must be >= 0 (0: no chunking)')
     self.require(self.num_classes >= 0, 'num_classes', 'must be >= 0')
     self.require(self.decoder_layers >= 0, 'decoder_layers', 'must be >= 0')
+    self.require(self.attention_backend in attention_backend.BACKENDS, 'attention_backend',
+                 f'is not an attention backend; choose one of {attention_backend.BACKENDS}')
     self.require(self.attention in ATTENTION_VARIANTS, 'attention',
                  f'is not a variant; choose one of {sorted(ATTENTION_VARIANTS)}'
                  f'{closest_name(self.attention, ATTENTION_VARIANTS)}')
@@ -147,8 +153,9 @@ def resolve_model(values: Mapping | None, path: str = 'model', chunk_lens: tuple
     env = ModelEnv(model=layer, layer_index=index, chunk_lens=tuple(chunk_lens))
     used.add(layer.attention)
     mem_len_read |= _reads_mem_len(layer.attention)
-    for name in (layer.attention, layer.block, layer.stack):
-      sections[name].build(layer_values.get(name), f'{path}.{name}', env)
+    built = {name: sections[name].build(layer_values.get(name), f'{path}.{name}', env)
+             for name in (layer.attention, layer.block, layer.stack)}
+    _check_attention_backend(layer, built[layer.attention])
 
   resolved = common.to_dict()
   for name, cls in sections.items():
@@ -164,6 +171,14 @@ def resolve_model(values: Mapping | None, path: str = 'model', chunk_lens: tuple
                       f'{common.mem_len} is ignored: no layer\'s attention keeps a cache of '
                       f'past hidden states (attention {describe_attention(common)}); set it to 0')
   return resolved
+
+
+def _check_attention_backend(layer: ModelConfig, section) -> None:
+  """`model.attention_backend` against what the layer's variant can run on a kernel."""
+  pattern_of = getattr(ATTENTION_VARIANTS[layer.attention], 'kernel_pattern', None)
+  attention_backend.check_layer(
+      layer.attention_backend, pattern_of and pattern_of(layer, section), layer.attention,
+      dtype=layer.dtype, head_dim=layer.head_dim)
 
 
 def _check_ignored(cls, given, path: str, common: ModelConfig) -> None:

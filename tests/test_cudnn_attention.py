@@ -1,0 +1,125 @@
+"""cuDNN flash attention (`model.attention_backend='cudnn'`) against the XLA path, on a GPU.
+
+Skipped without a GPU (the default suite runs on CPU; tests/conftest.py sets
+JAX_PLATFORMS=cpu unless it is already set, so run these with
+`JAX_PLATFORMS=cuda python -m pytest -q tests/test_cudnn_attention.py`).
+
+- the wrapper `cudnn_attention` (implementation 'cudnn') equals the dense
+  float32 masked softmax of `dot_product.py` on the same bfloat16-rounded
+  inputs: outputs and gradients w.r.t. q, k, v, causal and the causal
+  sliding window, with documents starting inside the chunk, padding and
+  queries that have no key (0);
+- the vanilla layer with `attention_backend='cudnn'` equals `'xla'` (same
+  parameters, bfloat16): outputs and parameter gradients, without and with
+  a cache (`mem_len > 0`).
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core.cudnn_attention import cudnn_attention
+from longformer_jax.attention.core.dot_product import attend
+from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.vanilla import VanillaAttention
+from longformer_jax.memory import fifo
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != 'gpu',
+                                reason='cuDNN attention needs a GPU')
+
+B, H, HD, D = 2, 4, 64, 128
+CHUNKS = (64, 40)            # a multiple of cuDNN's tiles and not
+TOLERANCE = dict(atol=2e-2, rtol=2e-2)   # bfloat16 outputs
+
+
+def chunk_context(chunk: int, start: int = 1000) -> AttentionContext:
+  """Row 0: a document, then padding with its own document id (no key for
+  its queries). Row 1: documents starting inside the chunk, the first three
+  tokens of the second one invalid."""
+  positions = np.tile(np.arange(start, start + chunk, dtype=np.int32), (B, 1))
+  segments = np.zeros((B, chunk), np.int32) + 7
+  segments[0, 3 * chunk // 4:] = 8
+  segments[1] = 2 + (np.arange(chunk) >= chunk // 3) + (np.arange(chunk) >= 2 * chunk // 3)
+  valid = np.ones((B, chunk), bool)
+  valid[0, 3 * chunk // 4:] = False
+  valid[1, chunk // 3:chunk // 3 + 3] = False
+  return AttentionContext(positions=jnp.asarray(positions), segment_ids=jnp.asarray(segments),
+                          reset=jnp.zeros((B,), bool), valid=jnp.asarray(valid))
+
+
+def window_mask(ctx: AttentionContext, window) -> jax.Array:
+  """Causal document mask from positions, and keys at most `window` back."""
+  p = ctx.positions
+  mask = causal_document_mask(p, ctx.segment_ids, p, ctx.segment_ids, ctx.valid, causal=True)
+  if window is not None:
+    mask &= p[:, None, :] >= p[:, :, None] - window
+  return mask
+
+
+@pytest.mark.parametrize('chunk', CHUNKS)
+@pytest.mark.parametrize('window', [None, 5])
+def test_cudnn_wrapper_equals_dense_reference(chunk, window):
+  ctx = chunk_context(chunk)
+  mask = window_mask(ctx, window)
+  keys = jax.random.split(jax.random.PRNGKey(0), 4)
+  q, k, v = (jax.random.normal(key, (B, chunk, H, HD)).astype(jnp.bfloat16) for key in keys[:3])
+  probe = jax.random.normal(keys[3], (B, chunk, H, HD))
+
+  def fast(q, k, v):
+    return cudnn_attention(q, k, v, mask, scale=HD ** -0.5, causal=True, window=window)
+
+  def dense(q, k, v):
+    q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
+    return attend(jnp.einsum('bqhd,bkhd->bhqk', q * HD ** -0.5, k), mask, v)
+
+  def run(fn):
+    out, pullback = jax.vjp(lambda *a: fn(*a).astype(jnp.float32), q, k, v)
+    return out, pullback(probe)
+
+  (out, grads), (expected, expected_grads) = jax.jit(lambda: (run(fast), run(dense)))()
+  np.testing.assert_allclose(out, expected, **TOLERANCE)
+  for got, want, what in zip(grads, expected_grads, 'qkv'):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               atol=5e-2, rtol=5e-2, err_msg=f'd{what}')
+  empty = ~np.asarray(mask).any(-1)
+  assert empty.any()
+  np.testing.assert_array_equal(np.asarray(out)[empty], 0.0)
+
+
+@pytest.mark.parametrize('mem_len', [0, 32])
+def test_vanilla_layer_cudnn_equals_xla(mem_len):
+  chunk = 64
+  ctx = chunk_context(chunk)
+  x = jax.random.normal(jax.random.PRNGKey(3), (B, chunk, D))
+  probe = jax.random.normal(jax.random.PRNGKey(4), (B, chunk, D))
+  state = fifo.create(B, mem_len, (D,))
+  if mem_len:       # a cache of the previous tokens of the row, the oldest few invalid
+    state = state.replace(
+        values=jax.random.normal(jax.random.PRNGKey(5), (B, mem_len, D)),
+        positions=jnp.tile(jnp.arange(1000 - mem_len, 1000, dtype=jnp.int32), (B, 1)),
+        segment_ids=jnp.full((B, mem_len), 7, jnp.int32).at[1].set(2),
+        valid=jnp.tile(jnp.arange(mem_len) >= 4, (B, 1)))
+  make = lambda backend: VanillaAttention(num_heads=H, head_dim=HD, d_model=D, causal=True,
+                                          attention_backend=backend, dtype=jnp.bfloat16)
+  params = make('xla').init(jax.random.PRNGKey(0), x, state, ctx)['params']
+
+  @jax.jit
+  def run(params):
+    results = {}
+    for backend in ('cudnn', 'xla'):
+      module = make(backend)
+      out, pullback = jax.vjp(
+          lambda p: module.apply({'params': p}, x, state, ctx)[0].astype(jnp.float32), params)
+      results[backend] = (out, pullback(probe))
+    return results
+
+  results = run(params)
+  np.testing.assert_allclose(results['cudnn'][0], results['xla'][0], **TOLERANCE)
+  for got, want in zip(jax.tree_util.tree_leaves(nn.meta.unbox(results['cudnn'][1])),
+                       jax.tree_util.tree_leaves(nn.meta.unbox(results['xla'][1]))):
+    scale = float(jnp.max(jnp.abs(want.astype(jnp.float32)))) + 1e-6
+    np.testing.assert_allclose(np.asarray(got, np.float32) / scale,
+                               np.asarray(want, np.float32) / scale, atol=3e-2)
