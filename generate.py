@@ -1,0 +1,162 @@
+"""Generates text from a checkpoint of any causal language model, memory carried.
+
+  python generate.py --workdir=DIR --prompt='def main(' [--max_new_tokens=256] \
+      [--temperature=0.8] [--top_k=40] [--top_p=0.95] [--seed=0] [--stop='\n\n' ...] \
+      [--prompt_file=PATH] [--step=N]
+
+The model, tokenizer and chunk length come from the run's `DIR/config.json`
+(written by train.py; a phased run uses the phase of the checkpoint), the
+parameters and model state from its latest checkpoint (or `--step`). The
+prompt is read as one document, `[BOS] + tokens`, chunk by chunk with every
+layer's memory carried (XL cache, compressive and kNN memories, sinks, ...),
+so a prompt far longer than the chunk costs constant memory; each new token
+re-runs the current chunk (docs/generation.md: exactness, cost, and which
+models cannot generate). The continuation is printed to stdout as it is
+produced; generation ends after `--max_new_tokens` tokens, at the first
+`--stop` string (not printed) or when the model ends the document.
+
+Sampling: `--temperature=0` is greedy; otherwise tokens are drawn with the
+temperature, top-k (0: off) and top-p (1: off), from `--seed`. Bad input (no
+checkpoint, an empty or non-UTF-8 prompt, a bad sampling value, a model that
+cannot generate) is one line on stderr with exit status 2 (`--debug`: the
+traceback). Generation runs on one device.
+"""
+
+import json
+import os
+import sys
+
+if __name__ == '__main__':
+  from longformer_jax.cpu_malloc import reexec_with_cpu_malloc_settings
+  reexec_with_cpu_malloc_settings()
+
+from absl import flags
+import jax
+import ml_collections
+
+from longformer_jax import command_line
+from longformer_jax.command_line import UserError
+from longformer_jax.data.tokenizers import make_tokenizer
+from longformer_jax.experiment_config import validate_config
+from longformer_jax.generation.chunk_window_decoder import ChunkWindowDecoder
+from longformer_jax.generation.generation_checks import check_can_generate
+from longformer_jax.generation.sampling import SamplingError, SamplingSettings
+from longformer_jax.generation.text_generation import generate_text
+from longformer_jax.models.decoder_lm import lm_model_config
+from longformer_jax.parallel.mesh import make_mesh
+from longformer_jax.train.quiet_logs import show_own_info_only
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the flags; called only when the script runs, so tests can import it."""
+  flags.DEFINE_string('workdir', command_line.DEFAULT_WORKDIR, 'The training run to generate from.')
+  flags.DEFINE_string('prompt', None, 'The text to continue.')
+  flags.DEFINE_string('prompt_file', None, 'A UTF-8 file holding the text to continue.')
+  flags.DEFINE_integer('max_new_tokens', 256, 'Most tokens to generate.')
+  flags.DEFINE_float('temperature', 1.0, 'Sampling temperature; 0 is greedy decoding.')
+  flags.DEFINE_integer('top_k', 0, 'Sample among the k most likely tokens (0: off).')
+  flags.DEFINE_float('top_p', 1.0, 'Sample within the nucleus of probability p (1: off).')
+  flags.DEFINE_integer('seed', 0, 'Seed of the sampling keys.')
+  flags.DEFINE_multi_string('stop', [], 'A string that ends generation (not printed); repeatable.')
+  flags.DEFINE_integer('step', -1, 'Checkpoint step to read (-1: the latest).')
+  flags.DEFINE_bool('debug', False, 'Show the traceback of input errors.')
+
+
+def read_prompt(prompt, prompt_file) -> str:
+  """The prompt text of `--prompt` or `--prompt_file` (exactly one, non-empty, UTF-8)."""
+  if (prompt is None) == (prompt_file is None):
+    raise UserError('--prompt: give the text to continue with --prompt=TEXT or '
+                    '--prompt_file=PATH (exactly one of them)')
+  if prompt_file is not None:
+    if not os.path.isfile(prompt_file):
+      raise UserError(f'--prompt_file: no such file {prompt_file!r}')
+    with open(prompt_file, 'rb') as f:
+      data = f.read()
+    try:
+      prompt = data.decode('utf-8')
+    except UnicodeDecodeError as error:
+      raise UserError(f'--prompt_file: {prompt_file!r} is not UTF-8 text ({error.reason} at '
+                      f'byte {error.start})') from None
+  if not prompt:
+    raise UserError(f'--{"prompt_file" if prompt_file is not None else "prompt"}: the prompt is '
+                    'empty; give some text to continue')
+  return prompt
+
+
+def sampling_settings(temperature: float, top_k: int, top_p: float) -> SamplingSettings:
+  try:
+    return SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p).validate()
+  except SamplingError as error:
+    raise UserError(f'--{error}') from None
+
+
+def check_generation_flags(max_new_tokens: int, stops) -> None:
+  if max_new_tokens < 1:
+    raise UserError(f'--max_new_tokens: {max_new_tokens} must be >= 1')
+  if any(not stop for stop in stops):
+    raise UserError('--stop: a stop string must not be empty')
+
+
+def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
+  """The run's saved config with the default `parallel` section and `eval.step = step`
+  (checked as eval.py checks it), at the phase of the checkpoint read."""
+  import eval as eval_script  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(workdir):
+    raise UserError(f'--workdir: {workdir!r} is not a directory (a train.py workdir)')
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    raise UserError(f'--workdir: {path} not found: is {workdir!r} a train.py workdir?')
+  with open(path) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  defaults = command_line.experiment_config(command_line.DEFAULT_CONFIG, [])
+  config.parallel = defaults.parallel
+  config.eval.step = step
+  return eval_script.at_checkpoint_phase(config, workdir)
+
+
+def load_decoder(workdir: str, step: int = -1):
+  """`(decoder, tokenizer, checkpoint step)` of the run in `workdir`; refuses models that
+  cannot generate (`generation_checks.py`)."""
+  import eval as eval_script  # pylint: disable=g-import-not-at-top
+  config = run_config(workdir, step)
+  validate_config(config, jax.device_count())     # completes old configs in place
+  check_can_generate(config)
+  tokenizer = make_tokenizer(config.data)
+  mesh = make_mesh(config.parallel.mesh_shape)
+  params, _, restored_step, model_state = eval_script.restore_params(
+      config, tokenizer, workdir, mesh, config.parallel.logical_axis_rules)
+  device = jax.devices()[0]
+  params, model_state = jax.device_put(jax.device_get((params, model_state)), device)
+  decoder = ChunkWindowDecoder(lm_model_config(config.model, tokenizer.vocab_size), params,
+                               chunk_len=config.data.chunk_len, pad_id=tokenizer.pad_id,
+                               model_state=model_state)
+  return decoder, tokenizer, restored_step
+
+
+def print_now(text: str) -> None:
+  sys.stdout.write(text)
+  sys.stdout.flush()
+
+
+def main(argv):
+  del argv
+  show_own_info_only()
+  overrides = [arg for arg in sys.argv[1:] if arg.startswith('--config')]
+  if overrides:
+    raise UserError(f'{overrides[0].split("=")[0]}: generate.py reads the model from the '
+                    "run's config.json and takes no --config settings")
+  prompt = read_prompt(FLAGS.prompt, FLAGS.prompt_file)
+  settings = sampling_settings(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
+  check_generation_flags(FLAGS.max_new_tokens, FLAGS.stop)
+  decoder, tokenizer, _ = load_decoder(FLAGS.workdir, FLAGS.step)
+  generate_text(decoder, tokenizer, prompt, settings=settings,
+                max_new_tokens=FLAGS.max_new_tokens, seed=FLAGS.seed, stops=FLAGS.stop,
+                write=print_now)
+  print_now('\n')
+
+
+if __name__ == '__main__':
+  define_flags()
+  command_line.run(main)
