@@ -35,6 +35,12 @@ Attendre / Memorizing / StreamingLLM memory), swept in one command:
 writes `DIR/eval/memory_sweep.{json,md,png}` (longformer_jax/evaluation/memory_sweep.py
 documents the flag) instead of metrics.json.
 
+Passkey retrieval: `--config.eval.passkey_grid='lengths=256,1024,4096;memories=none,xl,sinks'`
+scores a passkey model (configs/passkey.py) over document lengths x key depths for
+each eval-time memory, and writes `DIR/eval/passkey_grid.json` and one heat map
+`DIR/eval/passkey_grid_<memory>.png` per memory instead of metrics.json
+(longformer_jax/evaluation/passkey_grid.py documents the flag).
+
 Far recurrences: `--config.eval.far_distance=D` (D > 0) also scores, alone,
 the targets whose bigram last occurred more than D tokens back in the
 document, the ones only a far-reaching memory helps to copy
@@ -60,7 +66,7 @@ from longformer_jax.data.corpus import load_corpus, tokenize_documents
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
-from longformer_jax.evaluation import memory_sweep, span_report
+from longformer_jax.evaluation import memory_sweep, passkey_grid, span_report
 from longformer_jax.evaluation.architecture_overrides import (architecture_overrides,
                                                               given_settings, unread_overrides)
 from longformer_jax.evaluation.model_description import describe_model
@@ -148,6 +154,9 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   if config.eval.image_samples and config.task != 'image':
     raise ConfigError('eval.image_samples', f'{config.eval.image_samples} is read only by task '
                       f"'image' (this run's task is {config.task!r})")
+  if config.eval.passkey_grid and config.task != 'lm':
+    raise ConfigError('eval.passkey_grid', f"is read only by task 'lm' (this run's task is "
+                      f'{config.task!r})')
   if config.task != 'lm':
     return evaluate_task_run(config, workdir)
   mem_lens = parse_int_list(config.eval.mem_lens, 'eval.mem_lens') or [config.model.mem_len]
@@ -159,6 +168,9 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   rules = config.parallel.logical_axis_rules
   params, param_shardings, step, model_state = restore_params(config, tokenizer, workdir, mesh,
                                                               rules)
+  if config.eval.passkey_grid:
+    return passkey_grid.evaluate_run_grid(config, workdir, tokenizer, mesh, rules, params,
+                                          param_shardings, step, model_state)
   if config.eval.memory_sweep:
     return evaluate_memory_sweep(config, workdir, tokenizer, documents, mesh, rules, params,
                                  param_shardings, step, model_state)

@@ -58,10 +58,11 @@ def test_given_settings_are_the_leaves_overrides_changed():
 def test_fresh_output_dir_removes_only_eval_outputs(tmp_path):
   out = tmp_path / 'eval'
   out.mkdir()
-  for name in ('bits_per_byte_vs_mem_len.png', 'memory_sweep.md', 'notes.txt'):
+  for name in ('bits_per_byte_vs_mem_len.png', 'memory_sweep.md', 'notes.txt', 'passkey_grid.json',
+               'passkey_grid_attendre_lfa_128.png', 'passkey_grid_notes.txt'):
     (out / name).write_text('old')
   assert report_files.fresh_output_dir(str(tmp_path)) == str(out)
-  assert sorted(p.name for p in out.iterdir()) == ['notes.txt']
+  assert sorted(p.name for p in out.iterdir()) == ['notes.txt', 'passkey_grid_notes.txt']
 
 
 def test_eval_refuses_a_model_override_naming_it(tmp_path, monkeypatch):

@@ -8,19 +8,21 @@ import ml_collections
 import numpy as np
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.data import passkey
 from longformer_jax.data import stdlib_corpus
 from longformer_jax.data import text_files_corpus
 from longformer_jax.data import tfds_corpus
 from longformer_jax.data.document import Document
 from longformer_jax.data.tokenizer_interface import Tokenizer
 
-CORPORA = ('stdlib', 'tiny_shakespeare', 'pg19')
+CORPORA = ('stdlib', 'tiny_shakespeare', 'pg19', 'passkey')
 
 
 def load_corpus(data_config: ml_collections.ConfigDict,
                 split: str) -> list[Document]:
   """The raw documents of `split` ('train' | 'valid' | 'test') of
-  `data_config.corpus`; tfds corpora read `data_config.tfds_data_dir`.
+  `data_config.corpus`; tfds corpora read `data_config.tfds_data_dir`; `passkey`
+  is synthetic (`data/passkey.py`), documents up to `data_config.chunk_len - 1` bytes.
 
   A `data_config.corpus` with a `/` or a glob character (`*`, `?`, `[`) is a
   directory or glob of the user's own text files (`text_files_corpus`).
@@ -34,6 +36,8 @@ def load_corpus(data_config: ml_collections.ConfigDict,
     return stdlib_corpus.load_documents(split)
   if name in ('tiny_shakespeare', 'pg19'):
     return tfds_corpus.load_documents(name, split, data_config.tfds_data_dir)
+  if name == 'passkey':       # synthetic passkey retrieval, one document per chunk at most
+    return passkey.load_documents(split, data_config.chunk_len - 1)
   if text_files_corpus.is_text_files_corpus(name):
     return text_files_corpus.load_documents(name, split)
   raise ConfigError('data.corpus',

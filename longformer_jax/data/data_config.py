@@ -31,7 +31,7 @@ TASK_KEYS = {
 @dataclasses.dataclass(frozen=True)
 class DataConfig(Section):
   """Data source, tokenizer and batch shape."""
-  corpus: str = 'stdlib'             # stdlib | tiny_shakespeare | pg19 (tasks: see configs/)
+  corpus: str = 'stdlib'             # stdlib | tiny_shakespeare | pg19 | passkey (tasks: see configs/)
   tfds_data_dir: str = ''            # prepared tensorflow-datasets folder (tfds corpora)
   tokenizer: str = 'byte'            # byte | sentencepiece
   sentencepiece_model: str = ''      # path to a .model file

@@ -3,6 +3,7 @@
 import dataclasses
 
 from longformer_jax.config.section import Section
+from longformer_jax.evaluation import passkey_grid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +18,10 @@ class EvalConfig(Section):
   # Eval-time memory sweep, e.g. 'variant=attendre;policy=fifo,lra_max;memory_size=128,512'
   # (evaluation/memory_sweep.py); '' = off.
   memory_sweep: str = ''
+  # Passkey retrieval over lengths x depths for each eval-time memory, e.g.
+  # 'lengths=256,512,1024;depths=0,50,100;documents=8;memories=none,xl,attendre_lra_max'
+  # (evaluation/passkey_grid.py); '' = off. Replaces the bits-per-byte evaluation.
+  passkey_grid: str = ''
   # > 0: also score the far recurrences alone, the targets whose bigram last occurred more
   # than this many tokens back in the document (data/far_recurrences.py). 0 = off.
   far_distance: int = 0
@@ -36,6 +41,10 @@ class EvalConfig(Section):
     self.require(self.far_distance >= 0, 'far_distance', 'must be >= 0 (0: off)')
     self.require(self.image_samples >= 0, 'image_samples', 'must be >= 0 (0: off)')
     self.require(self.sample_temperature >= 0, 'sample_temperature', 'must be >= 0')
+    if self.passkey_grid:
+      self.require(not self.memory_sweep, 'passkey_grid',
+                   'cannot be combined with eval.memory_sweep: evaluate one, then the other')
+      passkey_grid.parse_grid(self.passkey_grid, default_chunk=max(self.chunk_len, 1))
     items = [item.strip() for item in self.mem_lens.split(',') if item.strip()]
     self.require(all(item.isdigit() for item in items), 'mem_lens',
                  'must be a comma-separated list of integers >= 0')
