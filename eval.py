@@ -65,7 +65,9 @@ from longformer_jax.models.model_config import resolve_model
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.parallel import distributed
 from longformer_jax.parallel.mesh import make_mesh
+from longformer_jax.parallel.parallel_config import ParallelConfig
 from longformer_jax.evaluation import memory_sweep, passkey_grid, span_report
 from longformer_jax.evaluation.architecture_overrides import (architecture_overrides,
                                                               given_settings, unread_overrides)
@@ -149,6 +151,8 @@ def plot_bits_per_byte(rows: list[dict], path: str, title: str) -> None:
 
 def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Evaluates the run in `workdir`; returns what it writes to metrics.json."""
+  parallel = cli_config.get('parallel')
+  distributed.initialize(ParallelConfig.build(parallel.to_dict() if parallel else None, 'parallel'))
   config = at_checkpoint_phase(training_config(cli_config, workdir), workdir)
   validate_config(config, jax.device_count())
   if config.eval.image_samples and config.task != 'image':

@@ -36,6 +36,8 @@ import ml_collections
 
 from longformer_jax import command_line
 from longformer_jax.experiment_config import validate_config
+from longformer_jax.parallel import distributed
+from longformer_jax.parallel.parallel_config import ParallelConfig
 from longformer_jax.train import loop
 from longformer_jax.train.encoder_task import EncoderTask
 from longformer_jax.train.lm_task import LanguageModelTask
@@ -52,8 +54,8 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   The metrics hold `step`, `preempted` and, when the run completed with
   periodic evaluation, `final_valid`.
   """
-  if config.parallel.multi_host:
-    jax.distributed.initialize()
+  parallel = config.get('parallel')
+  distributed.initialize(ParallelConfig.build(parallel.to_dict() if parallel else None, 'parallel'))
   validate_config(config, jax.device_count())
   check_workdir(workdir)
   task = LanguageModelTask(config) if config.task == 'lm' else EncoderTask(config)

@@ -24,7 +24,10 @@ class ParallelConfig(Section):
   (device i holds slices i and 2n-1-i of 2n) so no device idles.
   """
   mesh_shape: tuple = (-1, 1, 1)
-  multi_host: bool = False           # call jax.distributed.initialize()
+  multi_host: bool = False           # join the other processes (parallel/distributed.py)
+  coordinator_address: str = ''      # 'host:port' of process 0; '' = from the environment
+  num_processes: int = 0             # 0 = from the environment (TPU VM, SLURM, MPI)
+  process_id: int = -1               # this process's rank; -1 = from the environment
   sequence_parallel: str = 'ring'    # all_gather | ring (used when the sequence axis > 1)
   load_balance: bool = True          # zigzag layout for causal attention over the sequence axis
   logical_axis_rules: tuple = (
@@ -46,6 +49,16 @@ class ParallelConfig(Section):
                  'mesh_shape', f'must be 3 or 4 integers {MESH_AXES} (sequence defaults to 1)')
     self.require(all(n == -1 or n >= 1 for n in shape) and list(shape).count(-1) <= 1,
                  'mesh_shape', 'sizes must be >= 1, with at most one -1 (fill)')
+    launch = {'coordinator_address': self.coordinator_address != '',
+              'num_processes': self.num_processes != 0, 'process_id': self.process_id != -1}
+    for key, is_set in launch.items():
+      self.require(self.multi_host or not is_set, key, 'needs parallel.multi_host=True')
+    self.require(self.num_processes >= 0, 'num_processes', 'must be >= 1 (0: from the environment)')
+    self.require(self.process_id >= -1, 'process_id', 'must be >= 0 (-1: from the environment)')
+    self.require(self.num_processes == 0 or self.process_id < self.num_processes, 'process_id',
+                 f'must be below parallel.num_processes={self.num_processes}')
+    self.require(launch['num_processes'] == launch['process_id'], 'process_id',
+                 'parallel.num_processes and parallel.process_id are set together')
     self.require(self.sequence_parallel in SEQUENCE_PARALLEL_METHODS, 'sequence_parallel',
                  f'must be one of {SEQUENCE_PARALLEL_METHODS}')
     for rule in self.logical_axis_rules:
