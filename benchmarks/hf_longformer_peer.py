@@ -27,6 +27,11 @@ def available() -> str:
 
 def time_self_attention(seq_len: int, mode: str, repeats: int = 3, threads: int = 2) -> float:
   """Median seconds of one forward (`mode='fwd'`) or forward+backward (`'fwd_bwd'`)."""
+  return statistics.median(self_attention_times(seq_len, mode, repeats, threads))
+
+
+def self_attention_times(seq_len: int, mode: str, repeats: int = 3, threads: int = 2) -> list:
+  """Seconds of each of `repeats` timed runs after one untimed run (see time_self_attention)."""
   import torch
   from transformers import LongformerConfig
   from transformers.models.longformer.modeling_longformer import LongformerSelfAttention
@@ -56,4 +61,4 @@ def time_self_attention(seq_len: int, mode: str, repeats: int = 3, threads: int 
     start = time.perf_counter()
     run()
     times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return times
