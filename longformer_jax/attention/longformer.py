@@ -118,6 +118,8 @@ class LongformerAttention(nn.Module):
   global_projections: bool = True
   window_cache: bool = True
   rotary: bool = True
+  qkv_bias: bool = False          # biases on Q, K, V (and Q_g, K_g, V_g): imported checkpoints
+  out_bias: bool = False
   attention_backend: str = 'auto'
   dtype: jnp.dtype = jnp.float32
 
@@ -135,7 +137,10 @@ class LongformerAttention(nn.Module):
                 causal=config.causal, block_size=section.block_size,
                 global_tokens=section.global_tokens,
                 global_projections=section.global_projections,
-                window_cache=section.window_cache and config.causal, rotary=section.rotary,
+                window_cache=section.window_cache and config.causal,
+                # Learned absolute positions (imported RoBERTa-based checkpoints) replace RoPE.
+                rotary=section.rotary and config.get('position_embedding', 'rotary') == 'rotary',
+                qkv_bias=config.get('qkv_bias', False), out_bias=config.get('out_bias', False),
                 attention_backend=config.get('attention_backend', 'auto'))
 
   @staticmethod
@@ -184,7 +189,8 @@ class LongformerAttention(nn.Module):
     chunk_len = x.shape[1]
     key_offset = context.positions.shape[1] - chunk_len
     make = lambda name: projection((self.num_heads, self.head_dim), kernel_axes=KERNEL_AXES,
-                                   name=name, dtype=self.dtype)
+                                   name=name, dtype=self.dtype, use_bias=self.qkv_bias,
+                                   bias_axes=KERNEL_AXES[1:])
     query, key, value = make('query'), make('key'), make('value')
     origin = ctx.positions[:, :1]
     q = self._rotate(query(x), ctx.positions, origin)
@@ -222,7 +228,8 @@ class LongformerAttention(nn.Module):
       out = global_tokens.scatter_slots(out, slots, rows.astype(out.dtype))
     out = out.astype(self.dtype)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), new_state, aux
+    return (cached_context.project_output(out, self.d_model, self.dtype, self.out_bias),
+            new_state, aux)
 
   def _attend_global_keys(self, q, k, v, ctx: AttentionContext, slots, found, key_offset):
     """Every query over the chunk's global tokens (local K_s, V_s) -> `(out, lse [b, c, h])`."""
@@ -244,12 +251,13 @@ class LongformerAttention(nn.Module):
     g_positions = global_tokens.gather_slots(ctx.positions, slots)
     g_segments = global_tokens.gather_slots(ctx.segment_ids, slots)
     if self.global_projections:
-      kernels = [nn.unbox(p.variables['params']['kernel']) for p in local_projections]
+      sources = [{name: nn.unbox(value) for name, value in p.variables['params'].items()}
+                 for p in local_projections]
       make = lambda name: global_tokens.InitialisedFromProjection(KERNEL_AXES, self.dtype,
                                                                   name=name)
-      q_g = make('query_global')(global_tokens.gather_slots(x, slots), kernels[0])
-      k_g = make('key_global')(context.values, kernels[1])
-      v_g = make('value_global')(context.values, kernels[2])
+      q_g = make('query_global')(global_tokens.gather_slots(x, slots), **sources[0])
+      k_g = make('key_global')(context.values, **sources[1])
+      v_g = make('value_global')(context.values, **sources[2])
       q_g = self._rotate(q_g, g_positions, origin)
       k_g = self._rotate(k_g, context.positions, origin)
     else:

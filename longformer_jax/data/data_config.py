@@ -14,7 +14,7 @@ import dataclasses
 
 from longformer_jax.config.section import Section
 
-TOKENIZERS = ('byte', 'sentencepiece')
+TOKENIZERS = ('byte', 'sentencepiece', 'hf')
 
 # Settings only some tasks read -> those tasks.
 TASK_KEYS = {
@@ -33,8 +33,9 @@ class DataConfig(Section):
   """Data source, tokenizer and batch shape."""
   corpus: str = 'stdlib'             # stdlib | tiny_shakespeare | pg19 | passkey (tasks: see configs/)
   tfds_data_dir: str = ''            # prepared tensorflow-datasets folder (tfds corpora)
-  tokenizer: str = 'byte'            # byte | sentencepiece
+  tokenizer: str = 'byte'            # byte | sentencepiece | hf
   sentencepiece_model: str = ''      # path to a .model file
+  tokenizer_file: str = ''           # hf: path to a Hugging Face tokenizer.json
   skip_undecodable: bool = False     # skip (with a warning) documents the tokenizer rejects
   batch_size: int = 8                # global number of rows (streams or examples)
   chunk_len: int = 256               # language model: tokens per chunk (segment length)
@@ -50,6 +51,9 @@ class DataConfig(Section):
   def validate(self, env) -> None:
     del env
     self.require(self.tokenizer in TOKENIZERS, 'tokenizer', f'must be one of {TOKENIZERS}')
+    if self.tokenizer == 'hf':
+      self.require(bool(self.tokenizer_file), 'tokenizer_file',
+                   "must name a tokenizer.json with tokenizer='hf'")
     for name in ('batch_size', 'chunk_len', 'chunks_per_step', 'eval_batch_size'):
       self.require(getattr(self, name) > 0, name, 'must be a positive integer')
     self.require(self.seq_len >= 4, 'seq_len', 'must be >= 4')

@@ -1,11 +1,17 @@
-"""Position-wise feed-forward network (Vaswani et al., 2017, eq. 2; GELU), optionally chunked.
+"""Position-wise feed-forward network (Vaswani et al., 2017, eq. 2), optionally chunked.
+
+Activations (`model.ff_activation`): 'gelu' (the tanh approximation, GPT-2's
+`gelu_new`): `wo(gelu(wi(x)))`; 'gelu_exact' (the erf form, BERT and
+RoBERTa/Longformer); 'swiglu' (Shazeer, 2020, eq. 6; Llama):
+`wo(silu(wi(x)) * wi_up(x))`, one more input projection `wi_up`. Biases on
+every projection unless `model.ff_bias` is False (Llama).
 
 With `chunk_size > 0` the sequence is processed `chunk_size` positions at a
 time (Reformer, Kitaev et al., 2020, sec. 4 "Chunking"): an `nn.scan` over
 chunks of a rematerialised body, so that the backward pass keeps only the
 chunks' inputs and recomputes one chunk's `[batch, chunk_size, d_ff]` hidden
 activations at a time instead of storing them for the whole sequence. The
-result is the same function with the same parameters (`wi`, `wo`); a length
+result is the same function with the same parameters (`wi`, `wi_up`, `wo`); a length
 that is not a multiple of `chunk_size` ends with one shorter chunk. With
 dropout, chunks draw independent masks, so the masks (not their
 distribution) differ from the unchunked layer's.
@@ -16,6 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from longformer_jax.layers.linear import projection
+
+FF_ACTIVATIONS = ('gelu', 'gelu_exact', 'swiglu')
 
 
 class FeedForward(nn.Module):
@@ -29,19 +37,29 @@ class FeedForward(nn.Module):
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
   chunk_size: int = 0
+  activation: str = 'gelu'         # gelu | gelu_exact | swiglu (module docstring)
+  use_bias: bool = True
 
   def setup(self):
     # Assigned in setup (the attribute is the parameter scope name) so that the
     # chunked path's `nn.scan` can reach them through the module it lifts.
     self.wi = projection(self.d_ff, kernel_axes=('embed', 'mlp'), name=None, dtype=self.dtype,
-                         use_bias=True, bias_axes=('mlp',))
+                         use_bias=self.use_bias, bias_axes=('mlp',))
+    if self.activation == 'swiglu':
+      self.wi_up = projection(self.d_ff, kernel_axes=('embed', 'mlp'), name=None,
+                              dtype=self.dtype, use_bias=self.use_bias, bias_axes=('mlp',))
     self.wo = projection(self.d_model, kernel_axes=('mlp', 'embed'), name=None, dtype=self.dtype,
-                         use_bias=True, bias_axes=('embed',))
+                         use_bias=self.use_bias, bias_axes=('embed',))
     self.dropout = nn.Dropout(self.dropout_rate)
 
   def position_wise(self, x: jax.Array, deterministic: bool) -> jax.Array:
     """The network itself on `[batch, length, d_model]`."""
-    h = nn.gelu(self.wi(x))
+    if self.activation == 'swiglu':
+      h = nn.silu(self.wi(x)) * self.wi_up(x)
+    elif self.activation == 'gelu_exact':
+      h = nn.gelu(self.wi(x), approximate=False)
+    else:
+      h = nn.gelu(self.wi(x))  # approximate=True: the tanh form
     h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
     h = self.dropout(h, deterministic=deterministic)
     return self.wo(h)
@@ -67,6 +85,7 @@ class FeedForward(nn.Module):
 
 
 def feed_forward_from_config(cfg, dtype, name: str = 'feed_forward') -> FeedForward:
-  """The blocks' feed-forward: `d_model`, `d_ff`, `dropout_rate`, `ff_chunk_size` (0: off)."""
-  return FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout_rate, dtype,
-                     cfg.ff_chunk_size, name=name)
+  """The blocks' feed-forward: `d_model`, `d_ff`, `dropout_rate`, `ff_chunk_size` (0: off),
+  `ff_activation`, `ff_bias`."""
+  return FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout_rate, dtype, cfg.ff_chunk_size,
+                     cfg.get('ff_activation', 'gelu'), cfg.get('ff_bias', True), name=name)

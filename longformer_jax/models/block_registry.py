@@ -7,10 +7,12 @@ with `x [batch, chunk, d_model]`; the stack builds one per layer.
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.pre_ln_block import DecoderBlock
 from longformer_jax.models.gtrxl_block import GatedBlock
+from longformer_jax.models.post_ln_block import PostLNBlock
 
 BLOCK_TYPES = {
     'pre_ln': DecoderBlock,
     'gtrxl': GatedBlock,
+    'post_ln': PostLNBlock,
 }
 
 

@@ -1,4 +1,14 @@
-"""Decoder-only language model: embedding, pre-LN block stack, final norm, logits."""
+"""Decoder-only language model: embedding, pre-LN block stack, final norm, logits.
+
+With `model.position_embedding = 'learned'` (GPT-2) a table of
+`model.max_positions` absolute position embeddings is added to the token
+embeddings, read at each token's offset from the chunk's first position:
+every chunk is embedded as a checkpoint trained on windows of at most
+`max_positions` tokens saw its inputs (stream positions grow without bound;
+offsets past the table read its last row). A memory of earlier chunks holds
+hidden states that already carry their own chunk's offsets. Post-LN blocks
+(`model.block = 'post_ln'`) end normalised: no final norm then.
+"""
 
 import flax.linen as nn
 import jax
@@ -8,7 +18,9 @@ import ml_collections
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.embeddings import TokenEmbedding
-from longformer_jax.layers.norms import layer_norm
+from longformer_jax.layers.norms import norm_from_config
+from longformer_jax.models.input_embedding import embed_inputs
+from longformer_jax.models.post_ln_block import ends_normalised
 from longformer_jax.models.stack_registry import stack_class
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -45,12 +57,12 @@ class DecoderLM(nn.Module):
     cfg = self.config
     dtype = compute_dtype(cfg.dtype)
     embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.tie_embeddings, dtype,
-                               name='embedding')
-    x = embedding.embed(tokens)
-    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=ctx.deterministic)
+                               cfg.get('scale_tied_logits', True), name='embedding')
+    x = embed_inputs(cfg, embedding, tokens, ctx.positions - ctx.positions[:, :1],
+                     ctx.deterministic, dtype)
     x, states, aux = stack_class(cfg.stack)(cfg, dtype, name='blocks')(x, states, ctx)
-    x = layer_norm('final_norm', dtype)(x)
+    if not ends_normalised(cfg):
+      x = norm_from_config(cfg, 'final_norm', dtype)(x)
     logits = embedding.logits(x)
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
     return logits, states, aux

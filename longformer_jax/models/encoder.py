@@ -21,8 +21,10 @@ import ml_collections
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.linear import projection
-from longformer_jax.layers.norms import layer_norm
+from longformer_jax.layers.norms import norm_from_config
 from longformer_jax.models.decoder_lm import compute_dtype, padded_vocab_size
+from longformer_jax.models.input_embedding import embed_inputs
+from longformer_jax.models.post_ln_block import ends_normalised
 from longformer_jax.models.stack_registry import stack_class
 
 
@@ -61,7 +63,7 @@ class Encoder(nn.Module):
   """`(x [batch, length, d_model] embedded, ctx) -> (h [batch, length, d_model], aux per layer)`.
 
   `config.causal` must be False (see `encoder_model_config`); `h` is after the
-  final layer norm.
+  final layer norm (post-LN blocks end normalised and have none).
   """
   config: ml_collections.FrozenConfigDict
   dtype: jnp.dtype = jnp.float32
@@ -72,14 +74,21 @@ class Encoder(nn.Module):
     states = fresh_states(cfg, x.shape[0])
     stack = stack_class(cfg.stack)(cfg, self.dtype, name='blocks')
     x, _, aux = stack(x, states, ctx)
-    return layer_norm('final_norm', self.dtype)(x), aux
+    if ends_normalised(cfg):
+      return x, aux
+    return norm_from_config(cfg, 'final_norm', self.dtype)(x), aux
 
 
-def embed_tokens(cfg, tokens: jax.Array, deterministic: bool, dtype) -> jax.Array:
-  """Token embedding (scope `embedding`) with dropout: `[b, L]` -> `[b, L, d_model]`."""
-  x = TokenEmbedding(cfg.vocab_size, cfg.d_model, True, dtype, name='embedding').embed(tokens)
-  x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-  return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+def embed_tokens(cfg, tokens: jax.Array, ctx: AttentionContext,
+                 dtype) -> tuple[jax.Array, TokenEmbedding]:
+  """`tokens [b, L]` -> `([b, L, d_model], the tied embedding)` (scope `embedding`).
+
+  Learned positions, when the model has them, are read at `ctx.positions`
+  (0..L-1 for an encoder); `models/input_embedding.py`.
+  """
+  embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, True, dtype,
+                             cfg.get('scale_tied_logits', True), name='embedding')
+  return embed_inputs(cfg, embedding, tokens, ctx.positions, ctx.deterministic, dtype), embedding
 
 
 class SequenceClassifier(nn.Module):
@@ -93,7 +102,7 @@ class SequenceClassifier(nn.Module):
   def __call__(self, tokens: jax.Array, ctx: AttentionContext):
     cfg = self.config
     dtype = compute_dtype(cfg.dtype)
-    x = embed_tokens(cfg, tokens, ctx.deterministic, dtype)
+    x, _ = embed_tokens(cfg, tokens, ctx, dtype)
     h, aux = Encoder(cfg, dtype, name='encoder')(x, ctx)
     pooled = projection(cfg.d_model, kernel_axes=('embed', 'mlp'), name='pooler', dtype=dtype,
                         use_bias=True, bias_axes=('mlp',))(h[:, 0])
@@ -111,7 +120,7 @@ class SpanExtractor(nn.Module):
   def __call__(self, tokens: jax.Array, ctx: AttentionContext):
     cfg = self.config
     dtype = compute_dtype(cfg.dtype)
-    x = embed_tokens(cfg, tokens, ctx.deterministic, dtype)
+    x, _ = embed_tokens(cfg, tokens, ctx, dtype)
     h, aux = Encoder(cfg, dtype, name='encoder')(x, ctx)
     logits = projection(2, kernel_axes=('embed', None), name='span', dtype=dtype,
                         use_bias=True, bias_axes=(None,))(h).astype(jnp.float32)

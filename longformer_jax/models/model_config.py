@@ -72,6 +72,21 @@ class ModelConfig(Section):
   decoder_layers: int = 0          # seq2seq task (LED): decoder layers
   aux_loss_weights: dict = dataclasses.field(default_factory=dict)  # aux loss name -> weight
   layer_schedule: dict = dataclasses.field(default_factory=dict)    # see models/layer_schedule.py
+  # Features of imported checkpoints (docs/import.md); the defaults are this project's own models.
+  position_embedding: str = 'rotary'  # rotary (in attention) | learned (absolute table, GPT-2)
+  max_positions: int = 0           # learned: rows of the position table
+  rope_theta: float = 10000.0      # rotary base (layers/positional.py)
+  rope_scaling: dict = dataclasses.field(default_factory=dict)  # {} | {type: linear|llama3, ...}
+  num_kv_heads: int = 0            # key/value heads (grouped-query attention); 0: num_heads
+  qkv_bias: bool = False           # biases on the query/key/value projections
+  out_bias: bool = False           # bias on the attention output projection
+  ff_activation: str = 'gelu'      # gelu (tanh approximation) | gelu_exact | swiglu
+                                   # (layers/feed_forward.py)
+  ff_bias: bool = True             # biases on the feed-forward projections
+  norm: str = 'layer_norm'         # layer_norm | rms_norm, in the blocks and the final norm
+  norm_epsilon: float = 1e-6
+  embedding_norm: bool = False     # a norm after the input embeddings (RoBERTa, Longformer)
+  scale_tied_logits: bool = True   # tied output divided by sqrt(d_model); False: plain x @ E^T
 
   def validate(self, env) -> None:
     del env
@@ -98,9 +113,58 @@ class ModelConfig(Section):
     from longformer_jax.parallel.remat import REMAT_POLICIES  # pylint: disable=g-import-not-at-top
     self.require(self.remat_policy in REMAT_POLICIES, 'remat_policy',
                  f'is not a remat policy; choose one of {sorted(REMAT_POLICIES)}')
+    self._validate_import_features()
     for name, weight in self.aux_loss_weights.items():
       if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight >= 0):
         raise ConfigError(f'model.aux_loss_weights.{name}', f'{weight!r} must be a number >= 0')
+
+
+  def _validate_import_features(self) -> None:
+    """The settings of imported checkpoints (docs/import.md)."""
+    from longformer_jax.layers import feed_forward, norms, positional  # pylint: disable=g-import-not-at-top
+    self.require(self.position_embedding in POSITION_EMBEDDINGS, 'position_embedding',
+                 f'must be one of {POSITION_EMBEDDINGS}')
+    self.require(self.max_positions >= 0, 'max_positions', 'must be >= 0')
+    if self.position_embedding == 'learned':
+      self.require(self.max_positions > 0, 'max_positions',
+                   "must be > 0 with position_embedding='learned' (rows of the table)")
+    self.require(self.rope_theta > 0, 'rope_theta', 'must be > 0')
+    problem = positional.rope_scaling_error(dict(self.rope_scaling))
+    self.require(not problem, 'rope_scaling', problem)
+    self.require(self.num_kv_heads >= 0, 'num_kv_heads', 'must be >= 0 (0: num_heads)')
+    if self.num_kv_heads:
+      self.require(self.num_heads % self.num_kv_heads == 0, 'num_kv_heads',
+                   f'must divide num_heads = {self.num_heads}')
+    self.require(self.ff_activation in feed_forward.FF_ACTIVATIONS, 'ff_activation',
+                 f'must be one of {feed_forward.FF_ACTIVATIONS}')
+    self.require(self.norm in norms.NORMS, 'norm', f'must be one of {norms.NORMS}')
+    self.require(self.norm_epsilon > 0, 'norm_epsilon', 'must be > 0')
+    defaults = ModelConfig()
+    for name, readers in SETTING_READERS.items():
+      if self.attention not in readers:
+        self.require(getattr(self, name) == getattr(defaults, name), name,
+                     f'is read by the {" and ".join(readers)} attention only (this layer\'s '
+                     f'attention is {self.attention!r}); keep the default '
+                     f'{getattr(defaults, name)!r}')
+    if self.block not in NORM_BLOCKS:
+      for name in ('norm', 'norm_epsilon'):
+        self.require(getattr(self, name) == getattr(defaults, name), name,
+                     f'is read by the {" and ".join(NORM_BLOCKS)} blocks only (block is '
+                     f'{self.block!r}); keep the default {getattr(defaults, name)!r}')
+
+
+POSITION_EMBEDDINGS = ('rotary', 'learned')
+# Shared settings of imported checkpoints -> the attention variants that read them.
+SETTING_READERS = {
+    'position_embedding': ('vanilla', 'longformer'),
+    'qkv_bias': ('vanilla', 'longformer'),
+    'out_bias': ('vanilla', 'longformer'),
+    'rope_theta': ('vanilla',),
+    'rope_scaling': ('vanilla',),
+    'num_kv_heads': ('vanilla',),
+}
+# Blocks that read `model.norm` and `model.norm_epsilon`.
+NORM_BLOCKS = ('pre_ln', 'post_ln')
 
 
 def section_classes() -> dict:
@@ -140,6 +204,11 @@ def resolve_model(values: Mapping | None, path: str = 'model', chunk_lens: tuple
   common_values = {k: v for k, v in values.items() if k in common_names}
   common = ModelConfig.build(common_values, path)
   layer_schedule.check_paths(common.layer_schedule, common_names, sections, path)
+  if common.position_embedding == 'learned' and chunk_lens and max(chunk_lens) > common.max_positions:
+    raise ConfigError(f'{path}.max_positions',
+                      f'{common.max_positions} rows of learned positions, but chunks of '
+                      f'{max(chunk_lens)} tokens are read; keep every chunk length <= '
+                      f'{common.max_positions} (learned positions restart in each chunk)')
   if common.layer_schedule and common.scan_layers:
     raise ConfigError(f'{path}.scan_layers',
                       'True, but a layer_schedule makes layers differ; it needs scan_layers=False')

@@ -1,4 +1,7 @@
-"""The pre-LN transformer block: x + Attn(LN(x)), then + FFN(LN(.))."""
+"""The pre-LN transformer block: x + Attn(LN(x)), then + FFN(LN(.)).
+
+The norm is LayerNorm or RMSNorm (`model.norm`, `model.norm_epsilon`).
+"""
 
 import flax.linen as nn
 import jax
@@ -8,7 +11,7 @@ import ml_collections
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.layers.feed_forward import feed_forward_from_config
-from longformer_jax.layers.norms import layer_norm
+from longformer_jax.layers.norms import norm_from_config
 
 
 class DecoderBlock(nn.Module):
@@ -24,11 +27,11 @@ class DecoderBlock(nn.Module):
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
     cfg = self.config
     attention = attention_class(cfg.attention).from_config(cfg, self.dtype, name='attention')
-    h, state, aux = attention(layer_norm('attention_norm', self.dtype)(x), state, ctx)
+    h, state, aux = attention(norm_from_config(cfg, 'attention_norm', self.dtype)(x), state, ctx)
     x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     h = feed_forward_from_config(cfg, self.dtype)(
-        layer_norm('feed_forward_norm', self.dtype)(x), deterministic=ctx.deterministic)
+        norm_from_config(cfg, 'feed_forward_norm', self.dtype)(x), deterministic=ctx.deterministic)
     x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     return x, (state, aux)

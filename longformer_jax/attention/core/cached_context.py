@@ -33,16 +33,18 @@ def memory_and_chunk(state: fifo.FifoMemory, x: jax.Array,
   return context, new_state
 
 
-def project_heads(x: jax.Array, num_heads: int, head_dim: int, name: str, dtype) -> jax.Array:
-  """`[batch, length, d_model] -> [batch, length, heads, head_dim]`."""
+def project_heads(x: jax.Array, num_heads: int, head_dim: int, name: str, dtype,
+                  use_bias: bool = False) -> jax.Array:
+  """`[batch, length, d_model] -> [batch, length, heads, head_dim]` (bias `[heads, head_dim]`)."""
   return projection((num_heads, head_dim), kernel_axes=('embed', 'heads', 'head_dim'),
-                    name=name, dtype=dtype)(x)
+                    name=name, dtype=dtype, use_bias=use_bias,
+                    bias_axes=('heads', 'head_dim'))(x)
 
 
-def project_output(x: jax.Array, d_model: int, dtype) -> jax.Array:
-  """`[batch, length, heads, head_dim] -> [batch, length, d_model]`."""
+def project_output(x: jax.Array, d_model: int, dtype, use_bias: bool = False) -> jax.Array:
+  """`[batch, length, heads, head_dim] -> [batch, length, d_model]` (bias `[d_model]`)."""
   return projection(d_model, num_in=2, kernel_axes=('heads', 'head_dim', 'embed'),
-                    name='out', dtype=dtype)(x)
+                    name='out', dtype=dtype, use_bias=use_bias, bias_axes=('embed',))(x)
 
 
 def chunk_qkv(x: jax.Array, num_heads: int, head_dim: int, dtype):

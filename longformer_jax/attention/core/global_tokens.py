@@ -60,8 +60,12 @@ class InitialisedFromProjection(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array, source_kernel: jax.Array) -> jax.Array:
-    kernel = self.param('kernel', nn.with_logical_partitioning(
-        lambda rng, shape: jnp.asarray(source_kernel, jnp.float32), self.kernel_axes),
-                        source_kernel.shape)
-    return jnp.einsum('bld,dhe->blhe', x.astype(self.dtype), kernel.astype(self.dtype))
+  def __call__(self, x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+    """`x [b, l, d]` -> `[b, l, heads, head_dim]`; `kernel`, `bias`: the local projection's."""
+    copy = lambda source, axes: nn.with_logical_partitioning(
+        lambda rng, shape: jnp.asarray(source, jnp.float32), axes)
+    own_kernel = self.param('kernel', copy(kernel, self.kernel_axes), kernel.shape)
+    y = jnp.einsum('bld,dhe->blhe', x.astype(self.dtype), own_kernel.astype(self.dtype))
+    if bias is not None:  # a projection with a bias (imported checkpoints) copies it too
+      y = y + self.param('bias', copy(bias, self.kernel_axes[1:]), bias.shape).astype(self.dtype)
+    return y

@@ -1,0 +1,1 @@
+"""Importing released checkpoints onto the project's modules (docs/import.md)."""

@@ -1,0 +1,110 @@
+"""Mapping a Hugging Face decoder checkpoint onto `DecoderLM`: `load` and its parts.
+
+`longformer_jax.convert.hf` is the documented entry point (it re-exports
+`load`); docs/import.md has the tensor mapping of each family.
+"""
+
+from longformer_jax.convert import gpt2, llama, longformer
+from longformer_jax.convert.errors import ConversionError
+from longformer_jax.convert.hf_config import read_hf_config, required
+from longformer_jax.convert.safetensors_reader import DTYPES, TensorSource, read_tensors
+
+FAMILIES = {name: module for module in (gpt2, llama, longformer) for name in module.MODEL_TYPES}
+
+
+def family(hf: dict):
+  """The module that maps checkpoints of `hf['model_type']`."""
+  model_type = hf['model_type']
+  if model_type not in FAMILIES:
+    raise ConversionError(f'config.json: model_type {model_type!r} is not supported; '
+                          f'supported: {sorted(FAMILIES)}')
+  return FAMILIES[model_type]
+
+
+def vocab_multiple(model_vocab: int, tokenizer_vocab: int | None = None) -> int:
+  """`model.vocab_multiple` that pads the tokenizer's vocabulary to exactly the model's.
+
+  64 when that already does; else the model's vocabulary size itself (so the
+  `vocab` axis is sharded only where the size allows).
+  """
+  tokenizer_vocab = model_vocab if tokenizer_vocab is None else tokenizer_vocab
+  if tokenizer_vocab > model_vocab:
+    raise ConversionError(f'tokenizer has {tokenizer_vocab} tokens but the model\'s '
+                          f'vocab_size is {model_vocab}')
+  if -(-tokenizer_vocab // 64) * 64 == model_vocab:
+    return 64
+  return model_vocab
+
+
+def model_settings(hf_dir: str) -> tuple:
+  """`(hf_config, settings)`: the checkpoint's config.json and its `config.model` settings."""
+  hf = read_hf_config(hf_dir)
+  return hf, family(hf).model_settings(hf)
+
+
+def load_params(hf_dir: str, hf: dict, settings: dict, dtype: str = 'float32') -> dict:
+  """The checkpoint's `DecoderLM` parameters as numpy arrays of `dtype`."""
+  if dtype not in DTYPES:
+    raise ConversionError(f'dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}')
+  module = family(hf)
+  vocab_size = required(hf, 'vocab_size')
+  source = TensorSource(read_tensors(hf_dir, dtype), module.IGNORED_SUFFIXES)
+  if module is gpt2:
+    gpt2.lm_head_check(source, vocab_size, settings['d_model'])
+  params = module.convert_params(source, settings, vocab_size, hf)
+  source.check_all_used()
+  return params
+
+
+def load(hf_dir: str, dtype: str = 'float32', tokenizer_vocab: int | None = None):
+  """`(model_config, params)` of the Hugging Face checkpoint in `hf_dir`.
+
+  Args:
+    hf_dir: a directory with `config.json` and `*.safetensors` (one file or
+      shards with `model.safetensors.index.json`).
+    dtype: 'float32' or 'bfloat16', the dtype of the returned parameters and
+      the model's compute dtype (`model.dtype`).
+    tokenizer_vocab: the tokenizer's vocabulary size, if it differs from the
+      model's (sets `model.vocab_multiple`, see `vocab_multiple`).
+  Returns:
+    `model_config`: the frozen `config.model` with `vocab_size` set (what
+    `DecoderLM` takes; for an encoder family, Longformer, the bidirectional
+    config `MaskedLM` takes); `params`: a nested dict of numpy arrays, the
+    parameters of `DecoderLM(model_config)` (or `MaskedLM(model_config)`).
+  """
+  from longformer_jax.models.decoder_lm import lm_model_config  # pylint: disable=g-import-not-at-top
+  from longformer_jax.models.encoder import encoder_model_config  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  hf, settings = model_settings(hf_dir)
+  params = load_params(hf_dir, hf, settings, dtype)
+  model = ml_collections.ConfigDict(resolved_model(settings, hf, dtype, tokenizer_vocab))
+  vocab = hf['vocab_size'] if tokenizer_vocab is None else tokenizer_vocab
+  if is_encoder(hf):
+    return encoder_model_config(model, vocab), params
+  return lm_model_config(model, vocab), params
+
+
+def is_encoder(hf: dict) -> bool:
+  """Whether the family of `hf['model_type']` imports as an encoder (`MaskedLM`)."""
+  return getattr(family(hf), 'ENCODER', False)
+
+
+def load_model(hf_dir: str, dtype: str = 'float32'):
+  """`(model, params)`: the Flax module (`DecoderLM`, or `MaskedLM` for Longformer) and its
+  parameters as `load` returns them; `model.apply({'params': params}, ...)` runs it."""
+  from longformer_jax.models.decoder_lm import DecoderLM  # pylint: disable=g-import-not-at-top
+  from longformer_jax.models.masked_lm import MaskedLM  # pylint: disable=g-import-not-at-top
+  model_config, params = load(hf_dir, dtype)
+  return (MaskedLM if not model_config.causal else DecoderLM)(model_config), params
+
+
+def resolved_model(settings: dict, hf: dict, dtype: str, tokenizer_vocab: int | None) -> dict:
+  """The complete, checked `config.model` dict of the checkpoint."""
+  from longformer_jax.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from longformer_jax.models.model_config import resolve_model  # pylint: disable=g-import-not-at-top
+  values = dict(settings, dtype=dtype,
+                vocab_multiple=vocab_multiple(hf['vocab_size'], tokenizer_vocab))
+  try:
+    return resolve_model(values)
+  except ConfigError as e:
+    raise ConversionError(f'config.json maps to an invalid model: {e}') from None

@@ -1,0 +1,137 @@
+"""`python -m longformer_jax.convert.hf --hf_dir=DIR --workdir=OUT [--dtype=...]`: a run workdir.
+
+The workdir holds what a train.py run leaves: `config.json` (the complete
+experiment config: the imported `model` section, `data.tokenizer='hf'` with
+the directory's `tokenizer.json`, or 'sentencepiece' with its
+`tokenizer.model`) and an Orbax checkpoint of step 0 with the full train state
+(the imported parameters, float32; a fresh optimizer state and memory; data
+position step 0; `data.chunk_len` at most the learned position table's
+rows), so eval.py and generate.py read it like any run's, and
+`import_config.py`, a config file that returns that `config.json`, so train.py
+fine-tunes from it: `python train.py --config=OUT/import_config.py
+--workdir=OUT [--config.train.num_steps=N ...]` (settings that change the
+train state's shapes are refused, as for any resumed run). `--dtype=bfloat16` reads the
+weights as bfloat16 and sets `model.dtype='bfloat16'` (the stored parameters
+are those values in float32, as every train state's are). Errors: one line,
+exit status 2 (`command_line.py`).
+"""
+
+import os
+
+from absl import app, flags
+
+from longformer_jax import command_line
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.convert.errors import ConversionError
+
+FLAGS = flags.FLAGS
+DEFAULT_CHUNK_LEN = 256   # config.data.chunk_len's default
+TRAIN_CONFIG_FILE = 'import_config.py'
+# A config file for train.py (`--config=OUT/import_config.py`): the saved config.json.
+TRAIN_CONFIG_SOURCE = '''"""The imported checkpoint's config (config.json beside this file), for train.py --config."""
+
+import json
+import os
+
+
+def get_config():
+  with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config.json')) as f:
+    return json.load(f)
+'''
+
+
+def tokenizer_settings(hf_dir: str, tokenizer_file: str) -> dict:
+  """`config.data` tokenizer keys for the checkpoint's own tokenizer."""
+  path = tokenizer_file or os.path.join(hf_dir, 'tokenizer.json')
+  if path.endswith('.json') and os.path.exists(path):
+    return {'tokenizer': 'hf', 'tokenizer_file': os.path.abspath(path)}
+  model = tokenizer_file or os.path.join(hf_dir, 'tokenizer.model')
+  if model.endswith('.model') and os.path.exists(model):
+    return {'tokenizer': 'sentencepiece', 'sentencepiece_model': os.path.abspath(model)}
+  raise ConversionError(f'{hf_dir}: no tokenizer.json or tokenizer.model (or pass '
+                        f'--tokenizer_file=PATH)')
+
+
+def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
+                       tokenizer_file: str = '') -> None:
+  """Writes `workdir` (module docstring) from the Hugging Face checkpoint in `hf_dir`."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from longformer_jax.convert import loader as hf  # pylint: disable=g-import-not-at-top
+  from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
+  from longformer_jax.experiment_config import resolve_config, validate_config  # pylint: disable=g-import-not-at-top
+  from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config  # pylint: disable=g-import-not-at-top
+  from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
+  from longformer_jax.train import initialization, phases, run_directory  # pylint: disable=g-import-not-at-top
+  from longformer_jax.train.checkpointing import Checkpointer  # pylint: disable=g-import-not-at-top
+  from longformer_jax.train.optimizer import make_optimizer  # pylint: disable=g-import-not-at-top
+
+  run_directory.check_workdir(workdir)
+  if os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    raise ConversionError(f'{workdir}: already holds checkpoints; pass a new --workdir')
+  hf_config, settings = hf.model_settings(hf_dir)
+  data = tokenizer_settings(hf_dir, tokenizer_file)
+  tokenizer = make_tokenizer(ml_collections.ConfigDict(data))
+  model_values = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
+  if settings.get('position_embedding') == 'learned':  # chunks within the learned table
+    data['chunk_len'] = min(DEFAULT_CHUNK_LEN, settings['max_positions'])
+  config = ml_collections.ConfigDict(resolve_config({'task': 'lm', 'model': model_values,
+                                                     'data': data}))
+  validate_config(config, jax.device_count())
+  params = hf.load_params(hf_dir, hf_config, settings, dtype)
+  params = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), params)
+
+  model = DecoderLM(lm_model_config(config.model, tokenizer.vocab_size))
+  optimizer = phases.phased_optimizer(make_optimizer(config.optimizer, config.train.num_steps),
+                                      phases.training_phases(config))
+  mesh = make_mesh(config.parallel.mesh_shape)
+  state, shardings = initialization.sharded_train_state(
+      model, optimizer, config.seed, config.data.batch_size, config.data.chunk_len, mesh,
+      config.parallel.logical_axis_rules)
+  expected = jax.tree_util.tree_structure(state.params)
+  if jax.tree_util.tree_structure(params) != expected:
+    raise ConversionError('the imported parameters do not match the model built from its '
+                          'config (a mapping bug): ' + str(expected)[:200])
+  for (path, new), old in zip(jax.tree_util.tree_leaves_with_path(params),
+                              jax.tree_util.tree_leaves(state.params)):
+    if new.shape != old.shape:
+      raise ConversionError(f'parameter {jax.tree_util.keystr(path)} has shape {new.shape}; '
+                            f'the model expects {old.shape}')
+  params = jax.device_put(params, shardings.params)
+  state = state.replace(params=params, opt_state=optimizer.init(params))
+  with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
+    checkpointer.save(0, state, {'step': 0})
+  run_directory.write_config(config, workdir)
+  with open(os.path.join(workdir, TRAIN_CONFIG_FILE), 'w') as f:
+    f.write(TRAIN_CONFIG_SOURCE)
+
+
+def define_flags() -> None:
+  flags.DEFINE_string('hf_dir', None, 'Hugging Face model directory (config.json, *.safetensors).')
+  flags.DEFINE_string('workdir', None, 'The run directory to write (new).')
+  flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Weights and compute dtype.')
+  flags.DEFINE_string('tokenizer_file', '', 'tokenizer.json or .model (default: in --hf_dir).')
+  flags.DEFINE_bool('debug', False, 'Show the traceback of errors.')
+
+
+def main(argv) -> None:
+  del argv
+  for name in ('hf_dir', 'workdir'):
+    if not getattr(FLAGS, name):
+      raise command_line.UserError(f'--{name} is required')
+  convert_to_workdir(FLAGS.hf_dir, FLAGS.workdir, FLAGS.dtype, FLAGS.tokenizer_file)
+  print(f'wrote {FLAGS.workdir} (config.json, checkpoints/0)')
+
+
+def run() -> None:
+  """The entry point: one-line errors with exit status 2."""
+  define_flags()
+
+  def guarded(argv):
+    try:
+      main(argv)
+    except (ConversionError, ConfigError, command_line.UserError, FileNotFoundError) as error:
+      command_line.report_and_exit(error, FLAGS.debug)
+
+  app.run(guarded)

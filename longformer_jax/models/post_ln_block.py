@@ -1,0 +1,49 @@
+"""The post-LN transformer block of BERT and RoBERTa (Vaswani et al., 2017; Devlin et al., 2019).
+
+    x = LN(x + Attn(x));   x = LN(x + FFN(x))
+
+The norm follows each residual sum, so the block's output is already
+normalised and a model built from these blocks has no final norm
+(`models/encoder.py`, `models/decoder_lm.py`). Imported Longformer checkpoints
+use it (`convert/longformer.py`); the norm is `model.norm` with
+`model.norm_epsilon`, as in the pre-LN block.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.registry import attention_class
+from longformer_jax.layers.feed_forward import feed_forward_from_config
+from longformer_jax.layers.norms import norm_from_config
+
+
+class PostLNBlock(nn.Module):
+  """`(x [batch, chunk, d_model], state, ctx) -> (x, (state, aux))`, as `DecoderBlock`.
+
+  Parameter scopes: `attention`, `attention_norm` (after the attention's
+  residual sum), `feed_forward`, `feed_forward_norm` (after the feed-forward's).
+  """
+  config: ml_collections.FrozenConfigDict
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, state, ctx: AttentionContext):
+    cfg = self.config
+    attention = attention_class(cfg.attention).from_config(cfg, self.dtype, name='attention')
+    h, state, aux = attention(x, state, ctx)
+    x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
+    x = norm_from_config(cfg, 'attention_norm', self.dtype)(x)
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    h = feed_forward_from_config(cfg, self.dtype)(x, deterministic=ctx.deterministic)
+    x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
+    x = norm_from_config(cfg, 'feed_forward_norm', self.dtype)(x)
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    return x, (state, aux)
+
+
+def ends_normalised(cfg) -> bool:
+  """True when the stack's output is already normalised (post-LN blocks: no final norm)."""
+  return cfg.get('block', 'pre_ln') == 'post_ln'

@@ -1,0 +1,141 @@
+"""Builds the tiny Hugging Face checkpoints of tests/test_hf_import.py (dev-only tool).
+
+Needs `torch` and `transformers` (not project requirements):
+  pip install torch==2.13.0 transformers
+  python tools/make_hf_fixtures.py [--out=tests/data/hf]
+
+For each family (gpt2; llama with grouped-query attention and llama3 rope
+scaling; mistral with one key/value head and linear rope scaling; qwen2 with
+q/k/v biases and a tied output; longformer, a masked LM with windows of 4 and
+8 tokens in its two layers and global tokens) it writes `<out>/<name>/`
+holding the Hugging Face directory (`config.json`, `model.safetensors`), a
+word-level `tokenizer.json` over the model's vocabulary, `input_ids.npy` and
+`attention_mask.npy` `[2, 12]` (row 1 right-padded; for longformer also
+`global_attention_mask.npy`), and `logits.npy`, the float32 reference logits
+`[2, 12, vocab]` of transformers' own model.
+Seeds are fixed, so a rerun writes the same files.
+"""
+
+import argparse
+import os
+
+import numpy as np
+import torch
+import transformers
+
+VOCAB = 96
+LENGTH = 12
+
+
+def family_configs() -> dict:
+  common = dict(vocab_size=VOCAB, tie_word_embeddings=False)
+  return {
+      'gpt2': transformers.GPT2Config(
+          vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+          activation_function='gelu_new', resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+          layer_norm_epsilon=1e-5),
+      'llama': transformers.LlamaConfig(
+          hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+          num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+          rope_theta=500000.0,
+          rope_scaling=dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0,
+                            high_freq_factor=4.0, original_max_position_embeddings=8),
+          **common),
+      'mistral': transformers.MistralConfig(
+          hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+          num_key_value_heads=1, max_position_embeddings=64, rms_norm_eps=1e-5,
+          rope_theta=10000.0, sliding_window=64,
+          rope_scaling=dict(rope_type='linear', factor=2.0), **common),
+      'qwen2': transformers.Qwen2Config(
+          hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+          num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+          rope_theta=1000000.0, vocab_size=VOCAB, tie_word_embeddings=True),
+      # RoBERTa's special-token order (<s>=0, <pad>=1): positions start at pad + 1 = 2.
+      'longformer': transformers.LongformerConfig(
+          vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+          intermediate_size=64, attention_window=[4, 8], max_position_embeddings=40,
+          type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, layer_norm_eps=1e-5),
+  }
+
+
+def model_class(name: str):
+  return {'gpt2': transformers.GPT2LMHeadModel, 'llama': transformers.LlamaForCausalLM,
+          'mistral': transformers.MistralForCausalLM,
+          'qwen2': transformers.Qwen2ForCausalLM,
+          'longformer': transformers.LongformerForMaskedLM}[name]
+
+
+SPECIAL_TOKENS = ('<pad>', '<s>', '</s>', '<unk>')
+ROBERTA_SPECIAL_TOKENS = ('<s>', '<pad>', '</s>', '<unk>')
+
+
+def word_level_tokenizer(path: str, special_tokens: tuple = SPECIAL_TOKENS) -> None:
+  """`tokenizer.json`: ids 0-3 the special tokens, then words 'w4' .. 'w{VOCAB-1}',
+  split on whitespace."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  vocab = {token: i for i, token in enumerate(special_tokens)}
+  vocab.update({f'w{i}': i for i in range(len(special_tokens), VOCAB)})
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token='<unk>'))
+  tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  tokenizer.add_special_tokens(list(special_tokens))
+  tokenizer.save(path)
+
+
+def model_inputs(name: str) -> dict:
+  """int64 `[2, LENGTH]` inputs; row 1 right-padded from position 8.
+
+  Longformer: words only (ids >= 4; its position ids count non-pad tokens),
+  pad ids in the padding, and global tokens 0 and 5 in row 0, 0 in row 1.
+  """
+  rng = np.random.default_rng(1)
+  mask = np.ones((2, LENGTH), np.int64)
+  mask[1, 8:] = 0
+  if name != 'longformer':
+    return dict(input_ids=rng.integers(0, VOCAB, size=(2, LENGTH)).astype(np.int64),
+                attention_mask=mask)
+  input_ids = rng.integers(4, VOCAB, size=(2, LENGTH)).astype(np.int64)
+  input_ids[mask == 0] = 1
+  global_mask = np.zeros((2, LENGTH), np.int64)
+  global_mask[:, 0] = 1
+  global_mask[0, 5] = 1
+  return dict(input_ids=input_ids, attention_mask=mask, global_attention_mask=global_mask)
+
+
+def build(name: str, config, out: str) -> None:
+  torch.manual_seed(0)
+  model = model_class(name)(config).eval()
+  with torch.no_grad():  # random biases and norm scales, so that a missed one shows
+    for param_name, param in model.named_parameters():
+      if param_name.endswith('bias') or 'norm' in param_name.lower() or 'ln_' in param_name:
+        param.add_(0.1 * torch.randn_like(param))
+  directory = os.path.join(out, name)
+  os.makedirs(directory, exist_ok=True)
+  model.save_pretrained(directory, safe_serialization=True)
+  inputs = model_inputs(name)
+  with torch.no_grad():
+    logits = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits
+  for key, value in inputs.items():
+    np.save(os.path.join(directory, f'{key}.npy'), value.astype(np.int32))
+  np.save(os.path.join(directory, 'logits.npy'), logits.float().numpy().astype(np.float32))
+  word_level_tokenizer(os.path.join(directory, 'tokenizer.json'),
+                       ROBERTA_SPECIAL_TOKENS if name == 'longformer' else SPECIAL_TOKENS)
+  for extra in ('generation_config.json',):
+    if os.path.exists(os.path.join(directory, extra)):
+      os.remove(os.path.join(directory, extra))
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--out', default=os.path.join('tests', 'data', 'hf'))
+  parser.add_argument('--only', default='', help='comma-separated families (default: all)')
+  args = parser.parse_args()
+  for name, config in family_configs().items():
+    if args.only and name not in args.only.split(','):
+      continue
+    build(name, config, args.out)
+    print(f'wrote {os.path.join(args.out, name)}')
+
+
+if __name__ == '__main__':
+  main()
