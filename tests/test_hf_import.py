@@ -186,6 +186,28 @@ def test_cli_workdir_restores_to_the_same_logits(llama_workdir):
   assert_matches_reference('llama', logits)
 
 
+def test_eval_sweeps_memories_on_the_imported_workdir(llama_workdir, tmp_path):
+  """eval.py scores the imported model with eval-time memories (docs/import.md)."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(llama_workdir, workdir)
+  result = subprocess.run(
+      [sys.executable, 'eval.py', f'--workdir={workdir}', '--config.eval.chunk_len=8',
+       '--config.eval.max_tokens=256',
+       "--config.eval.memory_sweep=variant=attendre,vanilla;policy=fifo;memory_size=0,16"],
+      cwd=REPO, capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(os.path.join(workdir, 'eval', 'memory_sweep.json')) as f:
+    rows = {(row['variant'], row['memory_size']): row for row in json.load(f)}
+  assert set(rows) == {('attendre', 0), ('attendre', 16), ('vanilla', 0), ('vanilla', 16)}
+  assert all(np.isfinite(row['perplexity']) for row in rows.values())
+  # A FIFO of 16 keys and values sees what a cache of 16 hidden states sees (the two
+  # paths agree); a memory changes the scores.
+  for size in (0, 16):
+    assert rows['attendre', size]['loss'] == pytest.approx(rows['vanilla', size]['loss'],
+                                                           rel=1e-5)
+  assert rows['attendre', 16]['loss'] != rows['attendre', 0]['loss']
+
+
 @pytest.mark.slow
 def test_train_fine_tunes_from_the_cli_workdir(llama_workdir, tmp_path):
   workdir = str(tmp_path / 'run')

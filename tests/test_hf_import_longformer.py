@@ -133,3 +133,15 @@ def test_tied_decoder_copy_is_accepted(tmp_path):
     tensors['lm_head.decoder.weight'] = tensors['longformer.embeddings.word_embeddings.weight']
     tensors['lm_head.decoder.bias'] = tensors['lm_head.bias']
   hf.load(edited_copy(tmp_path, edit_tensors=add_tied))
+
+
+def test_command_line_refuses_an_encoder_in_one_line(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  result = subprocess.run(
+      [sys.executable, '-m', 'longformer_jax.convert.hf', f'--hf_dir={DATA}',
+       f'--workdir={tmp_path}/out'], cwd=REPO, capture_output=True, text=True, check=False)
+  assert result.returncode == 2 and 'Traceback' not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: ') and "'longformer'" in last and 'load_model' in last
+  assert not os.path.exists(tmp_path / 'out' / 'checkpoints')

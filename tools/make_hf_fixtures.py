@@ -7,12 +7,16 @@ Needs `torch` and `transformers` (not project requirements):
 For each family (gpt2; llama with grouped-query attention and llama3 rope
 scaling; mistral with one key/value head and linear rope scaling; qwen2 with
 q/k/v biases and a tied output; longformer, a masked LM with windows of 4 and
-8 tokens in its two layers and global tokens) it writes `<out>/<name>/`
+8 tokens in its two layers and global tokens; led, the encoder-decoder
+`LEDForConditionalGeneration` with the same encoder windows, two decoder
+layers and a perturbed `final_logits_bias`) it writes `<out>/<name>/`
 holding the Hugging Face directory (`config.json`, `model.safetensors`), a
 word-level `tokenizer.json` over the model's vocabulary, `input_ids.npy` and
-`attention_mask.npy` `[2, 12]` (row 1 right-padded; for longformer also
-`global_attention_mask.npy`), and `logits.npy`, the float32 reference logits
-`[2, 12, vocab]` of transformers' own model.
+`attention_mask.npy` `[2, 12]` (row 1 right-padded; for longformer and led
+also `global_attention_mask.npy`; for led `decoder_input_ids.npy` and
+`decoder_attention_mask.npy` `[2, 7]`, row 1 right-padded from position 5),
+and `logits.npy`, the float32 reference logits `[2, 12 (led: 7), vocab]` of
+transformers' own model.
 Seeds are fixed, so a rerun writes the same files.
 """
 
@@ -56,6 +60,17 @@ def family_configs() -> dict:
           intermediate_size=64, attention_window=[4, 8], max_position_embeddings=40,
           type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, layer_norm_eps=1e-5),
+      # The same special-token order; encoder windows 4 and 8, learned positions 0.. on both sides;
+      # init_std 0.2 (not 0.02) so that the encoder's global tokens and windows reach the logits
+      # through the cross-attention well past the tolerance.
+      'led': transformers.LEDConfig(
+          vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+          decoder_ffn_dim=64, attention_window=[4, 8], max_encoder_position_embeddings=32,
+          max_decoder_position_embeddings=32, activation_function='gelu', dropout=0.0,
+          attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
+          eos_token_id=2, decoder_start_token_id=2, tie_word_embeddings=True,
+          init_std=0.2),
   }
 
 
@@ -63,11 +78,14 @@ def model_class(name: str):
   return {'gpt2': transformers.GPT2LMHeadModel, 'llama': transformers.LlamaForCausalLM,
           'mistral': transformers.MistralForCausalLM,
           'qwen2': transformers.Qwen2ForCausalLM,
-          'longformer': transformers.LongformerForMaskedLM}[name]
+          'longformer': transformers.LongformerForMaskedLM,
+          'led': transformers.LEDForConditionalGeneration}[name]
 
 
 SPECIAL_TOKENS = ('<pad>', '<s>', '</s>', '<unk>')
 ROBERTA_SPECIAL_TOKENS = ('<s>', '<pad>', '</s>', '<unk>')
+ROBERTA_FAMILIES = ('longformer', 'led')
+DECODER_LENGTH = 7
 
 
 def word_level_tokenizer(path: str, special_tokens: tuple = SPECIAL_TOKENS) -> None:
@@ -85,13 +103,15 @@ def word_level_tokenizer(path: str, special_tokens: tuple = SPECIAL_TOKENS) -> N
 def model_inputs(name: str) -> dict:
   """int64 `[2, LENGTH]` inputs; row 1 right-padded from position 8.
 
-  Longformer: words only (ids >= 4; its position ids count non-pad tokens),
-  pad ids in the padding, and global tokens 0 and 5 in row 0, 0 in row 1.
+  Longformer and LED: words only (ids >= 4; Longformer's position ids count
+  non-pad tokens), pad ids in the padding, and global tokens 0 and 5 in row 0,
+  0 in row 1. LED also: decoder inputs `[2, DECODER_LENGTH]`, the decoder start
+  token (2) then words, row 1 right-padded from position 5.
   """
   rng = np.random.default_rng(1)
   mask = np.ones((2, LENGTH), np.int64)
   mask[1, 8:] = 0
-  if name != 'longformer':
+  if name not in ROBERTA_FAMILIES:
     return dict(input_ids=rng.integers(0, VOCAB, size=(2, LENGTH)).astype(np.int64),
                 attention_mask=mask)
   input_ids = rng.integers(4, VOCAB, size=(2, LENGTH)).astype(np.int64)
@@ -99,7 +119,15 @@ def model_inputs(name: str) -> dict:
   global_mask = np.zeros((2, LENGTH), np.int64)
   global_mask[:, 0] = 1
   global_mask[0, 5] = 1
-  return dict(input_ids=input_ids, attention_mask=mask, global_attention_mask=global_mask)
+  inputs = dict(input_ids=input_ids, attention_mask=mask, global_attention_mask=global_mask)
+  if name == 'led':
+    decoder_mask = np.ones((2, DECODER_LENGTH), np.int64)
+    decoder_mask[1, 5:] = 0
+    decoder_ids = rng.integers(4, VOCAB, size=(2, DECODER_LENGTH)).astype(np.int64)
+    decoder_ids[:, 0] = 2
+    decoder_ids[decoder_mask == 0] = 1
+    inputs.update(decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask)
+  return inputs
 
 
 def build(name: str, config, out: str) -> None:
@@ -109,6 +137,8 @@ def build(name: str, config, out: str) -> None:
     for param_name, param in model.named_parameters():
       if param_name.endswith('bias') or 'norm' in param_name.lower() or 'ln_' in param_name:
         param.add_(0.1 * torch.randn_like(param))
+    if name == 'led':  # a buffer, not a parameter; zeros unless perturbed
+      model.final_logits_bias.add_(0.1 * torch.randn_like(model.final_logits_bias))
   directory = os.path.join(out, name)
   os.makedirs(directory, exist_ok=True)
   model.save_pretrained(directory, safe_serialization=True)
@@ -119,7 +149,7 @@ def build(name: str, config, out: str) -> None:
     np.save(os.path.join(directory, f'{key}.npy'), value.astype(np.int32))
   np.save(os.path.join(directory, 'logits.npy'), logits.float().numpy().astype(np.float32))
   word_level_tokenizer(os.path.join(directory, 'tokenizer.json'),
-                       ROBERTA_SPECIAL_TOKENS if name == 'longformer' else SPECIAL_TOKENS)
+                       ROBERTA_SPECIAL_TOKENS if name in ROBERTA_FAMILIES else SPECIAL_TOKENS)
   for extra in ('generation_config.json',):
     if os.path.exists(os.path.join(directory, extra)):
       os.remove(os.path.join(directory, extra))

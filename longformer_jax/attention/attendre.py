@@ -95,11 +95,11 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.config.section import Section
-from longformer_jax.layers.capped_rotary import capped_rotary_scores
 from longformer_jax.memory import entries, fifo, key_value, policies
 from longformer_jax.memory.entries import MemoryEntries
 from longformer_jax.memory.sharded_retrieval import METHODS, top_k
@@ -185,6 +185,10 @@ class AttendreConfig(Section):
     self.require(self.top_k_method == 'approx' or self.recall_target == 0.95, 'recall_target',
                  "is read only by top_k_method='approx'")
     self.require(self.rope_max_distance >= -1, 'rope_max_distance', 'must be -1 (off) or >= 0')
+    if env is not None:
+      self.require(self.rope_max_distance == -1 or env.model.position_embedding == 'rotary',
+                   'rope_max_distance', "caps RoPE distances; with model.position_embedding="
+                   "'learned' there is no rotation to cap (keep -1)")
     self.require(self.order in ORDERS, 'order', f'must be one of {ORDERS}')
     self.require(self.order != 'insert_first' or self.memory_size >= 1, 'order',
                  "'insert_first' needs memory_size >= 1 (queries retrieve from the memory alone)")
@@ -265,6 +269,7 @@ class AttendreAttention(nn.Module):
   rope_max_distance: int = -1
   order: str = 'attend_first'
   causal: bool = True
+  heads: CheckpointHeads = CheckpointHeads()   # imported checkpoints (core/checkpoint_heads.py)
   dtype: jnp.dtype = jnp.float32
 
   @classmethod
@@ -275,7 +280,8 @@ class AttendreAttention(nn.Module):
                policy=policies.make_policy(section), top_k=section.top_k,
                top_k_method=section.top_k_method, recall_target=float(section.recall_target),
                rope_max_distance=section.rope_max_distance, order=section.order,
-               causal=config.causal, dtype=dtype, name=name)
+               causal=config.causal, heads=CheckpointHeads.from_config(config), dtype=dtype,
+               name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -310,8 +316,8 @@ class AttendreAttention(nn.Module):
     positions, segments = joined(lambda e: e.positions), joined(lambda e: e.segment_ids)
     valid = joined(lambda e: e.valid)
     q = queries.values.astype(self.dtype)
-    scores = capped_rotary_scores(q, keys, queries.positions - origin, positions - origin,
-                                  self.rope_max_distance, bidirectional=not self.causal)
+    scores = self.heads.scores(q, keys, queries.positions - origin, positions - origin,
+                               self.rope_max_distance, bidirectional=not self.causal)
     logits = scores / jnp.sqrt(self.head_dim).astype(scores.dtype)
     allowed = causal_document_mask(queries.positions, queries.segment_ids, positions, segments,
                                    valid, causal=self.causal) & queries.valid[:, :, None]
@@ -327,9 +333,8 @@ class AttendreAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state: AttendreState, ctx: AttentionContext):
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
+    q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
+    k, v = self.heads.keys_values(x, self.num_heads, self.head_dim, self.dtype)
     # 1. Q memory: the chunk's queries in, the oldest C out (Attendre, sec. 3).
     chunk_queries = fifo.FifoMemory(values=q, positions=ctx.positions,
                                     segment_ids=ctx.segment_ids, valid=ctx.valid)
@@ -368,7 +373,7 @@ class AttendreAttention(nn.Module):
       memory, _ = key_value.insert(memory, jax.lax.stop_gradient(chunk), self.policy)
     memory = jax.lax.stop_gradient(memory)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    y = cached_context.project_output(out, self.d_model, self.dtype)
+    y = self.heads.output(out, self.d_model, self.dtype)
     aux = {'memory_occupancy': jnp.mean(memory.valid.astype(jnp.float32))}
     new_state = AttendreState(queries=jax.lax.stop_gradient(queries), memory=memory,
                               document_start=document_start)

@@ -49,11 +49,11 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.config.section import Section
-from longformer_jax.layers.capped_rotary import capped_rotary_scores
 from longformer_jax.memory import fifo, key_value
 from longformer_jax.memory.policies import policy_from_name
 
@@ -82,7 +82,6 @@ class MemorizingConfig(Section):
                   'rope_max_distance': 'rope_max_distance'}
 
   def validate(self, env) -> None:
-    del env
     self.require(self.memory_size > 0, 'memory_size', 'must be > 0')
     self.require(self.top_k > 0, 'top_k', 'must be > 0')
     self.require(self.method in KNN_METHODS, 'method', f'must be one of {KNN_METHODS}')
@@ -97,6 +96,10 @@ class MemorizingConfig(Section):
     self.require(self.normalize_qk or self.qk_scale_init == 16.0, 'qk_scale_init',
                  'is read only with normalize_qk=True')
     self.require(self.rope_max_distance >= -1, 'rope_max_distance', 'must be -1 (off) or >= 0')
+    if env is not None:
+      self.require(self.rope_max_distance == -1 or env.model.position_embedding == 'rotary',
+                   'rope_max_distance', "caps RoPE distances; with model.position_embedding="
+                   "'learned' there is no rotation to cap (keep -1)")
 
 
 def l2_normalize(x: jax.Array) -> jax.Array:
@@ -125,6 +128,7 @@ class MemorizingAttention(nn.Module):
   normalize_qk: bool = False
   qk_scale_init: float = 16.0
   rope_max_distance: int = -1
+  heads: CheckpointHeads = CheckpointHeads()   # imported checkpoints (core/checkpoint_heads.py)
   dtype: jnp.dtype = jnp.float32
 
   @classmethod
@@ -134,7 +138,8 @@ class MemorizingAttention(nn.Module):
                top_k=section.top_k, method=section.method, recall_target=section.recall_target,
                gate=section.gate, gate_value=section.gate_value,
                normalize_qk=section.normalize_qk, qk_scale_init=section.qk_scale_init,
-               rope_max_distance=section.rope_max_distance, dtype=dtype, name=name)
+               rope_max_distance=section.rope_max_distance,
+               heads=CheckpointHeads.from_config(config), dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32) -> dict:
@@ -174,15 +179,14 @@ class MemorizingAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state: dict, ctx: AttentionContext):
     context, new_local = cached_context.memory_and_chunk(state['local'], x, ctx)
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'value', self.dtype)
+    q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
+    k, v = self.heads.keys_values(context.values, self.num_heads, self.head_dim, self.dtype)
     if self.normalize_qk:
       q, k = l2_normalize(q), l2_normalize(k)
     scale = self._logit_scale()[None, :, None, None].astype(self.dtype)
 
-    local_logits = capped_rotary_scores(q, k, ctx.positions, context.positions,
-                                        self.rope_max_distance) * scale
+    local_logits = self.heads.scores(q, k, ctx.positions, context.positions,
+                                     self.rope_max_distance) * scale
     local_mask = causal_document_mask(ctx.positions, ctx.segment_ids, context.positions,
                                       context.segment_ids, context.valid)[:, None]
     memory = key_value.clear_rows(state['knn'], ctx.reset)
@@ -220,5 +224,5 @@ class MemorizingAttention(nn.Module):
     aux = {'knn_memory_fill': jnp.mean(memory.valid.astype(jnp.float32))}
     if gate is not None:
       aux['knn_gate'] = jnp.mean(gate)
-    y = cached_context.project_output(out, self.d_model, self.dtype)
+    y = self.heads.output(out, self.d_model, self.dtype)
     return y, {'local': new_local, 'knn': new_memory}, aux

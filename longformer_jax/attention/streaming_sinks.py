@@ -43,11 +43,11 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.config.section import Section
 from longformer_jax.layers.capped_rotary import rotary_scores
-from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
 
 SINK_POSITION_MODES = ('cache', 'original')
@@ -122,6 +122,7 @@ class StreamingSinkAttention(nn.Module):
   num_sinks: int = 4
   window: int = 256
   sink_positions: str = 'cache'
+  heads: CheckpointHeads = CheckpointHeads()   # imported checkpoints (core/checkpoint_heads.py)
   dtype: jnp.dtype = jnp.float32
 
   @classmethod
@@ -129,7 +130,8 @@ class StreamingSinkAttention(nn.Module):
     section = config.streaming_sinks
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
                num_sinks=section.num_sinks, window=section.window,
-               sink_positions=section.positions, dtype=dtype, name=name)
+               sink_positions=section.positions, heads=CheckpointHeads.from_config(config),
+               dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32) -> dict:
@@ -167,9 +169,8 @@ class StreamingSinkAttention(nn.Module):
     window = fifo.clear_rows(state['window'], ctx.reset)
     doc_start = document_starts(ctx, state['doc_start'], state['last_segment'])   # [b, c]
 
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
+    q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
+    k, v = self.heads.keys_values(x, self.num_heads, self.head_dim, self.dtype)
     chunk = cached_context.chunk_entries(jnp.concatenate([k, v], axis=-1), ctx)
     keys = fifo.concat(fifo.concat(jax.lax.stop_gradient(sinks), jax.lax.stop_gradient(window)),
                        chunk)
@@ -177,13 +178,13 @@ class StreamingSinkAttention(nn.Module):
     all_k, all_v = jnp.split(keys.values, 2, axis=-1)
 
     origin = ctx.positions[:, :1]
-    k_rot = apply_rotary(all_k, keys.positions - origin)
-    logits = rotary_scores(apply_rotary(q, ctx.positions - origin), k_rot)
-    if self.sink_positions == 'cache':
+    k_rot = self.heads.rotate(all_k, keys.positions - origin)
+    logits = rotary_scores(self.heads.rotate(q, ctx.positions - origin), k_rot)
+    if self.sink_positions == 'cache' and self.heads.rotary:
       # Sinks sit right before the window in the cache: the dropped tokens
       # between them do not count (Xiao et al., 2023, section 3.2).
       gap = jnp.maximum(0, ctx.positions - self.window + 1 - (doc_start + self.num_sinks))
-      sink_logits = rotary_scores(apply_rotary(q, ctx.positions - gap - origin), k_rot)
+      sink_logits = rotary_scores(self.heads.rotate(q, ctx.positions - gap - origin), k_rot)
       logits = jnp.where(far[:, None], sink_logits, logits)
     logits = logits / jnp.sqrt(self.head_dim).astype(self.dtype)
     out = attend(logits, allowed, all_v)
@@ -197,4 +198,4 @@ class StreamingSinkAttention(nn.Module):
         'doc_start': doc_start[:, -1],
         'last_segment': ctx.segment_ids[:, -1],
     }
-    return cached_context.project_output(out, self.d_model, self.dtype), new_state, {}
+    return self.heads.output(out, self.d_model, self.dtype), new_state, {}

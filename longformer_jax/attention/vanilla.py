@@ -13,12 +13,8 @@ cuDNN (GPU, bfloat16; the dense position mask as its bias, with or without a
 cache). Every path computes the same masked softmax (docs/kernels.md).
 
 Shared settings for imported checkpoints (docs/import.md): grouped-query
-attention (`model.num_kv_heads` key/value heads, each shared by
-`num_heads / num_kv_heads` query heads; Ainslie et al., 2023), biases on the
-q/k/v (`model.qkv_bias`) and output (`model.out_bias`) projections, the RoPE
-base and scaling (`model.rope_theta`, `model.rope_scaling`), and
-`model.position_embedding = 'learned'`, which leaves q and k unrotated (the
-model adds absolute position embeddings to its input instead).
+attention, q/k/v and output biases, the RoPE base and scaling, learned
+positions (q and k unrotated); attention/core/checkpoint_heads.py.
 """
 
 import flax.linen as nn
@@ -28,12 +24,12 @@ import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.splash_kernels import splash_attention
-from longformer_jax.layers.positional import apply_rotary, rotary_inv_freq
 from longformer_jax.memory import fifo
 
 
@@ -51,24 +47,14 @@ class VanillaAttention(nn.Module):
   causal: bool = True
   attention_backend: str = 'auto'
   dtype: jnp.dtype = jnp.float32
-  num_kv_heads: int = 0            # 0: num_heads (no grouping)
-  qkv_bias: bool = False
-  out_bias: bool = False
-  rotary: bool = True              # False: position_embedding 'learned'
-  rope_theta: float = 10000.0
-  rope_scaling: tuple = ()         # sorted (key, value) pairs of model.rope_scaling
+  heads: CheckpointHeads = CheckpointHeads()
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
     return cls(num_heads=config.num_heads, head_dim=config.head_dim,
                d_model=config.d_model, causal=config.causal,
                attention_backend=config.get('attention_backend', 'auto'),
-               dtype=dtype, num_kv_heads=config.get('num_kv_heads', 0),
-               qkv_bias=config.get('qkv_bias', False), out_bias=config.get('out_bias', False),
-               rotary=config.get('position_embedding', 'rotary') == 'rotary',
-               rope_theta=float(config.get('rope_theta', 10000.0)),
-               rope_scaling=tuple(sorted(dict(config.get('rope_scaling', None) or {}).items())),
-               name=name)
+               dtype=dtype, heads=CheckpointHeads.from_config(config), name=name)
 
   @staticmethod
   def kernel_pattern(model, section=None) -> backends.KernelPattern:
@@ -84,29 +70,16 @@ class VanillaAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
     context, new_state = cached_context.memory_and_chunk(state, x, ctx)
-    kv_heads = self.num_kv_heads or self.num_heads
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype,
-                                     self.qkv_bias)
-    k = cached_context.project_heads(context.values, kv_heads, self.head_dim, 'key', self.dtype,
-                                     self.qkv_bias)
-    v = cached_context.project_heads(context.values, kv_heads, self.head_dim, 'value',
-                                     self.dtype, self.qkv_bias)
-    if self.rotary:
-      # Rotate relative to the chunk's first position: q.k depends only on the
-      # difference, and small angles keep float32 exact on long streams.
-      origin = ctx.positions[:, :1]
-      inv_freq = None
-      if self.rope_scaling or self.rope_theta != 10000.0:
-        inv_freq = rotary_inv_freq(self.head_dim, self.rope_theta, dict(self.rope_scaling))
-      q = apply_rotary(q, ctx.positions - origin, inv_freq=inv_freq)
-      k = apply_rotary(k, context.positions - origin, inv_freq=inv_freq)
-    if kv_heads != self.num_heads:  # query head h reads key/value head h // group
-      group = self.num_heads // kv_heads
-      k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+    q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
+    k, v = self.heads.keys_values(context.values, self.num_heads, self.head_dim, self.dtype)
+    # Rotate relative to the chunk's first position: q.k depends only on the
+    # difference, and small angles keep float32 exact on long streams.
+    origin = ctx.positions[:, :1]
+    q = self.heads.rotate(q, ctx.positions - origin)
+    k = self.heads.rotate(k, context.positions - origin)
     out = self._attend(q, k, v, ctx, context)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return (cached_context.project_output(out, self.d_model, self.dtype, self.out_bias),
-            new_state, {})
+    return self.heads.output(out, self.d_model, self.dtype), new_state, {}
 
   def _attend(self, q, k, v, ctx: AttentionContext, context: fifo.FifoMemory) -> jax.Array:
     """Masked softmax of `q [b, c, h, d]` over `k, v [b, mem + c, h, d]` -> `[b, c, h, d]`."""

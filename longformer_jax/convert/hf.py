@@ -15,7 +15,8 @@ See docs/import.md for the tensor mapping of each family and what is not
 supported. Every failure is one line naming the culprit (`ConversionError`).
 """
 
-from longformer_jax.convert.loader import is_encoder, load, load_model, load_params, model_settings, vocab_multiple  # pylint: disable=unused-import
+from longformer_jax.convert.loader import (  # pylint: disable=unused-import
+    is_encoder, is_encoder_decoder, load, load_model, load_params, model_settings, vocab_multiple)
 from longformer_jax.convert.workdir_cli import convert_to_workdir, run  # pylint: disable=unused-import
 
 if __name__ == '__main__':

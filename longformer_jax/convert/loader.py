@@ -1,15 +1,17 @@
-"""Mapping a Hugging Face decoder checkpoint onto `DecoderLM`: `load` and its parts.
+"""Mapping a Hugging Face checkpoint onto `DecoderLM` (or `MaskedLM`, `EncoderDecoder`): `load`
+and its parts.
 
 `longformer_jax.convert.hf` is the documented entry point (it re-exports
 `load`); docs/import.md has the tensor mapping of each family.
 """
 
-from longformer_jax.convert import gpt2, llama, longformer
+from longformer_jax.convert import gpt2, led, llama, longformer
 from longformer_jax.convert.errors import ConversionError
 from longformer_jax.convert.hf_config import read_hf_config, required
 from longformer_jax.convert.safetensors_reader import DTYPES, TensorSource, read_tensors
 
-FAMILIES = {name: module for module in (gpt2, llama, longformer) for name in module.MODEL_TYPES}
+FAMILIES = {name: module for module in (gpt2, llama, longformer, led)
+            for name in module.MODEL_TYPES}
 
 
 def family(hf: dict):
@@ -43,7 +45,7 @@ def model_settings(hf_dir: str) -> tuple:
 
 
 def load_params(hf_dir: str, hf: dict, settings: dict, dtype: str = 'float32') -> dict:
-  """The checkpoint's `DecoderLM` parameters as numpy arrays of `dtype`."""
+  """The checkpoint's parameters (of the module `load_model` builds) as numpy arrays of `dtype`."""
   if dtype not in DTYPES:
     raise ConversionError(f'dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}')
   module = family(hf)
@@ -69,8 +71,10 @@ def load(hf_dir: str, dtype: str = 'float32', tokenizer_vocab: int | None = None
   Returns:
     `model_config`: the frozen `config.model` with `vocab_size` set (what
     `DecoderLM` takes; for an encoder family, Longformer, the bidirectional
-    config `MaskedLM` takes); `params`: a nested dict of numpy arrays, the
-    parameters of `DecoderLM(model_config)` (or `MaskedLM(model_config)`).
+    config `MaskedLM` takes; for an encoder-decoder family, LED, the same
+    config with `decoder_layers`, which `EncoderDecoder` takes); `params`: a
+    nested dict of numpy arrays, the parameters of `DecoderLM(model_config)`
+    (or `MaskedLM(model_config)`, `EncoderDecoder(model_config)`).
   """
   from longformer_jax.models.decoder_lm import lm_model_config  # pylint: disable=g-import-not-at-top
   from longformer_jax.models.encoder import encoder_model_config  # pylint: disable=g-import-not-at-top
@@ -79,7 +83,7 @@ def load(hf_dir: str, dtype: str = 'float32', tokenizer_vocab: int | None = None
   params = load_params(hf_dir, hf, settings, dtype)
   model = ml_collections.ConfigDict(resolved_model(settings, hf, dtype, tokenizer_vocab))
   vocab = hf['vocab_size'] if tokenizer_vocab is None else tokenizer_vocab
-  if is_encoder(hf):
+  if is_encoder(hf) or is_encoder_decoder(hf):
     return encoder_model_config(model, vocab), params
   return lm_model_config(model, vocab), params
 
@@ -89,12 +93,21 @@ def is_encoder(hf: dict) -> bool:
   return getattr(family(hf), 'ENCODER', False)
 
 
+def is_encoder_decoder(hf: dict) -> bool:
+  """Whether the family of `hf['model_type']` imports as an encoder-decoder (`EncoderDecoder`)."""
+  return getattr(family(hf), 'ENCODER_DECODER', False)
+
+
 def load_model(hf_dir: str, dtype: str = 'float32'):
-  """`(model, params)`: the Flax module (`DecoderLM`, or `MaskedLM` for Longformer) and its
-  parameters as `load` returns them; `model.apply({'params': params}, ...)` runs it."""
+  """`(model, params)`: the Flax module (`DecoderLM`, `MaskedLM` for Longformer,
+  `EncoderDecoder` for LED) and its parameters as `load` returns them;
+  `model.apply({'params': params}, ...)` runs it."""
   from longformer_jax.models.decoder_lm import DecoderLM  # pylint: disable=g-import-not-at-top
+  from longformer_jax.models.encoder_decoder import EncoderDecoder  # pylint: disable=g-import-not-at-top
   from longformer_jax.models.masked_lm import MaskedLM  # pylint: disable=g-import-not-at-top
   model_config, params = load(hf_dir, dtype)
+  if is_encoder_decoder(read_hf_config(hf_dir)):
+    return EncoderDecoder(model_config), params
   return (MaskedLM if not model_config.causal else DecoderLM)(model_config), params
 
 

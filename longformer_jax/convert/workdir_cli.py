@@ -71,6 +71,10 @@ def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
   if os.path.isdir(os.path.join(workdir, 'checkpoints')):
     raise ConversionError(f'{workdir}: already holds checkpoints; pass a new --workdir')
   hf_config, settings = hf.model_settings(hf_dir)
+  if hf.is_encoder(hf_config) or hf.is_encoder_decoder(hf_config):
+    raise ConversionError(f'model_type {hf_config["model_type"]!r}: the command line writes '
+                          f'decoder (task lm) workdirs; import it in Python with '
+                          f'longformer_jax.convert.hf.load_model (docs/import.md)')
   data = tokenizer_settings(hf_dir, tokenizer_file)
   tokenizer = make_tokenizer(ml_collections.ConfigDict(data))
   model_values = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)

@@ -2,11 +2,28 @@
 
 The encoder is `models/encoder.Encoder` over the long source (windowed
 attention with `model.attention='longformer'`, global tokens from
-`ctx.global_flags`); the decoder is a stack of `model.decoder_layers` pre-LN
-blocks, each with full causal self-attention (vanilla, RoPE), full
-cross-attention to the encoder's output (Vaswani et al., 2017, sec. 3.2.3)
-and the feed-forward network. Encoder and decoder share the token embedding,
-which is tied to the output logits (as in BART, which LED is initialised from).
+`ctx.global_flags`); the decoder is a stack of `model.decoder_layers`
+blocks, each with full causal self-attention (vanilla), full cross-attention
+to the encoder's output (Vaswani et al., 2017, sec. 3.2.3) and the
+feed-forward network. Encoder and decoder share the token embedding, which is
+tied to the output logits (as in BART, which LED is initialised from).
+
+The project's own LED (the defaults): pre-LN decoder layers with RoPE and a
+final `decoder_norm`. The shared settings of imported checkpoints
+(docs/import.md, convert/led.py) turn it into Hugging Face's LED, BART's layout:
+
+- `position_embedding='learned'`: learned absolute positions on both sides,
+  the source's table of `max_positions` rows (`position_embedding`), the
+  target's of `decoder_max_positions` rows (`decoder_position_embedding`),
+  each read at offsets 0.. of its sequence; q and k unrotated.
+- `embedding_norm`: a norm after each side's embeddings (`embedding_norm`,
+  `decoder_embedding_norm`).
+- `block='post_ln'`: post-LN decoder layers, x = LN(x + SelfAttn(x)),
+  x = LN(x + CrossAttn(x)), x = LN(x + FFN(x)), no final norm, and a learned
+  bias on the tied logits (`logits_bias [vocab]`, BART's `final_logits_bias`).
+- `qkv_bias`, `out_bias`: biases on the self- and cross-attention's q/k/v and
+  output projections; `ff_activation`, `ff_bias`: the feed-forward's;
+  `norm`, `norm_epsilon`: the decoder's norms; `scale_tied_logits`.
 """
 
 import flax.linen as nn
@@ -18,11 +35,12 @@ from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.registry import attention_class
-from longformer_jax.layers.embeddings import TokenEmbedding
-from longformer_jax.layers.feed_forward import FeedForward
-from longformer_jax.layers.norms import layer_norm
+from longformer_jax.layers.embeddings import PositionEmbedding, TokenEmbedding
+from longformer_jax.layers.feed_forward import feed_forward_from_config
+from longformer_jax.layers.norms import norm_from_config
 from longformer_jax.models.decoder_lm import compute_dtype
-from longformer_jax.models.encoder import Encoder
+from longformer_jax.models.encoder import Encoder, embed_tokens
+from longformer_jax.models.post_ln_block import ends_normalised
 
 
 def decoder_layer_config(config: ml_collections.FrozenConfigDict) -> ml_collections.FrozenConfigDict:
@@ -46,45 +64,80 @@ class CrossAttention(nn.Module):
 
   Every target position attends to every valid source position; softmax in
   float32 (`dot_product.attend`), rows with no valid source give zeros.
+  Biases on q/k/v (`[heads, head_dim]`) and on the output (`[d_model]`) when
+  `qkv_bias` / `out_bias` (the shared settings of the same names).
   """
   num_heads: int
   head_dim: int
   d_model: int
   dtype: jnp.dtype = jnp.float32
+  qkv_bias: bool = False
+  out_bias: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, source: jax.Array, source_valid: jax.Array) -> jax.Array:
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(source, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(source, self.num_heads, self.head_dim, 'value', self.dtype)
+    heads = lambda h, name: cached_context.project_heads(h, self.num_heads, self.head_dim, name,
+                                                         self.dtype, self.qkv_bias)
+    q, k, v = heads(x, 'query'), heads(source, 'key'), heads(source, 'value')  # [b, ., h, hd]
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / jnp.sqrt(self.head_dim).astype(self.dtype)
     mask = jnp.broadcast_to(source_valid[:, None, :], (x.shape[0], x.shape[1], source.shape[1]))
     out = attend(logits, mask, v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype)
+    return cached_context.project_output(out, self.d_model, self.dtype, self.out_bias)
 
 
 class DecoderLayer(nn.Module):
-  """Pre-LN: x + SelfAttn(LN(x)), + CrossAttn(LN(.), source), + FFN(LN(.)); returns `(x, aux)`."""
+  """Self-attention, cross-attention to `source`, feed-forward; returns `(x, aux)`.
+
+  Pre-LN (default): x + SelfAttn(LN(x)), + CrossAttn(LN(.), source), + FFN(LN(.)).
+  Post-LN (`model.block='post_ln'`): the norm after each residual sum instead.
+  Shapes: `x [b, T, d_model]`, `source [b, S, d_model]`, `source_valid [b, S]`.
+  Parameter scopes either way: `self_attention`, `self_attention_norm`,
+  `cross_attention`, `cross_attention_norm`, `feed_forward`, `feed_forward_norm`.
+  """
   config: ml_collections.FrozenConfigDict   # from `decoder_layer_config`
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x, source, source_valid, ctx: AttentionContext):
     cfg = self.config
-    drop = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
+    post_ln = ends_normalised(cfg)
+    norm = lambda name: norm_from_config(cfg, name, self.dtype)
+    # The sublayer reads LN(x) (pre-LN) or x (post-LN); its output is added to x,
+    # and with post-LN the sum is normalised.
+    sublayer_input = lambda x, name: x if post_ln else norm(name)(x)
+
+    def add(x, h, name):
+      x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
+      return norm(name)(x) if post_ln else x
+
     attention_cls = attention_class(cfg.attention)
     state = attention_cls.init_state(cfg, x.shape[0], self.dtype)
     h, _, aux = attention_cls.from_config(cfg, self.dtype, name='self_attention')(
-        layer_norm('self_attention_norm', self.dtype)(x), state, ctx)
-    x = x + drop(h)
-    h = CrossAttention(cfg.num_heads, cfg.head_dim, cfg.d_model, self.dtype, name='cross_attention')(
-        layer_norm('cross_attention_norm', self.dtype)(x), source, source_valid)
-    x = x + drop(h)
-    h = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout_rate, self.dtype, name='feed_forward')(
-        layer_norm('feed_forward_norm', self.dtype)(x), deterministic=ctx.deterministic)
-    x = nn.with_logical_constraint(x + drop(h), ('batch', 'length', 'embed'))
-    return x, aux
+        sublayer_input(x, 'self_attention_norm'), state, ctx)
+    x = add(x, h, 'self_attention_norm')
+    h = CrossAttention(cfg.num_heads, cfg.head_dim, cfg.d_model, self.dtype,
+                       cfg.get('qkv_bias', False), cfg.get('out_bias', False),
+                       name='cross_attention')(
+        sublayer_input(x, 'cross_attention_norm'), source, source_valid)
+    x = add(x, h, 'cross_attention_norm')
+    h = feed_forward_from_config(cfg, self.dtype)(
+        sublayer_input(x, 'feed_forward_norm'), deterministic=ctx.deterministic)
+    x = add(x, h, 'feed_forward_norm')
+    return nn.with_logical_constraint(x, ('batch', 'length', 'embed')), aux
+
+
+def embed_targets(cfg, embedding: TokenEmbedding, tokens: jax.Array, ctx: AttentionContext,
+                  dtype) -> jax.Array:
+  """`tokens [b, T]` -> `[b, T, d_model]`: the shared embedding, plus learned positions read at
+  `ctx.positions` (0..T-1) and the embedding norm when the model has them; no dropout."""
+  x = embedding.embed(tokens)
+  if cfg.get('position_embedding', 'rotary') == 'learned':
+    x = x + PositionEmbedding(cfg.decoder_max_positions, cfg.d_model, dtype,
+                              name='decoder_position_embedding')(ctx.positions)
+  if cfg.get('embedding_norm', False):
+    x = norm_from_config(cfg, 'decoder_embedding_norm', dtype)(x)
+  return x
 
 
 class EncoderDecoder(nn.Module):
@@ -101,19 +154,23 @@ class EncoderDecoder(nn.Module):
                target_ctx: AttentionContext):
     cfg = self.config
     dtype = compute_dtype(cfg.dtype)
-    embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, True, dtype, name='embedding')
-    drop = lambda h, ctx: nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
-
-    x = drop(embedding.embed(source), source_ctx)
+    # Source: token embedding (+ learned positions, embedding norm), then dropout.
+    x, embedding = embed_tokens(cfg, source, source_ctx, dtype)
     encoded, encoder_aux = Encoder(cfg, dtype, name='encoder')(x, source_ctx)
 
     layer_cfg = decoder_layer_config(cfg)
-    y = drop(embedding.embed(target_inputs), target_ctx)
+    y = embed_targets(cfg, embedding, target_inputs, target_ctx, dtype)
+    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=target_ctx.deterministic)
     decoder_aux = []
     for i in range(cfg.decoder_layers):
       y, aux = DecoderLayer(layer_cfg, dtype, name=f'decoder_{i}')(
           y, encoded, source_ctx.valid, target_ctx)
       decoder_aux.append(aux)
-    y = layer_norm('decoder_norm', dtype)(y)
-    logits = nn.with_logical_constraint(embedding.logits(y), ('batch', 'length', 'vocab'))
+    if not ends_normalised(cfg):
+      y = norm_from_config(cfg, 'decoder_norm', dtype)(y)
+    logits = embedding.logits(y)
+    if ends_normalised(cfg):  # BART's final_logits_bias
+      logits = logits + self.param('logits_bias', nn.with_logical_partitioning(
+          nn.initializers.zeros_init(), ('vocab',)), (cfg.vocab_size,), jnp.float32)
+    logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
     return logits, tuple(encoder_aux) + tuple(decoder_aux)

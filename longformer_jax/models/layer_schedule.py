@@ -24,7 +24,9 @@ from longformer_jax.config.errors import ConfigError
 # Settings that fix the shape of the whole stack cannot differ by layer.
 NOT_SCHEDULABLE = ('num_layers', 'scan_layers', 'layer_schedule', 'stack', 'block', 'dtype',
                    'd_model', 'vocab_multiple', 'tie_embeddings', 'aux_loss_weights',
-                   'num_classes', 'decoder_layers', 'remat_policy')
+                   'num_classes', 'decoder_layers', 'remat_policy', 'position_embedding',
+                   'max_positions', 'decoder_max_positions', 'embedding_norm',
+                   'scale_tied_logits')
 
 
 def leaves(schedule: Mapping, prefix: tuple = ()) -> list:

@@ -75,6 +75,8 @@ class ModelConfig(Section):
   # Features of imported checkpoints (docs/import.md); the defaults are this project's own models.
   position_embedding: str = 'rotary'  # rotary (in attention) | learned (absolute table, GPT-2)
   max_positions: int = 0           # learned: rows of the position table
+  decoder_max_positions: int = 0   # learned, encoder-decoder (LED): rows of the decoder's own
+                                   # table, read at target offsets 0.. (models/encoder_decoder.py)
   rope_theta: float = 10000.0      # rotary base (layers/positional.py)
   rope_scaling: dict = dataclasses.field(default_factory=dict)  # {} | {type: linear|llama3, ...}
   num_kv_heads: int = 0            # key/value heads (grouped-query attention); 0: num_heads
@@ -128,6 +130,15 @@ class ModelConfig(Section):
     if self.position_embedding == 'learned':
       self.require(self.max_positions > 0, 'max_positions',
                    "must be > 0 with position_embedding='learned' (rows of the table)")
+    learned_decoder = self.position_embedding == 'learned' and self.decoder_layers > 0
+    if learned_decoder:
+      self.require(self.decoder_max_positions > 0, 'decoder_max_positions',
+                   "must be > 0 with position_embedding='learned' and decoder_layers > 0 "
+                   "(rows of the decoder's table)")
+    else:
+      self.require(self.decoder_max_positions == 0, 'decoder_max_positions',
+                   "is read only with position_embedding='learned' and decoder_layers > 0 "
+                   "(the encoder-decoder's decoder table); keep the default 0")
     self.require(self.rope_theta > 0, 'rope_theta', 'must be > 0')
     problem = positional.rope_scaling_error(dict(self.rope_scaling))
     self.require(not problem, 'rope_scaling', problem)
@@ -155,13 +166,16 @@ class ModelConfig(Section):
 
 POSITION_EMBEDDINGS = ('rotary', 'learned')
 # Shared settings of imported checkpoints -> the attention variants that read them.
+# The vanilla attention and the eval-time memories share their projections
+# (attention/core/checkpoint_heads.py), so an imported model runs with any of them.
+CHECKPOINT_HEADS_READERS = ('vanilla', 'attendre', 'memorizing', 'streaming_sinks')
 SETTING_READERS = {
-    'position_embedding': ('vanilla', 'longformer'),
-    'qkv_bias': ('vanilla', 'longformer'),
-    'out_bias': ('vanilla', 'longformer'),
-    'rope_theta': ('vanilla',),
-    'rope_scaling': ('vanilla',),
-    'num_kv_heads': ('vanilla',),
+    'position_embedding': CHECKPOINT_HEADS_READERS + ('longformer',),
+    'qkv_bias': CHECKPOINT_HEADS_READERS + ('longformer',),
+    'out_bias': CHECKPOINT_HEADS_READERS + ('longformer',),
+    'rope_theta': CHECKPOINT_HEADS_READERS,
+    'rope_scaling': CHECKPOINT_HEADS_READERS,
+    'num_kv_heads': CHECKPOINT_HEADS_READERS,
 }
 # Blocks that read `model.norm` and `model.norm_epsilon`.
 NORM_BLOCKS = ('pre_ln', 'post_ln')

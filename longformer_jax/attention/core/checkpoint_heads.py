@@ -1,0 +1,90 @@
+"""How a layer projects and positions its heads: the shared settings of imported checkpoints.
+
+The vanilla attention and the eval-time memories (Attendre, kNN memory,
+StreamingLLM sinks) read the same projections (`query`, `key`, `value`,
+`out`), so a checkpoint trained with one (or imported: docs/import.md) runs
+with any of them. These settings, all in `config.model`, shape those
+projections and their positions:
+
+- `num_kv_heads`: grouped-query attention (Ainslie et al., 2023): key/value
+  heads, each read by `num_heads / num_kv_heads` query heads. Keys and values
+  are repeated to `num_heads` right after projection, so memories store
+  `[.., num_heads, head_dim]` like any other layer's.
+- `qkv_bias`, `out_bias`: biases on the q/k/v and output projections.
+- `position_embedding`: 'rotary' rotates q and k (RoPE, half-split pairs);
+  'learned' leaves them unrotated (the model adds absolute positions to its
+  input; the layer's `rope_max_distance` cap then has nothing to cap).
+- `rope_theta`, `rope_scaling`: the rotary frequencies (layers/positional.py).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from longformer_jax.attention.core import cached_context
+from longformer_jax.layers.capped_rotary import capped_rotary_scores, rotary_scores
+from longformer_jax.layers.positional import apply_rotary, rotary_inv_freq
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointHeads:
+  """The settings above as one hashable module field; the defaults are this project's models."""
+  num_kv_heads: int = 0            # 0: num_heads (no grouping)
+  qkv_bias: bool = False
+  out_bias: bool = False
+  rotary: bool = True              # False: position_embedding 'learned'
+  rope_theta: float = 10000.0
+  rope_scaling: tuple = ()         # sorted (key, value) pairs of model.rope_scaling
+
+  @classmethod
+  def from_config(cls, config) -> 'CheckpointHeads':
+    return cls(num_kv_heads=config.get('num_kv_heads', 0),
+               qkv_bias=config.get('qkv_bias', False), out_bias=config.get('out_bias', False),
+               rotary=config.get('position_embedding', 'rotary') == 'rotary',
+               rope_theta=float(config.get('rope_theta', 10000.0)),
+               rope_scaling=tuple(sorted(dict(config.get('rope_scaling', None) or {}).items())))
+
+  def inv_freq(self, head_dim: int) -> np.ndarray | None:
+    """`[head_dim / 2]` rotary frequencies, or None for the default base without scaling
+    (`apply_rotary`'s own default, bit for bit)."""
+    if not self.rope_scaling and self.rope_theta == 10000.0:
+      return None
+    return rotary_inv_freq(head_dim, self.rope_theta, dict(self.rope_scaling))
+
+  def query(self, x: jax.Array, num_heads: int, head_dim: int, dtype) -> jax.Array:
+    """`x [b, l, d_model]` -> `[b, l, num_heads, head_dim]` (scope `query`), unrotated."""
+    return cached_context.project_heads(x, num_heads, head_dim, 'query', dtype, self.qkv_bias)
+
+  def keys_values(self, x: jax.Array, num_heads: int, head_dim: int,
+                  dtype) -> tuple[jax.Array, jax.Array]:
+    """`x [b, l, d_model]` -> `(k, v)`, each `[b, l, num_heads, head_dim]` (scopes `key`,
+    `value`), unrotated; grouped heads repeated so that query head h reads group h // g."""
+    kv_heads = self.num_kv_heads or num_heads
+    k = cached_context.project_heads(x, kv_heads, head_dim, 'key', dtype, self.qkv_bias)
+    v = cached_context.project_heads(x, kv_heads, head_dim, 'value', dtype, self.qkv_bias)
+    if kv_heads != num_heads:
+      group = num_heads // kv_heads
+      k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+    return k, v
+
+  def output(self, out: jax.Array, d_model: int, dtype) -> jax.Array:
+    """`[b, l, heads, head_dim]` -> `[b, l, d_model]` (scope `out`)."""
+    return cached_context.project_output(out, d_model, dtype, self.out_bias)
+
+  def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """`x [b, l, heads, head_dim]` rotated at `positions [b, l]` (unchanged without RoPE)."""
+    if not self.rotary:
+      return x
+    return apply_rotary(x, positions, inv_freq=self.inv_freq(x.shape[-1]))
+
+  def scores(self, q: jax.Array, k: jax.Array, q_positions: jax.Array, k_positions: jax.Array,
+             max_distance: int = -1, bidirectional: bool = False) -> jax.Array:
+    """Unscaled `[b, heads, q, k]` scores of unrotated `q [b, q, h, d]`, `k [b, k, h, d]`:
+    RoPE with distances capped at `max_distance` (layers/capped_rotary.py; -1: no cap),
+    or plain dot products without RoPE."""
+    if not self.rotary:
+      return rotary_scores(q, k)
+    return capped_rotary_scores(q, k, q_positions, k_positions, max_distance, bidirectional,
+                                inv_freq=self.inv_freq(q.shape[-1]))

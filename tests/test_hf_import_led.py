@@ -1,0 +1,202 @@
+"""Importing a Hugging Face LED (longformer_jax/convert/led.py) as `EncoderDecoder`.
+
+The reference is transformers' own float32 `LEDForConditionalGeneration` on a
+tiny random model (`tests/data/hf/led/`, written by tools/make_hf_fixtures.py):
+two encoder layers with total windows 4 and 8 (one-sided 2 and 4), global
+tokens 0 and 5 in source row 0 and 0 in row 1, source row 1 right-padded from
+position 8; two decoder layers over targets `[2, 7]`, target row 1
+right-padded from position 5; perturbed biases, norm scales and
+`final_logits_bias`. Only valid target positions are compared.
+"""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.convert import hf
+from longformer_jax.convert.errors import ConversionError
+from longformer_jax.models.encoder import encoder_context
+from longformer_jax.models.encoder_decoder import EncoderDecoder, decoder_context
+from longformer_jax.models.model_config import resolve_model
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(REPO, 'tests', 'data', 'hf', 'led')
+
+
+def fixture(file: str) -> np.ndarray:
+  return np.load(os.path.join(DATA, file))
+
+
+@pytest.fixture(scope='module')
+def imported():
+  model_config, params = hf.load(DATA)
+  return model_config, jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), params)
+
+
+def led_logits(model_config, params, global_flags) -> np.ndarray:
+  """Our logits `[2, 7, vocab]` of the fixture's source and target."""
+  source_ctx = encoder_context(jnp.asarray(fixture('attention_mask.npy'), bool),
+                               jnp.asarray(global_flags, bool), deterministic=True)
+  target_ctx = decoder_context(jnp.asarray(fixture('decoder_attention_mask.npy'), bool),
+                               deterministic=True)
+  logits, _ = EncoderDecoder(model_config).apply(
+      {'params': params}, jnp.asarray(fixture('input_ids.npy')), source_ctx,
+      jnp.asarray(fixture('decoder_input_ids.npy')), target_ctx)
+  return np.asarray(logits)
+
+
+def max_error(logits: np.ndarray) -> tuple[float, float]:
+  """(largest |ours - reference| over valid target positions, largest |reference| there)."""
+  reference = fixture('logits.npy')
+  valid = fixture('decoder_attention_mask.npy').astype(bool)
+  assert logits.shape == reference.shape
+  return np.abs(logits[valid] - reference[valid]).max(), np.abs(reference[valid]).max()
+
+
+def test_logits_match_transformers_with_padding_and_global_tokens(imported):
+  model_config, params = imported
+  error, scale = max_error(led_logits(model_config, params,
+                                      fixture('global_attention_mask.npy')))
+  assert error <= 1e-4 * scale
+
+
+def test_the_reference_depends_on_global_tokens_windows_and_logits_bias(imported):
+  """The fixture is sensitive to what the import must get right: without the global
+  tokens, with layer 0's window in both encoder layers, or without the logits bias,
+  the logits move past 1e-2 relative (they match to below 1e-6)."""
+  model_config, params = imported
+  globals_ = fixture('global_attention_mask.npy')
+  error, scale = max_error(led_logits(model_config, params, np.zeros_like(globals_)))
+  assert error > 1e-2 * scale
+  one_window = ml_collections.FrozenConfigDict(dict(model_config.to_dict(), layer_schedule={}))
+  error, scale = max_error(led_logits(one_window, params, globals_))
+  assert error > 1e-2 * scale
+  no_bias = dict(params, logits_bias=jnp.zeros_like(params['logits_bias']))
+  error, scale = max_error(led_logits(model_config, no_bias, globals_))
+  assert error > 1e-2 * scale
+
+
+def test_settings_follow_the_checkpoint(imported):
+  model_config, _ = imported
+  assert model_config.attention == 'longformer' and not model_config.causal
+  assert model_config.longformer.window == 2            # attention_window 4 -> 2 per side
+  assert model_config.layer_schedule.longformer.window == '2,4'
+  assert model_config.longformer.global_projections
+  assert model_config.num_layers == 2 and model_config.decoder_layers == 2
+  assert model_config.block == 'post_ln' and model_config.embedding_norm
+  assert model_config.position_embedding == 'learned'
+  assert model_config.max_positions == 32 and model_config.decoder_max_positions == 32
+  assert model_config.qkv_bias and model_config.out_bias
+  assert model_config.ff_activation == 'gelu_exact' and model_config.norm_epsilon == 1e-5
+  assert not model_config.scale_tied_logits and model_config.vocab_size == 96
+
+
+def test_load_model_returns_the_encoder_decoder():
+  model, params = hf.load_model(DATA)
+  assert isinstance(model, EncoderDecoder)
+  assert set(params) == {'embedding', 'position_embedding', 'embedding_norm', 'encoder',
+                         'decoder_position_embedding', 'decoder_embedding_norm', 'decoder_0',
+                         'decoder_1', 'logits_bias'}
+
+
+def test_the_default_encoder_decoder_gains_no_parameters():
+  """The project's own LED (pre-LN, RoPE) keeps its parameter tree."""
+  config = ml_collections.FrozenConfigDict(dict(
+      attention='vanilla', num_layers=1, decoder_layers=1, d_model=16, num_heads=2, head_dim=8,
+      d_ff=32, dropout_rate=0.0, dtype='float32', vocab_size=64, causal=False, mem_len=0,
+      attention_backend='xla', ff_chunk_size=0, layer_schedule={}, stack='standard',
+      block='pre_ln', scan_layers=False, remat_policy='none'))
+  source, target = jnp.zeros((1, 6), jnp.int32), jnp.zeros((1, 4), jnp.int32)
+  source_ctx = encoder_context(jnp.ones((1, 6), bool), jnp.zeros((1, 6), bool), True)
+  params = EncoderDecoder(config).init(jax.random.PRNGKey(0), source, source_ctx, target,
+                                       decoder_context(jnp.ones((1, 4), bool), True))['params']
+  assert set(params) == {'embedding', 'encoder', 'decoder_0', 'decoder_norm'}
+  layer = params['decoder_0']
+  assert 'bias' not in layer['cross_attention']['query']
+  assert 'bias' not in layer['self_attention']['out']
+
+
+@pytest.mark.parametrize('values, words', [
+    ({'position_embedding': 'learned', 'max_positions': 8, 'decoder_layers': 1}, 'must be > 0'),
+    ({'decoder_layers': 1, 'decoder_max_positions': 8}, 'keep the default 0'),
+    ({'position_embedding': 'learned', 'max_positions': 8, 'decoder_max_positions': 8},
+     'keep the default 0')])
+def test_decoder_max_positions_is_checked(values, words):
+  with pytest.raises(ConfigError) as info:
+    resolve_model(values)
+  assert 'decoder_max_positions' in str(info.value) and words in str(info.value)
+
+
+def edited_copy(tmp_path, edit_tensors=None, edit_config=None) -> str:
+  tensors = load_file(os.path.join(DATA, 'model.safetensors'))
+  with open(os.path.join(DATA, 'config.json')) as f:
+    config = json.load(f)
+  if edit_tensors:
+    edit_tensors(tensors)
+  if edit_config:
+    edit_config(config)
+  save_file(tensors, str(tmp_path / 'model.safetensors'))
+  with open(tmp_path / 'config.json', 'w') as f:
+    json.dump(config, f)
+  return str(tmp_path)
+
+
+def error_of(hf_dir: str) -> str:
+  with pytest.raises(ConversionError) as info:
+    hf.load(hf_dir)
+  assert '\n' not in str(info.value)
+  return str(info.value)
+
+
+@pytest.mark.parametrize('window, words', [
+    ([4, 7], 'even integer'), ([4], 'one window per layer')])
+def test_bad_attention_window_is_named(tmp_path, window, words):
+  message = error_of(edited_copy(tmp_path, edit_config=lambda c: c.update(attention_window=window)))
+  assert 'attention_window' in message and words in message
+
+
+@pytest.mark.parametrize('edit, words', [
+    ({'scale_embedding': True}, 'scale_embedding'),
+    ({'tie_word_embeddings': False}, 'tie_word_embeddings'),
+    ({'decoder_attention_heads': 2}, 'decoder_attention_heads'),
+    ({'decoder_ffn_dim': 48}, 'decoder_ffn_dim'),
+    ({'activation_function': 'relu'}, 'activation_function')])
+def test_unsupported_settings_are_named(tmp_path, edit, words):
+  assert words in error_of(edited_copy(tmp_path, edit_config=lambda c: c.update(edit)))
+
+
+@pytest.mark.parametrize('name', [
+    'led.decoder.layers.1.encoder_attn.k_proj.weight',
+    'led.encoder.layers.0.self_attn.longformer_self_attn.value_global.bias',
+    'led.decoder.embed_positions.weight'])
+def test_missing_tensor_is_named(tmp_path, name):
+  assert name in error_of(edited_copy(tmp_path, edit_tensors=lambda t: t.pop(name)))
+
+
+def test_wrong_decoder_table_size_is_named(tmp_path):
+  message = error_of(edited_copy(
+      tmp_path, edit_config=lambda c: c.update(max_decoder_position_embeddings=16)))
+  assert 'led.decoder.embed_positions.weight' in message and '(16, 32)' in message
+
+
+def test_untied_output_copy_is_refused_and_a_tied_one_accepted(tmp_path):
+  def add_copies(offset):
+    def edit(tensors):
+      table = tensors['led.shared.weight']
+      tensors['led.encoder.embed_tokens.weight'] = table
+      tensors['lm_head.weight'] = table + offset
+    return edit
+  assert 'lm_head.weight' in error_of(edited_copy(tmp_path, edit_tensors=add_copies(1.0)))
+  hf.load(edited_copy(tmp_path, edit_tensors=add_copies(0.0)))
+
+
+def test_missing_final_logits_bias_reads_as_zeros(tmp_path):
+  _, params = hf.load(edited_copy(tmp_path, edit_tensors=lambda t: t.pop('final_logits_bias')))
+  np.testing.assert_array_equal(params['logits_bias'], np.zeros(96, np.float32))
