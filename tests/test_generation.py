@@ -19,7 +19,7 @@ from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
-from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer
+from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer, train_sentencepiece
 from longformer_jax.generation.chunk_window_decoder import ChunkWindowDecoder, chunk_context
 from longformer_jax.generation.generation_checks import check_can_generate, refusal
 from longformer_jax.generation.sampling import SamplingSettings
@@ -268,10 +268,15 @@ def test_stop_strings_end_the_text_unprinted_and_partial_matches_are_released():
   assert ''.join(pieces) == 'xx'                              # the earliest stop wins
 
 
-def test_sentencepiece_byte_pieces_are_held_until_their_character_is_complete():
-  tokenizer = SentencePieceTokenizer.load(os.path.join(REPO_ROOT, 'spm', 'stdlib4k.model'))
+def test_sentencepiece_byte_pieces_are_held_until_their_character_is_complete(tmp_path):
+  # Trained on ASCII only: every non-ASCII character below is spelled in byte pieces.
+  documents = [f'def f{i}(x):\n    return x + {i}  # note {i}\n'.encode() for i in range(60)]
+  tokenizer = SentencePieceTokenizer.load(train_sentencepiece(
+      documents, str(tmp_path / 'ascii'), vocab_size=320, num_threads=1))
   text = 'def f(x):\n    return "héllo € 𝄞"  # 漢字\n'
   ids = tokenizer.encode(text)
+  processor = tokenizer._processor  # pylint: disable=protected-access
+  assert sum(processor.IsByte(int(i)) for i in ids) >= 4 * 2 + 2     # 𝄞, 漢, 字 and é in bytes
   pieces, tail, _ = pushed(tokenizer, ids)
   assert ''.join(pieces) + tail == text == tokenizer.decode(ids)
   assert all('\ufffd' not in piece for piece in pieces)
