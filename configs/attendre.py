@@ -9,7 +9,11 @@ initial score, mean - 1 * std (`admission='score'`, `init_std_multiplier`);
 the chunk's queries then attend to the memory alone (at most 256 keys, the
 chunk's own as far as they were kept). `order='attend_first'` (the section's
 default) attends to [memory; chunk] and inserts afterwards, as runs made
-before this setting existed did. In a decoder the Q memory stays empty
+before this setting existed did. With `admission='score'` a chunk's own
+tokens must outscore stored entries to be seen at all: this run trains with
+that, but given to a model trained without it at evaluation time the pair
+lost the local context (docs/variants.md, "Attendre"; keep a
+`recent_window`). In a decoder the Q memory stays empty
 (`model.attendre.q_memory_size` 0, the default): delayed queries would see
 the tokens they predict. A memory sweep of this run keeps its order. The other settings of `model.attendre` keep their
 defaults: attention to every memory entry (`top_k` 0), plain RoPE

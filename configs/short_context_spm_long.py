@@ -11,7 +11,9 @@ LRA and LFA at every size on all targets. On the far recurrences alone,
 `eval.far_distance=640`, LRA and LFA with `admission=score` and a recent
 window of 16 beat FIFO and sinks of the same size at 512 entries on the
 validation split in two runs, and close 56% / 84% of the gap to FIFO 2,048;
-at 128-256 entries the two runs disagree: docs/results.md.) On
+at 128-256 entries the two runs disagree. On the finished run, step 10,000,
+only LFA-0 still beats FIFO and sinks there, at 512 entries, and the scored
+rows lose at 128-256: benchmarks/results/eval_time_memory.md, section 0.) On
 two CPU cores it takes 3-5.5 hours (1.2-2 s per step);
 `train.stop_after_steps` splits it:
 

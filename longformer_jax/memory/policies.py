@@ -81,8 +81,9 @@ Admission (`admission`), for the scored policies:
   TriviaQA results at M = 128 with chunks of 128). Pair it with a small
   `recent_window` (16-32 of a 128-token chunk): alone it lets too few of the
   chunk's entries in. On configs/short_context_spm_long.py that pair (r = 16)
-  beats FIFO and sinks on far recurrences of the validation split at M = 512
-  in two runs (at 128-256 in one of them), and loses on the all-target
+  beat FIFO and sinks on far recurrences of the validation split at M = 512
+  in two runs at step 5,527; on the finished run (step 10,000) only LFA-0
+  still does, at M = 512, and every scored row loses on the all-target
   average (docs/results.md, "Eval-time memories and eviction
   policies"; benchmarks/results/eval_time_memory.md).
 FIFO and sinks rank by position alone, so admission changes nothing for them.
