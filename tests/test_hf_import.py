@@ -208,6 +208,20 @@ def test_eval_sweeps_memories_on_the_imported_workdir(llama_workdir, tmp_path):
   assert rows['attendre', 16]['loss'] != rows['attendre', 0]['loss']
 
 
+def test_passkey_grid_runs_on_the_imported_workdir(llama_workdir, tmp_path):
+  """The passkey evaluation (docs/passkey.md) reads an imported model like a trained one."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(llama_workdir, workdir)
+  result = subprocess.run(
+      [sys.executable, 'eval.py', f'--workdir={workdir}', '--config.eval.chunk_len=16',
+       '--config.eval.passkey_grid=lengths=64;depths=0,100;documents=1;'
+       'memories=none,attendre_fifo;memory_size=16'],
+      cwd=REPO, capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  written = set(os.listdir(os.path.join(workdir, 'eval')))
+  assert 'passkey_grid.json' in written and any(f.endswith('.png') for f in written)
+
+
 @pytest.mark.slow
 def test_train_fine_tunes_from_the_cli_workdir(llama_workdir, tmp_path):
   workdir = str(tmp_path / 'run')
