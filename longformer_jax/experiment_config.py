@@ -102,10 +102,15 @@ def _check_task_keys(task: str, data: DataConfig, train: TrainConfig, values: Ma
     if task not in tasks and getattr(data, name) != getattr(defaults, name):
       raise ConfigError(f'data.{name}', f'{getattr(data, name)!r} is ignored: only '
                         f'task {" or ".join(tasks)} reads it (task is {task!r})')
+  if task == 'qa':   # checked here: only the qa task reads question_len
+    require(data.question_len <= data.seq_len - 3, 'data.question_len',
+            f'{data.question_len} must be in [1, seq_len - 3 = {data.seq_len - 3}]')
   lm_only = ('eval_max_tokens', 'phases', 'phase_steps', 'phase_length_factor',
              'phase_window_factor', 'phase_lr_factor')
   given = dict(values.get('train') or {})
-  for name in lm_only if task != 'lm' else ('eval_max_examples',):
+  if task not in ('classification', 'qa', 'seq2seq'):
+    lm_only += ('init_from_hf',)
+  for name in lm_only if task != 'lm' else ('eval_max_examples', 'init_from_hf'):
     if name in given and getattr(train, name) != getattr(TrainConfig(), name):
       raise ConfigError(f'train.{name}', f'{getattr(train, name)!r} is ignored by task {task!r}')
 

@@ -135,7 +135,7 @@ def test_tied_decoder_copy_is_accepted(tmp_path):
   hf.load(edited_copy(tmp_path, edit_tensors=add_tied))
 
 
-def test_command_line_refuses_an_encoder_in_one_line(tmp_path):
+def test_command_line_needs_a_task_for_an_encoder_in_one_line(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   result = subprocess.run(
@@ -143,5 +143,86 @@ def test_command_line_refuses_an_encoder_in_one_line(tmp_path):
        f'--workdir={tmp_path}/out'], cwd=REPO, capture_output=True, text=True, check=False)
   assert result.returncode == 2 and 'Traceback' not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
-  assert last.startswith('error: ') and "'longformer'" in last and 'load_model' in last
+  assert last.startswith('error: ') and "'longformer'" in last and '--task' in last
   assert not os.path.exists(tmp_path / 'out' / 'checkpoints')
+
+
+# ---- fine-tuning the imported encoder: convert.hf --task, train.init_from_hf -------------
+
+@pytest.fixture(scope='module')
+def classification_config(tmp_path_factory):
+  """The config `convert.hf --task=classification` writes, resolved."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from longformer_jax.experiment_config import resolve_config  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path_factory.mktemp('import')
+  result = subprocess.run(
+      [sys.executable, '-m', 'longformer_jax.convert.hf', f'--hf_dir={DATA}',
+       f'--workdir={workdir}', '--task=classification'],
+      cwd=REPO, capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  namespace = {}
+  with open(workdir / 'import_config.py') as f:
+    exec(f.read(), namespace)  # pylint: disable=exec-used
+  values = namespace['get_config']()
+  assert values['train']['init_from_hf'] == DATA and values['task'] == 'classification'
+  return ml_collections.ConfigDict(resolve_config(values))
+
+
+def test_fresh_task_state_takes_the_imported_encoder(classification_config):
+  from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
+  from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
+  from longformer_jax.train import encoder_models, hf_init  # pylint: disable=g-import-not-at-top
+  from longformer_jax.train.optimizer import make_optimizer  # pylint: disable=g-import-not-at-top
+  config = classification_config
+  tokenizer = make_tokenizer(config.data)
+  _, model = encoder_models.task_model(config, tokenizer.vocab_size)
+  seq_len = config.data.seq_len
+  example = dict(inputs=np.zeros((2, seq_len), np.int32), input_mask=np.ones((2, seq_len), bool),
+                 global_flags=np.zeros((2, seq_len), bool), label=np.zeros((2,), np.int32),
+                 weight=np.ones((2,), np.float32))
+  _, _, create_state = encoder_models.abstract_task_state(
+      'classification', model, make_optimizer(config.optimizer, 10), 0, example,
+      make_mesh(config.parallel.mesh_shape), config.parallel.logical_axis_rules)
+  fresh = create_state(jax.random.PRNGKey(0))
+  state = hf_init.with_imported_params(config, fresh)
+  _, reference = hf.load(DATA)
+  for scope in ('embedding', 'position_embedding', 'embedding_norm', 'encoder'):
+    jax.tree_util.tree_map(lambda ours, theirs: np.testing.assert_array_equal(ours, theirs),
+                           jax.device_get(state.params[scope]), reference[scope])
+  for scope in ('pooler', 'classifier'):          # the task's head stays fresh
+    jax.tree_util.tree_map(np.testing.assert_array_equal,
+                           jax.device_get(state.params[scope]), jax.device_get(fresh.params[scope]))
+  assert 'lm_head_dense' not in state.params
+
+
+def test_init_from_hf_refuses_other_model_settings_and_tasks(classification_config):
+  from longformer_jax.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from longformer_jax.train import hf_init  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict(classification_config.to_dict())
+  config.model.norm_epsilon = 1e-6
+  with pytest.raises(ConfigError, match='model.norm_epsilon'):
+    hf_init.imported(config)
+  config = ml_collections.ConfigDict(classification_config.to_dict())
+  config.task = 'seq2seq'
+  with pytest.raises(ConfigError, match='train.init_from_hf'):
+    hf_init.imported(config)
+  config = ml_collections.ConfigDict(classification_config.to_dict())
+  config.model.dropout_rate = 0.1                 # free: fine-tuning may add dropout
+  hf_init.imported(config)
+
+
+@pytest.mark.slow
+def test_train_fine_tunes_the_imported_encoder(classification_config, tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  config_file = tmp_path / 'config.py'
+  config_file.write_text('import json\n\ndef get_config():\n  return json.loads(%r)\n'
+                         % json.dumps(classification_config.to_dict()))
+  result = subprocess.run(
+      [sys.executable, 'train.py', f'--config={config_file}', f'--workdir={tmp_path}/run',
+       '--config.train.num_steps=2', '--config.train.eval_every=0',
+       '--config.data.batch_size=8', '--config.data.eval_batch_size=8'],
+      cwd=REPO, capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert 'dropped: lm_head_dense, lm_head_norm, lm_head_bias' in result.stderr

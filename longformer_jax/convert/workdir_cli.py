@@ -16,6 +16,7 @@ are those values in float32, as every train state's are). Errors: one line,
 exit status 2 (`command_line.py`).
 """
 
+import json
 import os
 
 from absl import app, flags
@@ -40,6 +41,28 @@ def get_config():
 '''
 
 
+TASK_SEQ_LEN = 512        # examples of at most this many tokens (within the position table)
+TASK_TARGET_LEN = 128
+# Encoder families: the task's config (written as JSON inside a config file for train.py).
+TASK_CONFIG_SOURCE = '''"""An imported checkpoint fine-tuned for a task (train/hf_init.py).
+
+  python train.py --config=THIS_FILE --workdir=RUN [--config.data.corpus=...]
+
+Model settings must stay the checkpoint's; data, optimizer and train settings may change.
+"""
+
+import json
+
+VALUES = json.loads(r"""
+{values}
+""")
+
+
+def get_config():
+  return json.loads(json.dumps(VALUES))
+'''
+
+
 def tokenizer_settings(hf_dir: str, tokenizer_file: str) -> dict:
   """`config.data` tokenizer keys for the checkpoint's own tokenizer."""
   path = tokenizer_file or os.path.join(hf_dir, 'tokenizer.json')
@@ -52,8 +75,41 @@ def tokenizer_settings(hf_dir: str, tokenizer_file: str) -> dict:
                         f'--tokenizer_file=PATH)')
 
 
+def write_task_config(hf_dir: str, workdir: str, task: str, dtype: str,
+                      tokenizer_file: str) -> None:
+  """An encoder (Longformer: classification, qa) or encoder-decoder (LED: seq2seq):
+  `workdir/import_config.py`, the task's config with the checkpoint's model settings and
+  `train.init_from_hf` (train/hf_init.py); train.py then fine-tunes in a run directory."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from longformer_jax.convert import loader as hf  # pylint: disable=g-import-not-at-top
+  from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
+  from longformer_jax.experiment_config import resolve_config, validate_config  # pylint: disable=g-import-not-at-top
+  hf_config, settings = hf.model_settings(hf_dir)
+  tasks = ('seq2seq',) if hf.is_encoder_decoder(hf_config) else ('classification', 'qa')
+  if task not in tasks:
+    raise ConversionError(f'--task={task}: a {hf_config["model_type"]!r} checkpoint fine-tunes '
+                          f'for task {" or ".join(tasks)} (pass --task=...; in Python: '
+                          f'longformer_jax.convert.hf.load_model)')
+  data = tokenizer_settings(hf_dir, tokenizer_file)
+  tokenizer = make_tokenizer(ml_collections.ConfigDict(data))
+  model = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
+  model.pop('vocab_size', None)
+  data['seq_len'] = min(TASK_SEQ_LEN, settings['max_positions'])
+  if task == 'seq2seq':
+    data['target_len'] = min(TASK_TARGET_LEN, settings['decoder_max_positions'])
+  if task == 'classification':
+    model['num_classes'] = 2
+  values = {'task': task, 'model': model, 'data': data,
+            'train': {'init_from_hf': os.path.abspath(hf_dir)}}
+  validate_config(ml_collections.ConfigDict(resolve_config(values)), jax.device_count())
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, TRAIN_CONFIG_FILE), 'w') as f:
+    f.write(TASK_CONFIG_SOURCE.format(values=json.dumps(values, indent=2, sort_keys=True)))
+
+
 def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
-                       tokenizer_file: str = '') -> None:
+                       tokenizer_file: str = '', task: str = 'lm') -> None:
   """Writes `workdir` (module docstring) from the Hugging Face checkpoint in `hf_dir`."""
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
@@ -72,9 +128,11 @@ def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
     raise ConversionError(f'{workdir}: already holds checkpoints; pass a new --workdir')
   hf_config, settings = hf.model_settings(hf_dir)
   if hf.is_encoder(hf_config) or hf.is_encoder_decoder(hf_config):
-    raise ConversionError(f'model_type {hf_config["model_type"]!r}: the command line writes '
-                          f'decoder (task lm) workdirs; import it in Python with '
-                          f'longformer_jax.convert.hf.load_model (docs/import.md)')
+    write_task_config(hf_dir, workdir, task, dtype, tokenizer_file)
+    return
+  if task != 'lm':
+    raise ConversionError(f'--task={task}: a {hf_config["model_type"]!r} checkpoint is a '
+                          f'decoder; it imports for task lm')
   data = tokenizer_settings(hf_dir, tokenizer_file)
   tokenizer = make_tokenizer(ml_collections.ConfigDict(data))
   model_values = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
@@ -116,6 +174,9 @@ def define_flags() -> None:
   flags.DEFINE_string('workdir', None, 'The run directory to write (new).')
   flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Weights and compute dtype.')
   flags.DEFINE_string('tokenizer_file', '', 'tokenizer.json or .model (default: in --hf_dir).')
+  flags.DEFINE_enum('task', 'lm', ['lm', 'classification', 'qa', 'seq2seq'],
+                    'lm: a decoder workdir; classification / qa (Longformer), seq2seq (LED): '
+                    'a config file for fine-tuning.')
   flags.DEFINE_bool('debug', False, 'Show the traceback of errors.')
 
 
@@ -124,8 +185,13 @@ def main(argv) -> None:
   for name in ('hf_dir', 'workdir'):
     if not getattr(FLAGS, name):
       raise command_line.UserError(f'--{name} is required')
-  convert_to_workdir(FLAGS.hf_dir, FLAGS.workdir, FLAGS.dtype, FLAGS.tokenizer_file)
-  print(f'wrote {FLAGS.workdir} (config.json, checkpoints/0)')
+  convert_to_workdir(FLAGS.hf_dir, FLAGS.workdir, FLAGS.dtype, FLAGS.tokenizer_file, FLAGS.task)
+  if FLAGS.task == 'lm':
+    print(f'wrote {FLAGS.workdir} (config.json, checkpoints/0)')
+  else:
+    config_file = os.path.join(FLAGS.workdir, TRAIN_CONFIG_FILE)
+    print(f'wrote {config_file}; fine-tune with: python train.py --config={config_file} '
+          f'--workdir=RUN')
 
 
 def run() -> None:

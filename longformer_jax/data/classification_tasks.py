@@ -9,7 +9,8 @@ Sources (`data.corpus`):
     source files, `data.seq_len - 1` bytes each (consecutive, non-overlapping
     pieces of every file); label 1 iff the excerpt contains a top-level class
     statement (a line starting with `class `). Negatives are subsampled
-    (deterministically) to the number of positives, so chance is 50%.
+    (deterministically) to the number of positives, so chance is 50%. A
+    character the cut splits is dropped (`whole_characters`).
   * `synthetic`: random lowercase letters; label 1 iff the letter `z` occurs
     (exactly once, at a random place). For tests: tiny and learnable.
   * `imdb_reviews` (tensorflow-datasets, prepared under `data.tfds_data_dir`):
@@ -93,12 +94,18 @@ def classification_arrays(examples: list[ClassificationExample], seq_len: int, c
               weight=np.ones((n,), np.float32))
 
 
+def whole_characters(text: bytes | str) -> bytes | str:
+  """`text` without the partial UTF-8 characters a byte-length cut leaves at its ends (a text
+  tokenizer, SentencePiece or tokenizer.json, reads whole characters only)."""
+  return text.decode('utf-8', 'ignore').encode('utf-8') if isinstance(text, bytes) else text
+
+
 def load_arrays(config: ml_collections.ConfigDict, split: str, tokenizer) -> dict[str, np.ndarray]:
   """The arrays of `split` for `config` (its `data` section), at most `data.max_examples`."""
   data = config.data
   texts = load_texts(data, split, config.seed)
   if data.max_examples:
     texts = texts[:data.max_examples]
-  examples = [ClassificationExample(tokenizer.encode(text)[:data.seq_len - 1], label)
-              for text, label in texts]
+  examples = [ClassificationExample(tokenizer.encode(whole_characters(text))[:data.seq_len - 1],
+                                    label) for text, label in texts]
   return classification_arrays(examples, data.seq_len, tokenizer.bos_id, tokenizer.pad_id)

@@ -58,7 +58,6 @@ class DataConfig(Section):
       self.require(getattr(self, name) > 0, name, 'must be a positive integer')
     self.require(self.seq_len >= 4, 'seq_len', 'must be >= 4')
     self.require(self.max_examples >= 0, 'max_examples', 'must be >= 0 (0: all)')
-    self.require(0 < self.question_len <= self.seq_len - 3, 'question_len',
-                 f'must be in [1, seq_len - 3 = {self.seq_len - 3}]')
+    self.require(self.question_len > 0, 'question_len', 'must be >= 1')
     self.require(self.max_answer_len >= 1, 'max_answer_len', 'must be >= 1')
     self.require(self.target_len >= 2, 'target_len', 'must be >= 2')

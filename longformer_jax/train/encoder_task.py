@@ -25,7 +25,7 @@ from longformer_jax.evaluation.task_evaluator import TaskEvaluator
 from longformer_jax.evaluation.task_metrics import task_metrics
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
-from longformer_jax.train import encoder_models, hibert_init, hibert_task, steps
+from longformer_jax.train import encoder_models, hf_init, hibert_init, hibert_task, steps
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from longformer_jax.train.task_batch_sharding import batch_shardings, to_global
 
@@ -45,6 +45,8 @@ class EncoderTask:
   def __init__(self, config: ml_collections.ConfigDict):
     encoder_models.validate_task_config(config)
     hibert_init.check_init_from(config)
+    if config.train.init_from_hf:
+      hf_init.imported(config)     # fails early, naming the key
     self.config = config
     self.task = config.task
     tokenizer = make_tokenizer(config.data)
@@ -89,6 +91,7 @@ class EncoderTask:
 
   def fresh_state(self):
     state = self._create_state(jax.random.PRNGKey(self.config.seed))
+    state = hf_init.with_imported_params(self.config, state)
     return hibert_init.with_pretrained_encoder(self.config, state, self.mesh, self.rules)
 
   def data_state(self) -> dict:
