@@ -274,7 +274,7 @@ def test_hf_tokenizer_errors_name_the_key(tmp_path):
     ({'rope_scaling': {'type': 'dynamic', 'factor': 2.0}}, 'rope_scaling'),
     ({'rope_scaling': {'type': 'llama3', 'factor': 8.0}}, 'rope_scaling'),
     ({'position_embedding': 'learned'}, 'max_positions'),
-    ({'ff_activation': 'relu'}, 'ff_activation'),
+    ({'ff_activation': 'tanh'}, 'ff_activation'),
     ({'norm': 'batch_norm'}, 'norm'),
     ({'norm_epsilon': 0.0}, 'norm_epsilon'),
 ])

@@ -18,7 +18,7 @@ are already `[in, out]`):
 import numpy as np
 
 from longformer_jax.convert.hf_config import required, unsupported
-from longformer_jax.convert.safetensors_reader import TensorSource
+from longformer_jax.convert.safetensors_reader import TensorSource, torch_layer_norm
 
 MODEL_TYPES = ('gpt2',)
 # Causal-mask buffers some GPT-2 files carry; not parameters.
@@ -57,8 +57,7 @@ def convert_params(source: TensorSource, settings: dict, vocab_size: int, hf: di
   p = _prefix(source)
   d, heads, head_dim, d_ff = (settings['d_model'], settings['num_heads'], settings['head_dim'],
                               settings['d_ff'])
-  norm = lambda name: {'scale': source.take(f'{name}.weight', (d,)),
-                       'bias': source.take(f'{name}.bias', (d,))}
+  norm = lambda name: torch_layer_norm(source, name, d)
   blocks = {}
   for layer in range(settings['num_layers']):
     h = f'{p}h.{layer}.'

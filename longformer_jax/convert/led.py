@@ -48,7 +48,8 @@ import numpy as np
 
 from longformer_jax.convert import longformer
 from longformer_jax.convert.hf_config import required, unsupported
-from longformer_jax.convert.safetensors_reader import TensorSource, torch_linear
+from longformer_jax.convert.safetensors_reader import (TensorSource, torch_layer_norm,
+                                                       torch_linear)
 
 MODEL_TYPES = ('led',)
 ENCODER_DECODER = True           # imported as `EncoderDecoder` (models/encoder_decoder.py)
@@ -84,7 +85,6 @@ def model_settings(hf: dict) -> dict:
     raise unsupported(hf, 'activation_function', activation,
                       f'supported: {sorted(longformer.ACTIVATIONS)}')
   encoder_layers = required(hf, 'encoder_layers')
-  windows = longformer.one_sided_windows(dict(hf, num_hidden_layers=encoder_layers))
   settings = dict(
       attention='longformer', block='post_ln', causal=False, num_layers=encoder_layers,
       decoder_layers=required(hf, 'decoder_layers'), d_model=d_model, num_heads=heads,
@@ -95,10 +95,7 @@ def model_settings(hf: dict) -> dict:
       embedding_norm=True, qkv_bias=True, out_bias=True,
       ff_activation=longformer.ACTIVATIONS[activation], ff_bias=True, norm='layer_norm',
       norm_epsilon=NORM_EPSILON,
-      longformer={'window': windows[0], 'global_tokens': longformer.GLOBAL_TOKENS,
-                  'global_projections': True})
-  if len(set(windows)) > 1:
-    settings['layer_schedule'] = {'longformer': {'window': ','.join(map(str, windows))}}
+      **longformer.window_settings(dict(hf, num_hidden_layers=encoder_layers)))
   return settings
 
 
@@ -106,8 +103,7 @@ def convert_params(source: TensorSource, settings: dict, vocab_size: int, hf: di
   """The `EncoderDecoder` parameters (numpy) from the checkpoint's tensors."""
   d, heads, head_dim, d_ff = (settings['d_model'], settings['num_heads'], settings['head_dim'],
                               settings['d_ff'])
-  norm = lambda name: {'scale': source.take(f'{name}.weight', (d,)),
-                       'bias': source.take(f'{name}.bias', (d,))}
+  norm = lambda name: torch_layer_norm(source, name, d)
   # [d, heads, head_dim] projections and the [heads, head_dim, d] output, with biases.
   heads_in = lambda name: torch_linear(source, name, (heads, head_dim), d, True)
 

@@ -34,7 +34,8 @@ position pad + 1 + i (right padding, as the tokenizer pads). Global tokens:
 import numpy as np
 
 from longformer_jax.convert.hf_config import required, unsupported
-from longformer_jax.convert.safetensors_reader import TensorSource, torch_linear
+from longformer_jax.convert.safetensors_reader import (TensorSource, torch_layer_norm,
+                                                       torch_linear)
 
 MODEL_TYPES = ('longformer',)
 ENCODER = True                   # imported as `MaskedLM` (models/masked_lm.py)
@@ -72,7 +73,6 @@ def model_settings(hf: dict) -> dict:
   if max_positions < 1:
     raise unsupported(hf, 'max_position_embeddings', hf['max_position_embeddings'],
                       f'leaves no position after pad_token_id + 1 = {pad + 1}')
-  windows = one_sided_windows(hf)
   settings = dict(
       attention='longformer', block='post_ln', causal=False,
       num_layers=hf['num_hidden_layers'], d_model=d_model, num_heads=heads,
@@ -81,8 +81,15 @@ def model_settings(hf: dict) -> dict:
       max_positions=max_positions, embedding_norm=True, qkv_bias=True, out_bias=True,
       ff_activation=ACTIVATIONS[activation], ff_bias=True, norm='layer_norm',
       norm_epsilon=float(hf.get('layer_norm_eps', 1e-5)),
-      longformer={'window': windows[0], 'global_tokens': GLOBAL_TOKENS,
-                  'global_projections': True})
+      **window_settings(hf))
+  return settings
+
+
+def window_settings(hf: dict) -> dict:
+  """`model.longformer` (and, when the layers' windows differ, `model.layer_schedule`)."""
+  windows = one_sided_windows(hf)
+  settings = {'longformer': {'window': windows[0], 'global_tokens': GLOBAL_TOKENS,
+                             'global_projections': True}}
   if len(set(windows)) > 1:
     settings['layer_schedule'] = {'longformer': {'window': ','.join(map(str, windows))}}
   return settings
@@ -93,8 +100,7 @@ def convert_params(source: TensorSource, settings: dict, vocab_size: int, hf: di
   d, heads, head_dim, d_ff = (settings['d_model'], settings['num_heads'], settings['head_dim'],
                               settings['d_ff'])
   pad = hf['pad_token_id']
-  norm = lambda name: {'scale': source.take(f'{name}.weight', (d,)),
-                       'bias': source.take(f'{name}.bias', (d,))}
+  norm = lambda name: torch_layer_norm(source, name, d)
   embeddings = PREFIX + 'embeddings.'
   table = source.take(embeddings + 'word_embeddings.weight', (vocab_size, d))
   num_positions = settings['max_positions'] + pad + 1

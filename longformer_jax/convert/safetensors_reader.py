@@ -116,3 +116,11 @@ def torch_linear(source: TensorSource, name: str, out_shape: tuple, d_in: int,
   if bias:
     params['bias'] = source.take(f'{name}.bias', (out,)).reshape(out_shape)
   return params
+
+
+def torch_layer_norm(source: TensorSource, name: str, d: int, bias: bool = True) -> dict:
+  """A torch LayerNorm (`name.weight [d]`, `name.bias [d]`) as a norm's `{scale, bias}`."""
+  params = {'scale': source.take(f'{name}.weight', (d,))}
+  if bias:
+    params['bias'] = source.take(f'{name}.bias', (d,))
+  return params
