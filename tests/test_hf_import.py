@@ -23,8 +23,8 @@ from safetensors.numpy import load_file, save_file
 
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.convert import hf
-from longformer_jax.convert.errors import ConversionError
 from longformer_jax.models.decoder_lm import DecoderLM
+from tests.hf_checkpoints import conversion_error, edited_copy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, 'tests', 'data', 'hf')
@@ -98,39 +98,16 @@ def test_sharded_checkpoint_reads_like_single_file(tmp_path):
 
 # ---- errors: one line naming the culprit -------------------------------------------------
 
-def edited_copy(tmp_path, name: str, edit_tensors=None, edit_config=None) -> str:
-  source = os.path.join(DATA, name)
-  tensors = load_file(os.path.join(source, 'model.safetensors'))
-  with open(os.path.join(source, 'config.json')) as f:
-    config = json.load(f)
-  if edit_tensors:
-    edit_tensors(tensors)
-  if edit_config:
-    edit_config(config)
-  save_file(tensors, str(tmp_path / 'model.safetensors'))
-  with open(tmp_path / 'config.json', 'w') as f:
-    json.dump(config, f)
-  return str(tmp_path)
-
-
-def error_of(hf_dir: str) -> str:
-  with pytest.raises(ConversionError) as info:
-    hf.load(hf_dir)
-  message = str(info.value)
-  assert '\n' not in message
-  return message
-
-
 def test_missing_tensor_is_named(tmp_path):
   name = 'model.layers.1.mlp.up_proj.weight'
-  message = error_of(edited_copy(tmp_path, 'llama', lambda t: t.pop(name)))
+  message = conversion_error(edited_copy(f'{DATA}/llama', tmp_path, lambda t: t.pop(name)))
   assert 'missing tensor' in message and name in message
 
 
 def test_unexpected_tensor_is_named(tmp_path):
   def add(tensors):
     tensors['model.layers.0.extra.weight'] = np.zeros((2,), np.float32)
-  message = error_of(edited_copy(tmp_path, 'llama', add))
+  message = conversion_error(edited_copy(f'{DATA}/llama', tmp_path, add))
   assert 'unexpected tensor' in message and 'model.layers.0.extra.weight' in message
 
 
@@ -138,20 +115,20 @@ def test_shape_mismatch_names_tensor_and_shapes(tmp_path):
   name = 'transformer.h.0.mlp.c_fc.bias'
   def shrink(tensors):
     tensors[name] = tensors[name][:100]
-  message = error_of(edited_copy(tmp_path, 'gpt2', shrink))
+  message = conversion_error(edited_copy(f'{DATA}/gpt2', tmp_path, shrink))
   assert name in message and '(100,)' in message and '(128,)' in message
 
 
 def test_unknown_model_type_is_named(tmp_path):
-  message = error_of(edited_copy(tmp_path, 'gpt2',
+  message = conversion_error(edited_copy(f'{DATA}/gpt2', tmp_path,
                                  edit_config=lambda c: c.update(model_type='falcon')))
   assert "'falcon'" in message
 
 
 def test_missing_files_are_named(tmp_path):
-  assert 'config.json' in error_of(str(tmp_path))
+  assert 'config.json' in conversion_error(str(tmp_path))
   shutil.copy(os.path.join(DATA, 'gpt2', 'config.json'), tmp_path)
-  assert 'no weights file' in error_of(str(tmp_path))
+  assert 'no weights file' in conversion_error(str(tmp_path))
 
 
 # ---- the command line and its workdir ----------------------------------------------------

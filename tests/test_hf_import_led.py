@@ -9,7 +9,6 @@ right-padded from position 5; perturbed biases, norm scales and
 `final_logits_bias`. Only valid target positions are compared.
 """
 
-import json
 import os
 
 import jax
@@ -17,14 +16,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.convert import hf
-from longformer_jax.convert.errors import ConversionError
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.encoder_decoder import EncoderDecoder, decoder_context
 from longformer_jax.models.model_config import resolve_model
+from tests.hf_checkpoints import conversion_error, edited_copy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, 'tests', 'data', 'hf', 'led')
@@ -134,31 +132,11 @@ def test_decoder_max_positions_is_checked(values, words):
   assert 'decoder_max_positions' in str(info.value) and words in str(info.value)
 
 
-def edited_copy(tmp_path, edit_tensors=None, edit_config=None) -> str:
-  tensors = load_file(os.path.join(DATA, 'model.safetensors'))
-  with open(os.path.join(DATA, 'config.json')) as f:
-    config = json.load(f)
-  if edit_tensors:
-    edit_tensors(tensors)
-  if edit_config:
-    edit_config(config)
-  save_file(tensors, str(tmp_path / 'model.safetensors'))
-  with open(tmp_path / 'config.json', 'w') as f:
-    json.dump(config, f)
-  return str(tmp_path)
-
-
-def error_of(hf_dir: str) -> str:
-  with pytest.raises(ConversionError) as info:
-    hf.load(hf_dir)
-  assert '\n' not in str(info.value)
-  return str(info.value)
-
-
 @pytest.mark.parametrize('window, words', [
     ([4, 7], 'even integer'), ([4], 'one window per layer')])
 def test_bad_attention_window_is_named(tmp_path, window, words):
-  message = error_of(edited_copy(tmp_path, edit_config=lambda c: c.update(attention_window=window)))
+  message = conversion_error(edited_copy(
+      DATA, tmp_path, edit_config=lambda c: c.update(attention_window=window)))
   assert 'attention_window' in message and words in message
 
 
@@ -169,7 +147,8 @@ def test_bad_attention_window_is_named(tmp_path, window, words):
     ({'decoder_ffn_dim': 48}, 'decoder_ffn_dim'),
     ({'activation_function': 'relu'}, 'activation_function')])
 def test_unsupported_settings_are_named(tmp_path, edit, words):
-  assert words in error_of(edited_copy(tmp_path, edit_config=lambda c: c.update(edit)))
+  assert words in conversion_error(edited_copy(
+      DATA, tmp_path, edit_config=lambda c: c.update(edit)))
 
 
 @pytest.mark.parametrize('name', [
@@ -177,12 +156,12 @@ def test_unsupported_settings_are_named(tmp_path, edit, words):
     'led.encoder.layers.0.self_attn.longformer_self_attn.value_global.bias',
     'led.decoder.embed_positions.weight'])
 def test_missing_tensor_is_named(tmp_path, name):
-  assert name in error_of(edited_copy(tmp_path, edit_tensors=lambda t: t.pop(name)))
+  assert name in conversion_error(edited_copy(DATA, tmp_path, edit_tensors=lambda t: t.pop(name)))
 
 
 def test_wrong_decoder_table_size_is_named(tmp_path):
-  message = error_of(edited_copy(
-      tmp_path, edit_config=lambda c: c.update(max_decoder_position_embeddings=16)))
+  message = conversion_error(edited_copy(
+      DATA, tmp_path, edit_config=lambda c: c.update(max_decoder_position_embeddings=16)))
   assert 'led.decoder.embed_positions.weight' in message and '(16, 32)' in message
 
 
@@ -193,10 +172,12 @@ def test_untied_output_copy_is_refused_and_a_tied_one_accepted(tmp_path):
       tensors['led.encoder.embed_tokens.weight'] = table
       tensors['lm_head.weight'] = table + offset
     return edit
-  assert 'lm_head.weight' in error_of(edited_copy(tmp_path, edit_tensors=add_copies(1.0)))
-  hf.load(edited_copy(tmp_path, edit_tensors=add_copies(0.0)))
+  assert 'lm_head.weight' in conversion_error(edited_copy(
+      DATA, tmp_path, edit_tensors=add_copies(1.0)))
+  hf.load(edited_copy(DATA, tmp_path, edit_tensors=add_copies(0.0)))
 
 
 def test_missing_final_logits_bias_reads_as_zeros(tmp_path):
-  _, params = hf.load(edited_copy(tmp_path, edit_tensors=lambda t: t.pop('final_logits_bias')))
+  _, params = hf.load(edited_copy(
+      DATA, tmp_path, edit_tensors=lambda t: t.pop('final_logits_bias')))
   np.testing.assert_array_equal(params['logits_bias'], np.zeros(96, np.float32))

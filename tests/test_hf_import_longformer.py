@@ -15,12 +15,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
 
 from longformer_jax.convert import hf
-from longformer_jax.convert.errors import ConversionError
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.masked_lm import MaskedLM
+from tests.hf_checkpoints import conversion_error, edited_copy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, 'tests', 'data', 'hf', 'longformer')
@@ -88,51 +87,32 @@ def test_load_model_returns_the_masked_lm():
                          'lm_head_dense', 'lm_head_norm', 'lm_head_bias'}
 
 
-def edited_copy(tmp_path, edit_tensors=None, edit_config=None) -> str:
-  tensors = load_file(os.path.join(DATA, 'model.safetensors'))
-  with open(os.path.join(DATA, 'config.json')) as f:
-    config = json.load(f)
-  if edit_tensors:
-    edit_tensors(tensors)
-  if edit_config:
-    edit_config(config)
-  save_file(tensors, str(tmp_path / 'model.safetensors'))
-  with open(tmp_path / 'config.json', 'w') as f:
-    json.dump(config, f)
-  return str(tmp_path)
-
-
-def error_of(hf_dir: str) -> str:
-  with pytest.raises(ConversionError) as info:
-    hf.load(hf_dir)
-  assert '\n' not in str(info.value)
-  return str(info.value)
-
-
 @pytest.mark.parametrize('window, words', [
     ([4, 7], 'even integer'), ([4], 'one window per layer')])
 def test_bad_attention_window_is_named(tmp_path, window, words):
-  message = error_of(edited_copy(tmp_path, edit_config=lambda c: c.update(attention_window=window)))
+  message = conversion_error(edited_copy(
+      DATA, tmp_path, edit_config=lambda c: c.update(attention_window=window)))
   assert 'attention_window' in message and words in message
 
 
 def test_global_projection_missing_is_named(tmp_path):
   name = 'longformer.encoder.layer.1.attention.self.key_global.weight'
-  assert name in error_of(edited_copy(tmp_path, edit_tensors=lambda t: t.pop(name)))
+  assert name in conversion_error(edited_copy(DATA, tmp_path, edit_tensors=lambda t: t.pop(name)))
 
 
 def test_untied_decoder_copy_is_refused(tmp_path):
   def add_untied(tensors):
     table = tensors['longformer.embeddings.word_embeddings.weight']
     tensors['lm_head.decoder.weight'] = table + 1.0
-  assert 'lm_head.decoder.weight' in error_of(edited_copy(tmp_path, edit_tensors=add_untied))
+  assert 'lm_head.decoder.weight' in conversion_error(edited_copy(
+      DATA, tmp_path, edit_tensors=add_untied))
 
 
 def test_tied_decoder_copy_is_accepted(tmp_path):
   def add_tied(tensors):
     tensors['lm_head.decoder.weight'] = tensors['longformer.embeddings.word_embeddings.weight']
     tensors['lm_head.decoder.bias'] = tensors['lm_head.bias']
-  hf.load(edited_copy(tmp_path, edit_tensors=add_tied))
+  hf.load(edited_copy(DATA, tmp_path, edit_tensors=add_tied))
 
 
 def test_command_line_needs_a_task_for_an_encoder_in_one_line(tmp_path):
