@@ -206,3 +206,25 @@ def test_train_fine_tunes_the_imported_encoder(classification_config, tmp_path):
       cwd=REPO, capture_output=True, text=True, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'dropped: lm_head_dense, lm_head_norm, lm_head_bias' in result.stderr
+
+
+@pytest.mark.parametrize('family', ['led', 't5'])
+def test_encoder_decoders_write_a_seq2seq_config_that_checks(family, tmp_path):
+  """`--task=seq2seq` for LED and T5: the written config resolves, and its settings are the
+  checkpoint's (hf_init.imported raises otherwise)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from longformer_jax.experiment_config import resolve_config  # pylint: disable=g-import-not-at-top
+  from longformer_jax.train import hf_init  # pylint: disable=g-import-not-at-top
+  source = os.path.join(REPO, 'tests', 'data', 'hf', family)
+  result = subprocess.run(
+      [sys.executable, '-m', 'longformer_jax.convert.hf', f'--hf_dir={source}',
+       f'--workdir={tmp_path}', '--task=seq2seq'],
+      cwd=REPO, capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  namespace = {}
+  with open(tmp_path / 'import_config.py') as f:
+    exec(f.read(), namespace)  # pylint: disable=exec-used
+  config = ml_collections.ConfigDict(resolve_config(namespace['get_config']()))
+  assert config.task == 'seq2seq' and config.train.init_from_hf == source
+  hf_init.imported(config)

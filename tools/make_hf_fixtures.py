@@ -9,14 +9,18 @@ scaling; mistral with one key/value head and linear rope scaling; qwen2 with
 q/k/v biases and a tied output; longformer, a masked LM with windows of 4 and
 8 tokens in its two layers and global tokens; led, the encoder-decoder
 `LEDForConditionalGeneration` with the same encoder windows, two decoder
-layers and a perturbed `final_logits_bias`) it writes `<out>/<name>/`
+layers and a perturbed `final_logits_bias`; t5, `T5ForConditionalGeneration`
+v1.0 with a ReLU feed-forward, a tied output and 8 relative position buckets
+up to distance 20, so that 12 tokens reach the logarithmic buckets; t5_v11,
+v1.1 with a gated-GELU feed-forward, an untied `lm_head` and an inner width
+heads * d_kv = 64 != d_model) it writes `<out>/<name>/`
 holding the Hugging Face directory (`config.json`, `model.safetensors`), a
 word-level `tokenizer.json` over the model's vocabulary, `input_ids.npy` and
 `attention_mask.npy` `[2, 12]` (row 1 right-padded; for longformer and led
-also `global_attention_mask.npy`; for led `decoder_input_ids.npy` and
-`decoder_attention_mask.npy` `[2, 7]`, row 1 right-padded from position 5),
-and `logits.npy`, the float32 reference logits `[2, 12 (led: 7), vocab]` of
-transformers' own model.
+also `global_attention_mask.npy`; for led and the t5 families
+`decoder_input_ids.npy` and `decoder_attention_mask.npy` `[2, 7]`, row 1
+right-padded from position 5), and `logits.npy`, the float32 reference logits
+`[2, 12 (led, t5: 7), vocab]` of transformers' own model.
 Seeds are fixed, so a rerun writes the same files.
 """
 
@@ -71,6 +75,20 @@ def family_configs() -> dict:
           attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
           eos_token_id=2, decoder_start_token_id=2, tie_word_embeddings=True,
           init_std=0.2),
+      # SPECIAL_TOKENS order (<pad>=0, the decoder start token); bidirectional buckets: 2 exact
+      # and 2 logarithmic per side, unidirectional: 4 and 4.
+      't5': transformers.T5Config(
+          vocab_size=VOCAB, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2,
+          num_decoder_layers=2, relative_attention_num_buckets=8,
+          relative_attention_max_distance=20, dropout_rate=0.0, layer_norm_epsilon=1e-6,
+          feed_forward_proj='relu', pad_token_id=0, eos_token_id=2, decoder_start_token_id=0,
+          tie_word_embeddings=True),
+      't5_v11': transformers.T5Config(
+          vocab_size=VOCAB, d_model=32, d_kv=16, num_heads=4, d_ff=64, num_layers=2,
+          num_decoder_layers=2, relative_attention_num_buckets=8,
+          relative_attention_max_distance=20, dropout_rate=0.0, layer_norm_epsilon=1e-6,
+          feed_forward_proj='gated-gelu', pad_token_id=0, eos_token_id=2,
+          decoder_start_token_id=0, tie_word_embeddings=False),
   }
 
 
@@ -79,12 +97,15 @@ def model_class(name: str):
           'mistral': transformers.MistralForCausalLM,
           'qwen2': transformers.Qwen2ForCausalLM,
           'longformer': transformers.LongformerForMaskedLM,
-          'led': transformers.LEDForConditionalGeneration}[name]
+          'led': transformers.LEDForConditionalGeneration,
+          't5': transformers.T5ForConditionalGeneration,
+          't5_v11': transformers.T5ForConditionalGeneration}[name]
 
 
 SPECIAL_TOKENS = ('<pad>', '<s>', '</s>', '<unk>')
 ROBERTA_SPECIAL_TOKENS = ('<s>', '<pad>', '</s>', '<unk>')
 ROBERTA_FAMILIES = ('longformer', 'led')
+T5_FAMILIES = ('t5', 't5_v11')
 DECODER_LENGTH = 7
 
 
@@ -111,6 +132,8 @@ def model_inputs(name: str) -> dict:
   rng = np.random.default_rng(1)
   mask = np.ones((2, LENGTH), np.int64)
   mask[1, 8:] = 0
+  if name in T5_FAMILIES:
+    return t5_inputs(rng, mask)
   if name not in ROBERTA_FAMILIES:
     return dict(input_ids=rng.integers(0, VOCAB, size=(2, LENGTH)).astype(np.int64),
                 attention_mask=mask)
@@ -130,6 +153,41 @@ def model_inputs(name: str) -> dict:
   return inputs
 
 
+def t5_inputs(rng, mask: np.ndarray) -> dict:
+  """T5: words (ids >= 4) with pad ids (0) in the source's padding; decoder inputs
+  `[2, DECODER_LENGTH]`: the decoder start token (0), then words, row 1 right-padded from
+  position 5."""
+  input_ids = rng.integers(4, VOCAB, size=(2, LENGTH)).astype(np.int64)
+  input_ids[mask == 0] = 0
+  decoder_mask = np.ones((2, DECODER_LENGTH), np.int64)
+  decoder_mask[1, 5:] = 0
+  decoder_ids = rng.integers(4, VOCAB, size=(2, DECODER_LENGTH)).astype(np.int64)
+  decoder_ids[:, 0] = 0
+  decoder_ids[decoder_mask == 0] = 0
+  return dict(input_ids=input_ids, attention_mask=mask, decoder_input_ids=decoder_ids,
+              decoder_attention_mask=decoder_mask)
+
+
+def untie_t5_lm_head(model, directory: str) -> None:
+  """T5 v1.1 as released: `tie_word_embeddings: false` in config.json and its own
+  `lm_head.weight`. transformers 5 always ties T5's output (it reads the flag as
+  `scale_decoder_outputs`, and unties only when a file holds a different `lm_head`),
+  so the head is untied here, then the file written as the released ones are."""
+  from safetensors.torch import load_file, save_file  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight))
+  tensors = load_file(os.path.join(directory, 'model.safetensors'))
+  tensors['lm_head.weight'] = model.lm_head.weight.detach().clone().contiguous()
+  save_file(tensors, os.path.join(directory, 'model.safetensors'), metadata={'format': 'pt'})
+  path = os.path.join(directory, 'config.json')
+  with open(path) as f:
+    config = json.load(f)
+  config.pop('scale_decoder_outputs', None)
+  config['tie_word_embeddings'] = False
+  with open(path, 'w') as f:
+    json.dump(config, f, indent=2, sort_keys=True)
+
+
 def build(name: str, config, out: str) -> None:
   torch.manual_seed(0)
   model = model_class(name)(config).eval()
@@ -139,12 +197,23 @@ def build(name: str, config, out: str) -> None:
         param.add_(0.1 * torch.randn_like(param))
     if name == 'led':  # a buffer, not a parameter; zeros unless perturbed
       model.final_logits_bias.add_(0.1 * torch.randn_like(model.final_logits_bias))
+    if name in T5_FAMILIES:  # ~0.18 at init: make the position bias weigh on the logits
+      for param_name, param in model.named_parameters():
+        if 'relative_attention_bias' in param_name:
+          param.mul_(4.0)
   directory = os.path.join(out, name)
   os.makedirs(directory, exist_ok=True)
   model.save_pretrained(directory, safe_serialization=True)
+  if name == 't5_v11':
+    untie_t5_lm_head(model, directory)
   inputs = model_inputs(name)
   with torch.no_grad():
     logits = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits
+  if name in T5_FAMILIES:  # the saved directory must mean the same model to transformers
+    reloaded = model_class(name).from_pretrained(directory).eval()
+    with torch.no_grad():
+      again = reloaded(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits
+    assert torch.equal(logits, again), f'{name}: the saved model computes other logits'
   for key, value in inputs.items():
     np.save(os.path.join(directory, f'{key}.npy'), value.astype(np.int32))
   np.save(os.path.join(directory, 'logits.npy'), logits.float().numpy().astype(np.float32))

@@ -11,10 +11,15 @@ softmax runs through XLA (dense mask), splash (TPU; in-chunk only, `mem_len =
 0`: with a cache the keys' slots are not always full, so it stays on XLA) or
 cuDNN (GPU, bfloat16; the dense position mask as its bias, with or without a
 cache). Every path computes the same masked softmax (docs/kernels.md).
+T5's relative position bias (`position_embedding='relative_buckets'`) is
+added to the logits on the XLA path only; splash and cuDNN are then
+unavailable (`auto` runs XLA).
 
 Shared settings for imported checkpoints (docs/import.md): grouped-query
 attention, q/k/v and output biases, the RoPE base and scaling, learned
-positions (q and k unrotated); attention/core/checkpoint_heads.py.
+positions (q and k unrotated), T5's relative position buckets (q and k
+unrotated, a learned bias per bucket and head read from the query and key
+positions, so cached keys get theirs too); attention/core/checkpoint_heads.py.
 """
 
 import flax.linen as nn
@@ -60,7 +65,8 @@ class VanillaAttention(nn.Module):
   def kernel_pattern(model, section=None) -> backends.KernelPattern:
     """What a layer with the shared settings `model` asks of a kernel (config checks)."""
     del section
-    return _pattern(model.causal, in_chunk=model.mem_len == 0)
+    return _pattern(model.causal, in_chunk=model.mem_len == 0,
+                    position_bias=model.position_embedding == 'relative_buckets')
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -77,15 +83,19 @@ class VanillaAttention(nn.Module):
     origin = ctx.positions[:, :1]
     q = self.heads.rotate(q, ctx.positions - origin)
     k = self.heads.rotate(k, context.positions - origin)
-    out = self._attend(q, k, v, ctx, context)
+    bias = self.heads.position_bias(ctx.positions, context.positions, self.num_heads,
+                                    bidirectional=not self.causal)       # [b, h, c, mem + c]
+    out = self._attend(q, k, v, ctx, context, bias)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return self.heads.output(out, self.d_model, self.dtype), new_state, {}
 
-  def _attend(self, q, k, v, ctx: AttentionContext, context: fifo.FifoMemory) -> jax.Array:
-    """Masked softmax of `q [b, c, h, d]` over `k, v [b, mem + c, h, d]` -> `[b, c, h, d]`."""
+  def _attend(self, q, k, v, ctx: AttentionContext, context: fifo.FifoMemory,
+              bias: jax.Array | None = None) -> jax.Array:
+    """Masked softmax of `q [b, c, h, d]` over `k, v [b, mem + c, h, d]` -> `[b, c, h, d]`;
+    `bias [b, h, c, mem + c]` (or None) added to the scaled logits."""
     in_chunk = k.shape[1] == q.shape[1]          # no cache (mem_len = 0)
     backend = backends.resolve_backend(
-        self.attention_backend, _pattern(self.causal, in_chunk),
+        self.attention_backend, _pattern(self.causal, in_chunk, bias is not None),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
     if backend == 'splash':      # in-chunk only: k, v are the chunk's own tokens
       scaled = q * jnp.asarray(self.head_dim ** -0.5, q.dtype)
@@ -97,9 +107,11 @@ class VanillaAttention(nn.Module):
       return cudnn_attention(q, k, v, mask, scale=self.head_dim ** -0.5,
                              causal=self.causal and in_chunk).astype(self.dtype)
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / jnp.sqrt(self.head_dim).astype(self.dtype)
+    if bias is not None:
+      logits = logits.astype(jnp.float32) + bias
     return attend(logits, mask, v)
 
 
-def _pattern(causal: bool, in_chunk: bool) -> backends.KernelPattern:
-  return backends.KernelPattern(left=None, right=0 if causal else None,
-                                         in_chunk=in_chunk)
+def _pattern(causal: bool, in_chunk: bool, position_bias: bool = False) -> backends.KernelPattern:
+  return backends.KernelPattern(left=None, right=0 if causal else None, in_chunk=in_chunk,
+                                unsupported='a relative position bias' if position_bias else '')

@@ -5,12 +5,12 @@ and its parts.
 `load`); docs/import.md has the tensor mapping of each family.
 """
 
-from longformer_jax.convert import gpt2, led, llama, longformer
+from longformer_jax.convert import gpt2, led, llama, longformer, t5
 from longformer_jax.convert.errors import ConversionError
 from longformer_jax.convert.hf_config import read_hf_config, required
 from longformer_jax.convert.safetensors_reader import DTYPES, TensorSource, read_tensors
 
-FAMILIES = {name: module for module in (gpt2, llama, longformer, led)
+FAMILIES = {name: module for module in (gpt2, llama, longformer, led, t5)
             for name in module.MODEL_TYPES}
 
 
@@ -71,7 +71,7 @@ def load(hf_dir: str, dtype: str = 'float32', tokenizer_vocab: int | None = None
   Returns:
     `model_config`: the frozen `config.model` with `vocab_size` set (what
     `DecoderLM` takes; for an encoder family, Longformer, the bidirectional
-    config `MaskedLM` takes; for an encoder-decoder family, LED, the same
+    config `MaskedLM` takes; for an encoder-decoder family, LED or T5, the same
     config with `decoder_layers`, which `EncoderDecoder` takes); `params`: a
     nested dict of numpy arrays, the parameters of `DecoderLM(model_config)`
     (or `MaskedLM(model_config)`, `EncoderDecoder(model_config)`).
@@ -100,7 +100,7 @@ def is_encoder_decoder(hf: dict) -> bool:
 
 def load_model(hf_dir: str, dtype: str = 'float32'):
   """`(model, params)`: the Flax module (`DecoderLM`, `MaskedLM` for Longformer,
-  `EncoderDecoder` for LED) and its parameters as `load` returns them;
+  `EncoderDecoder` for LED and T5) and its parameters as `load` returns them;
   `model.apply({'params': params}, ...)` runs it."""
   from longformer_jax.models.decoder_lm import DecoderLM  # pylint: disable=g-import-not-at-top
   from longformer_jax.models.encoder_decoder import EncoderDecoder  # pylint: disable=g-import-not-at-top

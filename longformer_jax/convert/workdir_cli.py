@@ -95,9 +95,11 @@ def write_task_config(hf_dir: str, workdir: str, task: str, dtype: str,
   tokenizer = make_tokenizer(ml_collections.ConfigDict(data))
   model = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
   model.pop('vocab_size', None)
-  data['seq_len'] = min(TASK_SEQ_LEN, settings['max_positions'])
+  # Within a learned position table where the model has one (T5's relative buckets have none).
+  data['seq_len'] = min(TASK_SEQ_LEN, settings.get('max_positions') or TASK_SEQ_LEN)
   if task == 'seq2seq':
-    data['target_len'] = min(TASK_TARGET_LEN, settings['decoder_max_positions'])
+    data['target_len'] = min(TASK_TARGET_LEN,
+                             settings.get('decoder_max_positions') or TASK_TARGET_LEN)
   if task == 'classification':
     model['num_classes'] = 2
   values = {'task': task, 'model': model, 'data': data,

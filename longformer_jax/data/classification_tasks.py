@@ -25,7 +25,7 @@ import numpy as np
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import stdlib_corpus, tfds_tasks
-from longformer_jax.data.task_text import stable_hash
+from longformer_jax.data.task_text import stable_hash, whole_characters
 
 CORPORA = ('stdlib', 'synthetic', 'imdb_reviews')
 NUM_CLASSES = 2
@@ -92,12 +92,6 @@ def classification_arrays(examples: list[ClassificationExample], seq_len: int, c
   return dict(inputs=inputs, input_mask=inputs != pad_id, global_flags=global_flags,
               label=np.array([e.label for e in examples], np.int32),
               weight=np.ones((n,), np.float32))
-
-
-def whole_characters(text: bytes | str) -> bytes | str:
-  """`text` without the partial UTF-8 characters a byte-length cut leaves at its ends (a text
-  tokenizer, SentencePiece or tokenizer.json, reads whole characters only)."""
-  return text.decode('utf-8', 'ignore').encode('utf-8') if isinstance(text, bytes) else text
 
 
 def load_arrays(config: ml_collections.ConfigDict, split: str, tokenizer) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ cut to `data.target_len`; the decoder reads it shifted right behind a BOS
 
 Sources (`data.corpus`):
   * `stdlib` (built in): the first `data.seq_len - 1` bytes of a standard
-    library source file -> the names of its top-level functions and classes
+    library source file (less a character the cut splits) -> the names of its top-level functions and classes
     that start in that excerpt, in order, separated by spaces.
   * `synthetic`: random lowercase letters with one planted uppercase letter
     -> that letter (found only through cross-attention). For tests.
@@ -22,6 +22,7 @@ import numpy as np
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import stdlib_corpus, tfds_tasks
+from longformer_jax.data.task_text import whole_characters
 
 CORPORA = ('stdlib', 'synthetic', 'scrolls')
 
@@ -99,8 +100,8 @@ def load_arrays(config: ml_collections.ConfigDict, split: str, tokenizer) -> dic
   pairs = load_texts(data, split, config.seed)
   if data.max_examples:
     pairs = pairs[:data.max_examples]
-  tokens = [(tokenizer.encode(source) if source else np.zeros(0, np.int32),
-             tokenizer.encode(target) if target else np.zeros(0, np.int32))
+  tokens = [(tokenizer.encode(whole_characters(source)) if source else np.zeros(0, np.int32),
+             tokenizer.encode(whole_characters(target)) if target else np.zeros(0, np.int32))
             for source, target in pairs]
   return seq2seq_arrays(tokens, data.seq_len, data.target_len, tokenizer.bos_id,
                         tokenizer.eos_id, tokenizer.pad_id)

@@ -9,6 +9,12 @@ def stable_hash(text: bytes) -> int:
   return int.from_bytes(hashlib.sha256(text).digest()[:8], 'big')
 
 
+def whole_characters(text: bytes | str) -> bytes | str:
+  """`text` without the partial UTF-8 characters a byte-length cut leaves (a text tokenizer,
+  SentencePiece or tokenizer.json, reads whole characters only); `str` unchanged."""
+  return text.decode('utf-8', 'ignore').encode('utf-8') if isinstance(text, bytes) else text
+
+
 @dataclasses.dataclass(frozen=True)
 class QAText:
   """A raw example: the context is `before + answer + after`."""

@@ -2,9 +2,12 @@
 
 Activations (`model.ff_activation`): 'gelu' (the tanh approximation, GPT-2's
 `gelu_new`): `wo(gelu(wi(x)))`; 'gelu_exact' (the erf form, BERT and
-RoBERTa/Longformer); 'swiglu' (Shazeer, 2020, eq. 6; Llama):
-`wo(silu(wi(x)) * wi_up(x))`, one more input projection `wi_up`. Biases on
-every projection unless `model.ff_bias` is False (Llama).
+RoBERTa/Longformer); 'relu' (the original Transformer, T5 v1.0):
+`wo(relu(wi(x)))`; 'swiglu' (Shazeer, 2020, eq. 6; Llama):
+`wo(silu(wi(x)) * wi_up(x))`, one more input projection `wi_up`; 'geglu'
+(Shazeer, 2020, eq. 5, with the tanh GELU; T5 v1.1's `gated-gelu`):
+`wo(gelu(wi(x)) * wi_up(x))`. Biases on every projection unless
+`model.ff_bias` is False (Llama, T5).
 
 With `chunk_size > 0` the sequence is processed `chunk_size` positions at a
 time (Reformer, Kitaev et al., 2020, sec. 4 "Chunking"): an `nn.scan` over
@@ -23,7 +26,8 @@ import jax.numpy as jnp
 
 from longformer_jax.layers.linear import projection
 
-FF_ACTIVATIONS = ('gelu', 'gelu_exact', 'swiglu')
+FF_ACTIVATIONS = ('gelu', 'gelu_exact', 'relu', 'swiglu', 'geglu')
+GATED_ACTIVATIONS = ('swiglu', 'geglu')   # these add the input projection `wi_up`
 
 
 class FeedForward(nn.Module):
@@ -37,7 +41,7 @@ class FeedForward(nn.Module):
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
   chunk_size: int = 0
-  activation: str = 'gelu'         # gelu | gelu_exact | swiglu (module docstring)
+  activation: str = 'gelu'         # one of FF_ACTIVATIONS (module docstring)
   use_bias: bool = True
 
   def setup(self):
@@ -45,7 +49,7 @@ class FeedForward(nn.Module):
     # chunked path's `nn.scan` can reach them through the module it lifts.
     self.wi = projection(self.d_ff, kernel_axes=('embed', 'mlp'), name=None, dtype=self.dtype,
                          use_bias=self.use_bias, bias_axes=('mlp',))
-    if self.activation == 'swiglu':
+    if self.activation in GATED_ACTIVATIONS:
       self.wi_up = projection(self.d_ff, kernel_axes=('embed', 'mlp'), name=None,
                               dtype=self.dtype, use_bias=self.use_bias, bias_axes=('mlp',))
     self.wo = projection(self.d_model, kernel_axes=('mlp', 'embed'), name=None, dtype=self.dtype,
@@ -56,8 +60,12 @@ class FeedForward(nn.Module):
     """The network itself on `[batch, length, d_model]`."""
     if self.activation == 'swiglu':
       h = nn.silu(self.wi(x)) * self.wi_up(x)
+    elif self.activation == 'geglu':
+      h = nn.gelu(self.wi(x)) * self.wi_up(x)     # approximate=True: the tanh form
     elif self.activation == 'gelu_exact':
       h = nn.gelu(self.wi(x), approximate=False)
+    elif self.activation == 'relu':
+      h = nn.relu(self.wi(x))
     else:
       h = nn.gelu(self.wi(x))  # approximate=True: the tanh form
     h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))

@@ -6,7 +6,10 @@ attention with `model.attention='longformer'`, global tokens from
 blocks, each with full causal self-attention (vanilla), full cross-attention
 to the encoder's output (Vaswani et al., 2017, sec. 3.2.3) and the
 feed-forward network. Encoder and decoder share the token embedding, which is
-tied to the output logits (as in BART, which LED is initialised from).
+tied to the output logits (as in BART, which LED is initialised from) unless
+`model.tie_embeddings` is False: then the output is its own projection
+`embedding/output/kernel [d_model, vocab]`, as in the decoder LM
+(layers/embeddings.py; T5 v1.1's `lm_head`).
 
 The project's own LED (the defaults): pre-LN decoder layers with RoPE and a
 final `decoder_norm`. The shared settings of imported checkpoints
@@ -24,6 +27,13 @@ final `decoder_norm`. The shared settings of imported checkpoints
 - `qkv_bias`, `out_bias`: biases on the self- and cross-attention's q/k/v and
   output projections; `ff_activation`, `ff_bias`: the feed-forward's;
   `norm`, `norm_epsilon`: the decoder's norms; `scale_tied_logits`.
+
+and into T5 (convert/t5.py) with the pre-LN layers and final norms of the
+defaults, `norm='rms_norm'` (T5LayerNorm), `ff_activation='relu'` or
+`'geglu'` without biases, and `position_embedding='relative_buckets'`: no
+positions on the inputs, a learned bias per (bucket of key - query, head) in
+every self-attention layer, bidirectional buckets in the encoder,
+unidirectional in the (causal) decoder; the cross-attention has none.
 """
 
 import flax.linen as nn
@@ -39,7 +49,8 @@ from longformer_jax.layers.embeddings import PositionEmbedding, TokenEmbedding
 from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.norms import norm_from_config
 from longformer_jax.models.decoder_lm import compute_dtype
-from longformer_jax.models.encoder import Encoder, embed_tokens
+from longformer_jax.models.encoder import Encoder
+from longformer_jax.models.input_embedding import embed_inputs
 from longformer_jax.models.post_ln_block import ends_normalised
 
 
@@ -154,8 +165,11 @@ class EncoderDecoder(nn.Module):
                target_ctx: AttentionContext):
     cfg = self.config
     dtype = compute_dtype(cfg.dtype)
-    # Source: token embedding (+ learned positions, embedding norm), then dropout.
-    x, embedding = embed_tokens(cfg, source, source_ctx, dtype)
+    # Source: token embedding (+ learned positions, embedding norm), then dropout. The
+    # embedding also makes the logits: tied (x @ E^T), or `output` when untied.
+    embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.get('tie_embeddings', True),
+                               dtype, cfg.get('scale_tied_logits', True), name='embedding')
+    x = embed_inputs(cfg, embedding, source, source_ctx.positions, source_ctx.deterministic, dtype)
     encoded, encoder_aux = Encoder(cfg, dtype, name='encoder')(x, source_ctx)
 
     layer_cfg = decoder_layer_config(cfg)

@@ -74,6 +74,9 @@ class ModelConfig(Section):
   layer_schedule: dict = dataclasses.field(default_factory=dict)    # see models/layer_schedule.py
   # Features of imported checkpoints (docs/import.md); the defaults are this project's own models.
   position_embedding: str = 'rotary'  # rotary (in attention) | learned (absolute table, GPT-2)
+                                   # | relative_buckets (T5's learned bias; vanilla attention only)
+  relative_num_buckets: int = 32   # relative_buckets: buckets of key - query per layer and head
+  relative_max_distance: int = 128  # relative_buckets: distances >= this share the last bucket
   max_positions: int = 0           # learned: rows of the position table
   decoder_max_positions: int = 0   # learned, encoder-decoder (LED): rows of the decoder's own
                                    # table, read at target offsets 0.. (models/encoder_decoder.py)
@@ -82,8 +85,8 @@ class ModelConfig(Section):
   num_kv_heads: int = 0            # key/value heads (grouped-query attention); 0: num_heads
   qkv_bias: bool = False           # biases on the query/key/value projections
   out_bias: bool = False           # bias on the attention output projection
-  ff_activation: str = 'gelu'      # gelu (tanh approximation) | gelu_exact | swiglu
-                                   # (layers/feed_forward.py)
+  ff_activation: str = 'gelu'      # gelu (tanh approximation) | gelu_exact | relu | swiglu |
+                                   # geglu (layers/feed_forward.py)
   ff_bias: bool = True             # biases on the feed-forward projections
   norm: str = 'layer_norm'         # layer_norm | rms_norm, in the blocks and the final norm
   norm_epsilon: float = 1e-6
@@ -139,6 +142,7 @@ class ModelConfig(Section):
       self.require(self.decoder_max_positions == 0, 'decoder_max_positions',
                    "is read only with position_embedding='learned' and decoder_layers > 0 "
                    "(the encoder-decoder's decoder table); keep the default 0")
+    self._validate_relative_buckets()
     self.require(self.rope_theta > 0, 'rope_theta', 'must be > 0')
     problem = positional.rope_scaling_error(dict(self.rope_scaling))
     self.require(not problem, 'rope_scaling', problem)
@@ -163,8 +167,31 @@ class ModelConfig(Section):
                      f'is read by the {" and ".join(NORM_BLOCKS)} blocks only (block is '
                      f'{self.block!r}); keep the default {getattr(defaults, name)!r}')
 
+  def _validate_relative_buckets(self) -> None:
+    """T5's relative position buckets (attention/core/relative_buckets.py)."""
+    names = ('relative_num_buckets', 'relative_max_distance')
+    if self.position_embedding != 'relative_buckets':
+      defaults = ModelConfig()
+      for name in names:
+        self.require(getattr(self, name) == getattr(defaults, name), name,
+                     f"is read only with position_embedding='relative_buckets' (not "
+                     f"{self.position_embedding!r}); keep the default {getattr(defaults, name)!r}")
+      return
+    # The eval-time memories and the Longformer attention read position_embedding too, but
+    # add no bias (their scores come from CheckpointHeads.scores or their own kernels).
+    self.require(self.attention == 'vanilla', 'position_embedding',
+                 f"is read by the vanilla attention only (this layer's attention is "
+                 f"{self.attention!r}, which would drop the position bias)")
+    self.require(self.relative_num_buckets >= 4, 'relative_num_buckets',
+                 'must be >= 4 (bidirectional layers split them in two halves, each with at '
+                 'least one exact bucket)')
+    self.require(self.relative_max_distance > self.relative_num_buckets // 2,
+                 'relative_max_distance',
+                 f'must be > relative_num_buckets // 2 = {self.relative_num_buckets // 2} '
+                 f'(the exact buckets end there)')
 
-POSITION_EMBEDDINGS = ('rotary', 'learned')
+
+POSITION_EMBEDDINGS = ('rotary', 'learned', 'relative_buckets')
 # Shared settings of imported checkpoints -> the attention variants that read them.
 # The vanilla attention and the eval-time memories share their projections
 # (attention/core/checkpoint_heads.py), so an imported model runs with any of them.

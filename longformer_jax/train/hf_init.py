@@ -97,5 +97,6 @@ def with_imported_params(config: ml_collections.ConfigDict, state):
         lambda new, old: jax.device_put(np.asarray(old, np.float32), new.sharding), target, tree)
   logging.info('Parameters %s from %s (dropped: %s; fresh: %s)',
                ', '.join(s for s in params if s not in dropped), config.train.init_from_hf,
-               ', '.join(dropped) or 'none', ', '.join(s for s in state.params if s not in params))
+               ', '.join(dropped) or 'none',
+               ', '.join(s for s in state.params if s not in params) or 'none')
   return state.replace(params=copied)

@@ -13,7 +13,10 @@ projections and their positions:
 - `qkv_bias`, `out_bias`: biases on the q/k/v and output projections.
 - `position_embedding`: 'rotary' rotates q and k (RoPE, half-split pairs);
   'learned' leaves them unrotated (the model adds absolute positions to its
-  input; the layer's `rope_max_distance` cap then has nothing to cap).
+  input; the layer's `rope_max_distance` cap then has nothing to cap);
+  'relative_buckets' (T5) leaves them unrotated and adds a learned bias per
+  (bucket of `k - q`, head) to the logits, `relative_num_buckets` buckets up to
+  `relative_max_distance` (core/relative_buckets.py; the vanilla attention only).
 - `rope_theta`, `rope_scaling`: the rotary frequencies (layers/positional.py).
 """
 
@@ -24,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core.relative_buckets import RelativePositionBias
 from longformer_jax.layers.capped_rotary import capped_rotary_scores, rotary_scores
 from longformer_jax.layers.positional import apply_rotary, rotary_inv_freq
 
@@ -34,17 +38,23 @@ class CheckpointHeads:
   num_kv_heads: int = 0            # 0: num_heads (no grouping)
   qkv_bias: bool = False
   out_bias: bool = False
-  rotary: bool = True              # False: position_embedding 'learned'
+  rotary: bool = True              # False: position_embedding 'learned' or 'relative_buckets'
   rope_theta: float = 10000.0
   rope_scaling: tuple = ()         # sorted (key, value) pairs of model.rope_scaling
+  relative_num_buckets: int = 0    # > 0: position_embedding 'relative_buckets'
+  relative_max_distance: int = 128
 
   @classmethod
   def from_config(cls, config) -> 'CheckpointHeads':
+    position_embedding = config.get('position_embedding', 'rotary')
+    relative = position_embedding == 'relative_buckets'
     return cls(num_kv_heads=config.get('num_kv_heads', 0),
                qkv_bias=config.get('qkv_bias', False), out_bias=config.get('out_bias', False),
-               rotary=config.get('position_embedding', 'rotary') == 'rotary',
+               rotary=position_embedding == 'rotary',
                rope_theta=float(config.get('rope_theta', 10000.0)),
-               rope_scaling=tuple(sorted(dict(config.get('rope_scaling', None) or {}).items())))
+               rope_scaling=tuple(sorted(dict(config.get('rope_scaling', None) or {}).items())),
+               relative_num_buckets=config.get('relative_num_buckets', 32) if relative else 0,
+               relative_max_distance=config.get('relative_max_distance', 128) if relative else 128)
 
   def inv_freq(self, head_dim: int) -> np.ndarray | None:
     """`[head_dim / 2]` rotary frequencies, or None for the default base without scaling
@@ -78,6 +88,17 @@ class CheckpointHeads:
     if not self.rotary:
       return x
     return apply_rotary(x, positions, inv_freq=self.inv_freq(x.shape[-1]))
+
+  def position_bias(self, q_positions: jax.Array, k_positions: jax.Array, num_heads: int,
+                    bidirectional: bool) -> jax.Array | None:
+    """float32 `[b, heads, q, k]` learned relative bias of keys at `k_positions [b, k]` for
+    queries at `q_positions [b, q]` (scope `relative_attention_bias`), to add to the logits;
+    None unless `position_embedding='relative_buckets'`."""
+    if not self.relative_num_buckets:
+      return None
+    return RelativePositionBias(self.relative_num_buckets, self.relative_max_distance, num_heads,
+                                bidirectional, name='relative_attention_bias')(
+                                    q_positions, k_positions)
 
   def scores(self, q: jax.Array, k: jax.Array, q_positions: jax.Array, k_positions: jax.Array,
              max_distance: int = -1, bidirectional: bool = False) -> jax.Array:
