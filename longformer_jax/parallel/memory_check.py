@@ -115,7 +115,7 @@ def train_step_memory(config: ml_collections.ConfigDict, devices=None) -> list[S
         out_shardings=(state_shardings, sharding.replicated(mesh)),
         donate_argnums=0)
     length = phase.chunk_len * config.data.chunks_per_step
-    with sharding.activation_sharding(mesh, rules):
+    with sharding.activation_sharding(mesh, rules, config.parallel):
       compiled = step.lower(abstract_state,
                             _abstract_batch(batch_size, length, batch_sharding)).compile()
     analysis = compiled.memory_analysis()

@@ -13,6 +13,8 @@ import flax.linen as nn
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from longformer_jax.parallel.parallel_config import length_on_sequence
+
 
 def rules_tuple(rules) -> tuple:
   """Config rules (lists from the command line or tuples) as a tuple of pairs."""
@@ -46,9 +48,22 @@ def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
 
 
 @contextlib.contextmanager
-def activation_sharding(mesh: jax.sharding.Mesh, rules):
-  """Within it, `nn.with_logical_constraint` inside the model takes effect."""
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules_tuple(rules)):
+def activation_sharding(mesh: jax.sharding.Mesh, rules, parallel=None):
+  """Within it, `nn.with_logical_constraint` inside the model takes effect.
+
+  With a `sequence` axis > 1 the `length` logical axis is sharded over it and
+  the attention layers that can split a chunk do so, by the method of
+  `parallel` (`config.parallel`; default ring with load balancing;
+  parallel/sequence_settings.py).
+  """
+  from longformer_jax.parallel import sequence_settings  # pylint: disable=g-import-not-at-top
+  if dict(mesh.shape).get(sequence_settings.SEQUENCE_AXIS, 1) > 1:
+    rules = length_on_sequence(rules)
+  settings = sequence_settings.SequenceSettings(
+      method=parallel.sequence_parallel if parallel else 'ring',
+      load_balance=parallel.load_balance if parallel else True)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules_tuple(rules)), \
+      sequence_settings.using(settings):
     yield
 
 

@@ -138,7 +138,8 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
       throughput.restart()        # the window measures training only
       return step, result
 
-    with PreemptionWatcher() as preemption, sharding.activation_sharding(task.mesh, task.rules):
+    with PreemptionWatcher() as preemption, sharding.activation_sharding(
+        task.mesh, task.rules, config.parallel):
       step = start_step
       while step < end_step:
         if step == start_step or task.starts_segment(step):
