@@ -2,7 +2,7 @@
 
   python generate.py --workdir=DIR --prompt='def main(' [--max_new_tokens=256] \
       [--temperature=0.8] [--top_k=40] [--top_p=0.95] [--seed=0] [--stop='\n\n' ...] \
-      [--prompt_file=PATH] [--step=N]
+      [--prompt_file=PATH] [--step=N] [--kv_cache=M]
 
 The model, tokenizer and chunk length come from the run's `DIR/config.json`
 (written by train.py; a phased run uses the phase of the checkpoint), the
@@ -11,7 +11,9 @@ prompt is read as one document, `[BOS] + tokens`, chunk by chunk with every
 layer's memory carried (XL cache, compressive and kNN memories, sinks, ...),
 so a prompt far longer than the chunk costs constant memory; each new token
 re-runs the current chunk (docs/generation.md: exactness, cost, and which
-models cannot generate). The continuation is printed to stdout as it is
+models cannot generate). `--kv_cache=M` (vanilla models, imported ones
+included) decodes one token per step with a cache of the last M tokens' keys
+and values per layer instead (generation/kv_cache.py). The continuation is printed to stdout as it is
 produced; generation ends after `--max_new_tokens` tokens, at the first
 `--stop` string (not printed) or when the model ends the document.
 
@@ -39,6 +41,7 @@ from longformer_jax.command_line import UserError
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.experiment_config import validate_config
 from longformer_jax.generation.chunk_window_decoder import ChunkWindowDecoder
+from longformer_jax.generation.kv_cache import kv_cache_model_config
 from longformer_jax.generation.generation_checks import check_can_generate
 from longformer_jax.generation.sampling import SamplingError, SamplingSettings
 from longformer_jax.generation.text_generation import generate_text
@@ -61,6 +64,9 @@ def define_flags() -> None:
   flags.DEFINE_integer('seed', 0, 'Seed of the sampling keys.')
   flags.DEFINE_multi_string('stop', [], 'A string that ends generation (not printed); repeatable.')
   flags.DEFINE_integer('step', -1, 'Checkpoint step to read (-1: the latest).')
+  flags.DEFINE_integer('kv_cache', 0, 'Decode one token per step with a key/value cache of '
+                       'this many tokens per layer (vanilla models; 0: the chunk-window '
+                       'decoder).')
   flags.DEFINE_bool('debug', False, 'Show the traceback of input errors.')
 
 
@@ -116,9 +122,10 @@ def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
   return eval_script.at_checkpoint_phase(config, workdir)
 
 
-def load_decoder(workdir: str, step: int = -1):
+def load_decoder(workdir: str, step: int = -1, kv_cache: int = 0):
   """`(decoder, tokenizer, checkpoint step)` of the run in `workdir`; refuses models that
-  cannot generate (`generation_checks.py`)."""
+  cannot generate (`generation_checks.py`). `kv_cache` > 0: a key/value cache of that many
+  tokens per layer, one token per step (generation/kv_cache.py)."""
   import eval as eval_script  # pylint: disable=g-import-not-at-top
   config = run_config(workdir, step)
   validate_config(config, jax.device_count())     # completes old configs in place
@@ -129,9 +136,13 @@ def load_decoder(workdir: str, step: int = -1):
       config, tokenizer, workdir, mesh, config.parallel.logical_axis_rules)
   device = jax.devices()[0]
   params, model_state = jax.device_put(jax.device_get((params, model_state)), device)
-  decoder = ChunkWindowDecoder(lm_model_config(config.model, tokenizer.vocab_size), params,
-                               chunk_len=config.data.chunk_len, pad_id=tokenizer.pad_id,
-                               model_state=model_state)
+  model_config = lm_model_config(config.model, tokenizer.vocab_size)
+  chunk_len = config.data.chunk_len
+  if kv_cache:
+    model_config = kv_cache_model_config(config.model, tokenizer.vocab_size, kv_cache)
+    chunk_len = 1
+  decoder = ChunkWindowDecoder(model_config, params, chunk_len=chunk_len,
+                               pad_id=tokenizer.pad_id, model_state=model_state)
   return decoder, tokenizer, restored_step
 
 
@@ -150,7 +161,7 @@ def main(argv):
   prompt = read_prompt(FLAGS.prompt, FLAGS.prompt_file)
   settings = sampling_settings(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
   check_generation_flags(FLAGS.max_new_tokens, FLAGS.stop)
-  decoder, tokenizer, _ = load_decoder(FLAGS.workdir, FLAGS.step)
+  decoder, tokenizer, _ = load_decoder(FLAGS.workdir, FLAGS.step, FLAGS.kv_cache)
   generate_text(decoder, tokenizer, prompt, settings=settings,
                 max_new_tokens=FLAGS.max_new_tokens, seed=FLAGS.seed, stops=FLAGS.stop,
                 write=print_now)

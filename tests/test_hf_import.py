@@ -199,6 +199,20 @@ def test_passkey_grid_runs_on_the_imported_workdir(llama_workdir, tmp_path):
   assert 'passkey_grid.json' in written and any(f.endswith('.png') for f in written)
 
 
+def test_generate_with_a_kv_cache_gives_the_chunk_window_text(llama_workdir):
+  """generate.py on the imported workdir, greedy: the key/value cache (one token per step)
+  and the chunk-window decoder write the same text while it fits in both."""
+  outputs = []
+  for extra in ([], ['--kv_cache=64']):
+    result = subprocess.run(
+        [sys.executable, 'generate.py', f'--workdir={llama_workdir}', '--prompt=w5 w6 w7',
+         '--max_new_tokens=8', '--temperature=0'] + extra,
+        cwd=REPO, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    outputs.append(result.stdout)
+  assert outputs[0] == outputs[1] and len(outputs[0].split()) == 8
+
+
 @pytest.mark.slow
 def test_train_fine_tunes_from_the_cli_workdir(llama_workdir, tmp_path):
   workdir = str(tmp_path / 'run')

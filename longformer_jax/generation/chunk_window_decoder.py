@@ -24,9 +24,9 @@ variant whose masks and memory reads depend only on positions <= t
 
 Cost: every token runs one chunk forward (`chunk_len` positions), so
 generating n tokens costs about n * chunk_len positions of work, and memory
-stays constant however long the prompt or the output. A per-variant
-key/value cache would make each token O(1) positions; it has to give the
-logits of this decoder.
+stays constant however long the prompt or the output. Vanilla models can
+decode one token per step with a key/value cache instead (`kv_cache.py`: this
+decoder with chunks of one token over a FIFO K/V memory).
 
 One stream (batch 1). Positions start at 0 with the BOS that opens the
 document (the first chunk resets every memory); segment ids are 0.

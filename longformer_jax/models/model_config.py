@@ -158,7 +158,7 @@ class ModelConfig(Section):
     for name, readers in SETTING_READERS.items():
       if self.attention not in readers:
         self.require(getattr(self, name) == getattr(defaults, name), name,
-                     f'is read by the {" and ".join(readers)} attention only (this layer\'s '
+                     f'is read by the {", ".join(readers)} attention only (this layer\'s '
                      f'attention is {self.attention!r}); keep the default '
                      f'{getattr(defaults, name)!r}')
     if self.block not in NORM_BLOCKS:
