@@ -17,12 +17,12 @@ CHUNK = 8
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason='needs 8 (fake) devices')
 
 
-def two_steps(mesh_shape, attention='xl', chunk=CHUNK, method='ring', hlo=None):
+def two_steps(mesh_shape, attention='xl', chunk=CHUNK, method='ring', hlo=None, **overrides):
   """Runs two train steps on a mesh; returns host copies of state and metrics.
 
   `hlo`: a list to which the compiled step's HLO text is appended.
   """
-  config = tiny_config(attention=attention, num_heads=8, head_dim=4)
+  config = tiny_config(attention=attention, num_heads=8, head_dim=4, **overrides)
   config.parallel.sequence_parallel = method
   if attention == 'vanilla':
     config.model.mem_len = 0     # the in-chunk softmax, which the sequence axis splits
@@ -91,6 +91,25 @@ def test_sequence_sharded_step_matches_single_device(single_device_vanilla, mesh
                                 hlo=hlo)
   collective = 'collective-permute' if method == 'ring' else 'all-gather'
   assert collective in hlo[0]
+  for name in ('loss', 'grad_norm'):
+    np.testing.assert_allclose(metrics[name], ref_metrics[name], rtol=1e-5)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                         state.params, ref_state.params)
+
+
+LONGFORMER = dict(longformer={'window': 4, 'window_cache': False})
+
+
+@pytest.mark.parametrize('causal', [True, False])
+def test_sequence_sharded_longformer_window_matches_single_device(causal):
+  """The sliding window split over data 2 x sequence 4 (a halo of 4 tokens from each
+  neighbour of a 4-token shard) trains like one device, causal or two-sided."""
+  ref_state, ref_metrics, _ = two_steps((1, 1, 1), attention='longformer', chunk=16,
+                                        causal=causal, **LONGFORMER)
+  hlo = []
+  state, metrics, _ = two_steps((2, 1, 1, 4), attention='longformer', chunk=16, hlo=hlo,
+                                causal=causal, **LONGFORMER)
+  assert 'collective-permute' in hlo[0]
   for name in ('loss', 'grad_norm'):
     np.testing.assert_allclose(metrics[name], ref_metrics[name], rtol=1e-5)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),

@@ -24,7 +24,11 @@ cache (two-sided layers, or `window_cache=False`) runs through the splash
 kernel (`LocalMask` of the same window, documents and padding as segment ids)
 on TPU; everything else stays on the blocked XLA kernel. cuDNN is never used
 here: documents and padding would reach it as a dense mask, which this O(n·w)
-layer never builds (docs/kernels.md).
+layer never builds (docs/kernels.md). On a mesh with a `sequence` axis > 1 the
+same window (no cache, dilation or global tokens; a window within one device's
+share of the chunk) is computed with the chunk split along its length, each
+device taking a halo of `window` tokens from its neighbours
+(parallel/sequence_window_attention.py; docs/scaling.md).
 """
 
 import dataclasses
@@ -47,6 +51,8 @@ from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
+from longformer_jax.parallel import sequence_settings
+from longformer_jax.parallel.sequence_window_attention import sequence_parallel_window_attention
 
 KERNEL_AXES = ('embed', 'heads', 'head_dim')
 
@@ -214,7 +220,14 @@ class LongformerAttention(nn.Module):
         _pattern(self.window, self.head_dilations, self.causal, self.global_tokens,
                  in_chunk=key_offset == 0),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
-    if backend == 'splash':      # no cache, no dilation, no global tokens (_pattern)
+    if self._splits_over_sequence(chunk_len, key_offset):
+      # The chunk split along its length over the mesh's sequence axis, a halo of `window`
+      # tokens from each neighbour (parallel/sequence_window_attention.py; docs/scaling.md).
+      out = sequence_parallel_window_attention(
+          q, k, v, ctx.positions, ctx.segment_ids, key_valid,
+          mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
+          scale=self.head_dim ** -0.5, block_size=self.block_size or None)
+    elif backend == 'splash':      # no cache, no dilation, no global tokens (_pattern)
       out = splash_attention(q * jnp.asarray(self.head_dim ** -0.5, q.dtype), k, v,
                              ctx.segment_ids, key_valid, left=self.window,
                              right=0 if self.causal else self.window)
@@ -230,6 +243,13 @@ class LongformerAttention(nn.Module):
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return (cached_context.project_output(out, self.d_model, self.dtype, self.out_bias),
             new_state, aux)
+
+  def _splits_over_sequence(self, chunk_len: int, key_offset: int) -> bool:
+    """Whether the window is computed with the chunk split over a sequence axis > 1: no
+    cache, no global tokens, no dilation, and a window within one device's shard."""
+    n = sequence_settings.sequence_axis_size()
+    return (n > 1 and key_offset == 0 and not self.global_tokens
+            and set(self.head_dilations) == {1} and self.window <= chunk_len // n)
 
   def _attend_global_keys(self, q, k, v, ctx: AttentionContext, slots, found, key_offset):
     """Every query over the chunk's global tokens (local K_s, V_s) -> `(out, lse [b, c, h])`."""
