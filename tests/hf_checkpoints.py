@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
@@ -33,3 +34,10 @@ def conversion_error(hf_dir: str) -> str:
   message = str(info.value)
   assert '\n' not in message
   return message
+
+
+def reference_error(logits: np.ndarray, reference: np.ndarray,
+                    valid: np.ndarray) -> tuple[float, float]:
+  """(largest |ours - reference| over the `valid` positions, largest |reference| there)."""
+  assert logits.shape == reference.shape
+  return np.abs(logits[valid] - reference[valid]).max(), np.abs(reference[valid]).max()

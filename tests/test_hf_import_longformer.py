@@ -19,7 +19,7 @@ import pytest
 from longformer_jax.convert import hf
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.masked_lm import MaskedLM
-from tests.hf_checkpoints import conversion_error, edited_copy
+from tests.hf_checkpoints import conversion_error, edited_copy, reference_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, 'tests', 'data', 'hf', 'longformer')
@@ -45,10 +45,7 @@ def masked_lm_logits(model_config, params, global_flags) -> np.ndarray:
 
 def max_error(logits: np.ndarray) -> tuple[float, float]:
   """(largest |ours - reference| over valid positions, largest |reference| there)."""
-  reference = fixture('logits.npy')
-  valid = fixture('attention_mask.npy').astype(bool)
-  assert logits.shape == reference.shape
-  return np.abs(logits[valid] - reference[valid]).max(), np.abs(reference[valid]).max()
+  return reference_error(logits, fixture('logits.npy'), fixture('attention_mask.npy').astype(bool))
 
 
 def test_logits_match_transformers_with_padding_and_global_tokens(imported):
