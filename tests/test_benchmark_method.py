@@ -179,3 +179,14 @@ def test_window_rates_are_the_train_windows_after_the_first_half(tmp_path):
              dict(step=9, split='train', tokens_per_s=3.0)]
   (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
   assert train_throughput.window_rates(str(tmp_path), first_step=3) == [2.0, 3.0]
+
+
+def test_compile_time_rows_compare_each_depth_to_the_shallowest_of_its_layout():
+  from benchmarks import compile_time  # pylint: disable=g-import-not-at-top
+  rows = compile_time.ratio_rows({(2, True): [4.0, 2.0, 3.0], (12, True): [4.5, 9.0, 3.6],
+                                  (2, False): [3.0], (12, False): [15.0]})
+  assert [(r['layers'], r['scan_layers']) for r in rows] == [
+      (2, True), (12, True), (2, False), (12, False)]
+  assert rows[1]['seconds'] == 4.5 and rows[1]['over_shallowest'] == pytest.approx(1.5)
+  assert (rows[1]['seconds_min'], rows[1]['seconds_max'], rows[1]['repeats']) == (3.6, 9.0, 3)
+  assert rows[3]['over_shallowest'] == pytest.approx(5.0)
