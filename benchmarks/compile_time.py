@@ -28,9 +28,6 @@ from longformer_jax import command_line  # pylint: disable=wrong-import-position
 from longformer_jax.experiment_config import validate_config  # pylint: disable=wrong-import-position
 from longformer_jax.parallel.memory_check import train_step_memory  # pylint: disable=wrong-import-position
 
-flags.DEFINE_string('config', 'configs/default.py', 'The config file whose model is compiled.')
-flags.DEFINE_string('layers', '2,12', 'Depths to compile, comma-separated.')
-flags.DEFINE_integer('repeats', 3, 'Compilations of each (depth, layout), interleaved.')
 FLAGS = flags.FLAGS
 
 
@@ -73,4 +70,8 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
+  # Defined here, not at import: the tests import this module beside scripts with flags.
+  flags.DEFINE_string('config', 'configs/default.py', 'The config file whose model is compiled.')
+  flags.DEFINE_string('layers', '2,12', 'Depths to compile, comma-separated.')
+  flags.DEFINE_integer('repeats', 3, 'Compilations of each (depth, layout), interleaved.')
   app.run(main)
