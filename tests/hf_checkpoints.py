@@ -3,6 +3,8 @@
 import json
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -41,3 +43,9 @@ def reference_error(logits: np.ndarray, reference: np.ndarray,
   """(largest |ours - reference| over the `valid` positions, largest |reference| there)."""
   assert logits.shape == reference.shape
   return np.abs(logits[valid] - reference[valid]).max(), np.abs(reference[valid]).max()
+
+
+def load_float32(hf_dir: str) -> tuple:
+  """`(model_config, params)` of `hf.load(hf_dir)`, the parameters as float32 JAX arrays."""
+  model_config, params = hf.load(hf_dir)
+  return model_config, jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), params)

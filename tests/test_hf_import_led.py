@@ -22,7 +22,7 @@ from longformer_jax.convert import hf
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.encoder_decoder import EncoderDecoder, decoder_context
 from longformer_jax.models.model_config import resolve_model
-from tests.hf_checkpoints import conversion_error, edited_copy, reference_error
+from tests.hf_checkpoints import conversion_error, edited_copy, load_float32, reference_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, 'tests', 'data', 'hf', 'led')
@@ -34,8 +34,7 @@ def fixture(file: str) -> np.ndarray:
 
 @pytest.fixture(scope='module')
 def imported():
-  model_config, params = hf.load(DATA)
-  return model_config, jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), params)
+  return load_float32(DATA)
 
 
 def led_logits(model_config, params, global_flags) -> np.ndarray:

@@ -15,7 +15,6 @@ Shared by the decoder LM and the encoder models (`models/decoder_lm.py`,
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from longformer_jax.layers.embeddings import PositionEmbedding, TokenEmbedding
 from longformer_jax.layers.norms import norm_from_config
