@@ -152,6 +152,8 @@ def _check_model_for_task(task: str, model: dict) -> None:
   elif model['decoder_layers']:
     raise ConfigError('model.decoder_layers',
                       f"{model['decoder_layers']} is ignored by task {task!r}")
+  if task != 'seq2seq' and model.get('logits_bias'):
+    raise ConfigError('model.logits_bias', f"is read by task 'seq2seq' only (task is {task!r})")
   scheduled = str(dict(model.get('layer_schedule') or {}).get('attention', ''))
   attentions = {model['attention']} | {name.strip() for name in scheduled.split(',')}
   if task != 'lm' and 'routing' in attentions:

@@ -178,3 +178,12 @@ def test_missing_final_logits_bias_reads_as_zeros(tmp_path):
   _, params = hf.load(edited_copy(
       DATA, tmp_path, edit_tensors=lambda t: t.pop('final_logits_bias')))
   np.testing.assert_array_equal(params['logits_bias'], np.zeros(96, np.float32))
+
+
+def test_logits_bias_is_read_by_seq2seq_only():
+  from longformer_jax.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from longformer_jax.experiment_config import resolve_config  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match='model.logits_bias'):
+    resolve_config({'task': 'lm', 'model': {'logits_bias': True}})
+  model_config, _ = hf.load(DATA)
+  assert model_config.logits_bias and model_config.block == 'post_ln'

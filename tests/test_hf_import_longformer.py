@@ -125,24 +125,27 @@ def test_command_line_needs_a_task_for_an_encoder_in_one_line(tmp_path):
 
 # ---- fine-tuning the imported encoder: convert.hf --task, train.init_from_hf -------------
 
-@pytest.fixture(scope='module')
-def classification_config(tmp_path_factory):
-  """The config `convert.hf --task=classification` writes, resolved."""
+def written_task_config(hf_dir: str, workdir, task: str) -> ml_collections.ConfigDict:
+  """The config `convert.hf --task=TASK` writes for `hf_dir` into `workdir`, resolved."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   from longformer_jax.experiment_config import resolve_config  # pylint: disable=g-import-not-at-top
-  workdir = tmp_path_factory.mktemp('import')
   result = subprocess.run(
-      [sys.executable, '-m', 'longformer_jax.convert.hf', f'--hf_dir={DATA}',
-       f'--workdir={workdir}', '--task=classification'],
+      [sys.executable, '-m', 'longformer_jax.convert.hf', f'--hf_dir={hf_dir}',
+       f'--workdir={workdir}', f'--task={task}'],
       cwd=REPO, capture_output=True, text=True, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
   namespace = {}
-  with open(workdir / 'import_config.py') as f:
+  with open(os.path.join(str(workdir), 'import_config.py')) as f:
     exec(f.read(), namespace)  # pylint: disable=exec-used
-  values = namespace['get_config']()
-  assert values['train']['init_from_hf'] == DATA and values['task'] == 'classification'
-  return ml_collections.ConfigDict(resolve_config(values))
+  config = ml_collections.ConfigDict(resolve_config(namespace['get_config']()))
+  assert config.train.init_from_hf == hf_dir and config.task == task
+  return config
+
+
+@pytest.fixture(scope='module')
+def classification_config(tmp_path_factory):
+  return written_task_config(DATA, tmp_path_factory.mktemp('import'), 'classification')
 
 
 def test_fresh_task_state_takes_the_imported_encoder(classification_config):
@@ -208,19 +211,7 @@ def test_train_fine_tunes_the_imported_encoder(classification_config, tmp_path):
 def test_encoder_decoders_write_a_seq2seq_config_that_checks(family, tmp_path):
   """`--task=seq2seq` for LED and T5: the written config resolves, and its settings are the
   checkpoint's (hf_init.imported raises otherwise)."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  from longformer_jax.experiment_config import resolve_config  # pylint: disable=g-import-not-at-top
   from longformer_jax.train import hf_init  # pylint: disable=g-import-not-at-top
-  source = os.path.join(REPO, 'tests', 'data', 'hf', family)
-  result = subprocess.run(
-      [sys.executable, '-m', 'longformer_jax.convert.hf', f'--hf_dir={source}',
-       f'--workdir={tmp_path}', '--task=seq2seq'],
-      cwd=REPO, capture_output=True, text=True, check=False)
-  assert result.returncode == 0, result.stderr[-2000:]
-  namespace = {}
-  with open(tmp_path / 'import_config.py') as f:
-    exec(f.read(), namespace)  # pylint: disable=exec-used
-  config = ml_collections.ConfigDict(resolve_config(namespace['get_config']()))
-  assert config.task == 'seq2seq' and config.train.init_from_hf == source
+  config = written_task_config(os.path.join(REPO, 'tests', 'data', 'hf', family), tmp_path,
+                               'seq2seq')
   hf_init.imported(config)

@@ -32,7 +32,7 @@ transposed; q/k/v kernels `[d, heads, head_dim]`, outputs `[heads, head_dim, d]`
   final_logits_bias [1, vocab] (no prefix)  logits_bias [vocab] (zeros when not saved,
                                               as transformers does)
 
-Settings: `block='post_ln'` (post-LN layers and the logits bias),
+Settings: `block='post_ln'` (post-LN layers), `logits_bias`,
 `position_embedding='learned'` with `max_positions` =
 `max_encoder_position_embeddings` and `decoder_max_positions` =
 `max_decoder_position_embeddings`, `embedding_norm`, `qkv_bias`, `out_bias`,
@@ -86,7 +86,8 @@ def model_settings(hf: dict) -> dict:
                       f'supported: {sorted(longformer.ACTIVATIONS)}')
   encoder_layers = required(hf, 'encoder_layers')
   settings = dict(
-      attention='longformer', block='post_ln', causal=False, num_layers=encoder_layers,
+      attention='longformer', block='post_ln', logits_bias=True, causal=False,
+      num_layers=encoder_layers,
       decoder_layers=required(hf, 'decoder_layers'), d_model=d_model, num_heads=heads,
       head_dim=d_model // heads, d_ff=d_ff, dropout_rate=0.0, tie_embeddings=True,
       scale_tied_logits=False, position_embedding='learned',

@@ -22,8 +22,9 @@ final `decoder_norm`. The shared settings of imported checkpoints
 - `embedding_norm`: a norm after each side's embeddings (`embedding_norm`,
   `decoder_embedding_norm`).
 - `block='post_ln'`: post-LN decoder layers, x = LN(x + SelfAttn(x)),
-  x = LN(x + CrossAttn(x)), x = LN(x + FFN(x)), no final norm, and a learned
-  bias on the tied logits (`logits_bias [vocab]`, BART's `final_logits_bias`).
+  x = LN(x + CrossAttn(x)), x = LN(x + FFN(x)), no final norm.
+- `logits_bias`: a learned bias on the logits (`logits_bias [vocab]`, BART's
+  `final_logits_bias`).
 - `qkv_bias`, `out_bias`: biases on the self- and cross-attention's q/k/v and
   output projections; `ff_activation`, `ff_bias`: the feed-forward's;
   `norm`, `norm_epsilon`: the decoder's norms; `scale_tied_logits`.
@@ -45,7 +46,7 @@ from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.registry import attention_class
-from longformer_jax.layers.embeddings import PositionEmbedding, TokenEmbedding
+from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.norms import norm_from_config
 from longformer_jax.models.decoder_lm import compute_dtype
@@ -138,18 +139,6 @@ class DecoderLayer(nn.Module):
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed')), aux
 
 
-def embed_targets(cfg, embedding: TokenEmbedding, tokens: jax.Array, ctx: AttentionContext,
-                  dtype) -> jax.Array:
-  """`tokens [b, T]` -> `[b, T, d_model]`: the shared embedding, plus learned positions read at
-  `ctx.positions` (0..T-1) and the embedding norm when the model has them; no dropout."""
-  x = embedding.embed(tokens)
-  if cfg.get('position_embedding', 'rotary') == 'learned':
-    x = x + PositionEmbedding(cfg.decoder_max_positions, cfg.d_model, dtype,
-                              name='decoder_position_embedding')(ctx.positions)
-  if cfg.get('embedding_norm', False):
-    x = norm_from_config(cfg, 'decoder_embedding_norm', dtype)(x)
-  return x
-
 
 class EncoderDecoder(nn.Module):
   """`(source [b, S], source_ctx, target_inputs [b, T], target_ctx) -> (logits [b, T, vocab], aux)`.
@@ -173,8 +162,9 @@ class EncoderDecoder(nn.Module):
     encoded, encoder_aux = Encoder(cfg, dtype, name='encoder')(x, source_ctx)
 
     layer_cfg = decoder_layer_config(cfg)
-    y = embed_targets(cfg, embedding, target_inputs, target_ctx, dtype)
-    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=target_ctx.deterministic)
+    y = embed_inputs(cfg, embedding, target_inputs, target_ctx.positions,
+                     target_ctx.deterministic, dtype,
+                     max_positions=cfg.get('decoder_max_positions', 0), prefix='decoder_')
     decoder_aux = []
     for i in range(cfg.decoder_layers):
       y, aux = DecoderLayer(layer_cfg, dtype, name=f'decoder_{i}')(
@@ -183,7 +173,7 @@ class EncoderDecoder(nn.Module):
     if not ends_normalised(cfg):
       y = norm_from_config(cfg, 'decoder_norm', dtype)(y)
     logits = embedding.logits(y)
-    if ends_normalised(cfg):  # BART's final_logits_bias
+    if cfg.get('logits_bias', False):  # BART's final_logits_bias
       logits = logits + self.param('logits_bias', nn.with_logical_partitioning(
           nn.initializers.zeros_init(), ('vocab',)), (cfg.vocab_size,), jnp.float32)
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))

@@ -21,13 +21,19 @@ from longformer_jax.layers.norms import norm_from_config
 
 
 def embed_inputs(cfg, embedding: TokenEmbedding, tokens: jax.Array, offsets: jax.Array,
-                 deterministic: bool, dtype) -> jax.Array:
-  """`tokens [batch, length]`, `offsets [batch, length]` -> `[batch, length, d_model]`."""
+                 deterministic: bool, dtype, max_positions: int = 0,
+                 prefix: str = '') -> jax.Array:
+  """`tokens [batch, length]`, `offsets [batch, length]` -> `[batch, length, d_model]`.
+
+  `max_positions` (default `model.max_positions`) and `prefix` (of the scopes
+  `position_embedding`, `embedding_norm`) serve a second input with its own
+  table and norm: the encoder-decoder's target (`decoder_`).
+  """
   x = embedding.embed(tokens)
   if cfg.get('position_embedding', 'rotary') == 'learned':
-    x = x + PositionEmbedding(cfg.max_positions, cfg.d_model, dtype,
-                              name='position_embedding')(offsets)
+    x = x + PositionEmbedding(max_positions or cfg.max_positions, cfg.d_model, dtype,
+                              name=f'{prefix}position_embedding')(offsets)
   if cfg.get('embedding_norm', False):
-    x = norm_from_config(cfg, 'embedding_norm', dtype)(x)
+    x = norm_from_config(cfg, f'{prefix}embedding_norm', dtype)(x)
   x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
   return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)

@@ -25,7 +25,7 @@ from longformer_jax.config.errors import ConfigError
 NOT_SCHEDULABLE = ('num_layers', 'scan_layers', 'layer_schedule', 'stack', 'block', 'dtype',
                    'd_model', 'vocab_multiple', 'tie_embeddings', 'aux_loss_weights',
                    'num_classes', 'decoder_layers', 'remat_policy', 'position_embedding',
-                   'max_positions', 'decoder_max_positions', 'embedding_norm',
+                   'max_positions', 'decoder_max_positions', 'embedding_norm', 'logits_bias',
                    'scale_tied_logits')
 
 

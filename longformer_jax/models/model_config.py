@@ -80,6 +80,8 @@ class ModelConfig(Section):
   max_positions: int = 0           # learned: rows of the position table
   decoder_max_positions: int = 0   # learned, encoder-decoder (LED): rows of the decoder's own
                                    # table, read at target offsets 0.. (models/encoder_decoder.py)
+  logits_bias: bool = False        # encoder-decoder: a learned bias on the logits (BART's, LED's
+                                   # final_logits_bias; models/encoder_decoder.py)
   rope_theta: float = 10000.0      # rotary base (layers/positional.py)
   rope_scaling: dict = dataclasses.field(default_factory=dict)  # {} | {type: linear|llama3, ...}
   num_kv_heads: int = 0            # key/value heads (grouped-query attention); 0: num_heads
