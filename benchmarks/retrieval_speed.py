@@ -1,19 +1,23 @@
 """Cost of top-k memory retrieval relative to the plain query-key matmul.
 
-  python benchmarks/retrieval_speed.py [--quick] [--out FILE.json]
+  python benchmarks/retrieval_speed.py [--quick] [--repeats N] [--out FILE.json]
 
 512 queries of dimension 64 against a key-value memory of 65,536 entries,
 k = 32 (the Memorizing Transformer's setting, one head): times
-`key_value.retrieve` with exact `jax.lax.top_k` and with
-`jax.lax.approx_max_k` (recall target 0.95), and the plain
-`[512, 64] x [64, 65536]` matmul of the same size, in one run (best of
-`--repeats`). Prints one line per method:
+`key_value.retrieve` with the exact top-k (block maxima,
+memory/block_top_k.py) and with `jax.lax.approx_max_k` (recall target 0.95),
+and, as an ablation, the top-k step alone on the same scores by block maxima
+and by one `jax.lax.top_k` pass. The plain `[512, 64] x [64, 65536]` matmul
+of the same size is timed right before and after each method; every ratio
+uses the median of those matmul runs and the median of the method's
+`--repeats` runs, with the fastest and slowest run beside it. Prints one
+line per method:
 
-  method=exact retrieval_ms=... matmul_ms=... retrieval_over_matmul=...
+  method=exact ... retrieval_ms=... matmul_ms=... retrieval_over_matmul=... (min-max ...)
 
-On CPU approx_max_k is computed exactly, so the two methods cost
-about the same; the approximate one is fast on TPU. `--quick` is a smoke run
-(64 queries, 4,096 entries, 2 repeats). `--out` writes the rows as JSON.
+On CPU approx_max_k is computed exactly (one heap pass, like lax.top_k); it
+is fast on TPU. `--quick` is a smoke run (64 queries, 4,096 entries, 3
+repeats). `--out` writes the rows as JSON.
 """
 
 import argparse
@@ -33,17 +37,24 @@ import jax
 import jax.numpy as jnp
 
 from longformer_jax.memory import key_value
+from longformer_jax.memory.block_top_k import block_top_k
 
 
-def best_time_s(function, args, repeats: int) -> float:
-  """Best wall time of `function(*args)` over `repeats` runs after one warm-up (compile)."""
+def timed_s(function, args, repeats: int) -> list[float]:
+  """Wall times of `function(*args)` over `repeats` runs after one warm-up (compile)."""
   jax.block_until_ready(function(*args))
-  best = float('inf')
+  times = []
   for _ in range(repeats):
     start = time.perf_counter()
     jax.block_until_ready(function(*args))
-    best = min(best, time.perf_counter() - start)
-  return best
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def median(values: list[float]) -> float:
+  ordered = sorted(values)
+  middle = len(ordered) // 2
+  return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
 
 
 def filled_memory(capacity: int, head_dim: int, seed: int = 0):
@@ -57,19 +68,36 @@ def filled_memory(capacity: int, head_dim: int, seed: int = 0):
 
 def measure(num_queries: int, capacity: int, head_dim: int, k: int, repeats: int,
             recall_target: float = 0.95) -> list[dict]:
+  """One row per method. The matmul is timed right before and right after each
+  method's runs and the ratio uses the median of both, so a change of the
+  machine's load moves numerator and denominator together."""
   memory = filled_memory(capacity, head_dim)
   queries = jax.random.normal(jax.random.PRNGKey(1), (1, num_queries, 1, head_dim))
   matmul = jax.jit(lambda q, keys: q @ keys.T)
-  matmul_s = best_time_s(matmul, (queries[0, :, 0], memory.data['keys'][0, :, 0]), repeats)
+  matmul_args = (queries[0, :, 0], memory.data['keys'][0, :, 0])
+  scores = key_value.similarities(memory, queries)
+  methods = {
+      # The whole retrieval: scores, top-k, gathers of keys, values and metadata.
+      name: (jax.jit(lambda m, q, name=name: key_value.retrieve(
+          m, q, k, method=name, recall_target=recall_target)), (memory, queries))
+      for name in ('exact', 'approx')}
+  # Ablation: the top-k step alone on the same scores, block maxima against one heap pass.
+  methods['top_k_only_blocked'] = (jax.jit(lambda s: block_top_k(s, k)), (scores,))
+  methods['top_k_only_lax'] = (jax.jit(lambda s: jax.lax.top_k(s, k)), (scores,))
   rows = []
-  for method in ('exact', 'approx'):
-    retrieve = jax.jit(lambda m, q, method=method: key_value.retrieve(
-        m, q, k, method=method, recall_target=recall_target))
-    retrieval_s = best_time_s(retrieve, (memory, queries), repeats)
+  for method, (function, args) in methods.items():
+    before = timed_s(matmul, matmul_args, repeats)
+    times = timed_s(function, args, repeats)
+    after = timed_s(matmul, matmul_args, repeats)
+    matmul_s = median(before + after)
     rows.append(dict(method=method, queries=num_queries, capacity=capacity, head_dim=head_dim,
                      k=k, recall_target=recall_target, backend=jax.default_backend(),
-                     retrieval_ms=1e3 * retrieval_s, matmul_ms=1e3 * matmul_s,
-                     retrieval_over_matmul=retrieval_s / matmul_s))
+                     repeats=repeats, retrieval_ms=1e3 * median(times),
+                     retrieval_min_ms=1e3 * min(times), retrieval_max_ms=1e3 * max(times),
+                     matmul_ms=1e3 * matmul_s, matmul_before_ms=1e3 * median(before),
+                     matmul_after_ms=1e3 * median(after),
+                     retrieval_over_matmul=median(times) / matmul_s,
+                     spread_over_matmul=[min(times) / matmul_s, max(times) / matmul_s]))
   return rows
 
 
@@ -77,16 +105,17 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true', help='smoke run: small sizes, 2 repeats')
   parser.add_argument('--out', help='write the rows to this JSON file')
-  parser.add_argument('--repeats', type=int, default=10)
+  parser.add_argument('--repeats', type=int, default=7)
   args = parser.parse_args()
   if args.quick:
-    rows = measure(num_queries=64, capacity=4096, head_dim=64, k=32, repeats=2)
+    rows = measure(num_queries=64, capacity=4096, head_dim=64, k=32, repeats=3)
   else:
     rows = measure(num_queries=512, capacity=65536, head_dim=64, k=32, repeats=args.repeats)
   for row in rows:
     print(f"method={row['method']} queries={row['queries']} capacity={row['capacity']} k={row['k']} "
           f"retrieval_ms={row['retrieval_ms']:.2f} matmul_ms={row['matmul_ms']:.2f} "
-          f"retrieval_over_matmul={row['retrieval_over_matmul']:.2f}")
+          f"retrieval_over_matmul={row['retrieval_over_matmul']:.2f} "
+          f"(min-max {row['spread_over_matmul'][0]:.2f}-{row['spread_over_matmul'][1]:.2f})")
   if args.out:
     with open(args.out, 'w') as file:
       json.dump(rows, file, indent=2)

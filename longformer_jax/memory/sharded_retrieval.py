@@ -17,13 +17,18 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from longformer_jax.memory.block_top_k import block_top_k, worth_blocking
+
 METHODS = ('exact', 'approx')
 
 
 def top_k(scores: jax.Array, k: int, method: str = 'exact',
           recall_target: float = 0.95) -> tuple[jax.Array, jax.Array]:
-  """Top-k along the last axis: exact `lax.top_k` or `lax.approx_max_k`."""
+  """Top-k along the last axis: exact (`lax.top_k`'s result, through block maxima on
+  long axes: memory/block_top_k.py) or `lax.approx_max_k`."""
   if method == 'exact':
+    if worth_blocking(scores.shape[-1], k):
+      return block_top_k(scores, k)
     return jax.lax.top_k(scores, k)
   if method == 'approx':
     return jax.lax.approx_max_k(scores, k, recall_target=recall_target)
