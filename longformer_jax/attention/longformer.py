@@ -25,10 +25,12 @@ kernel (`LocalMask` of the same window, documents and padding as segment ids)
 on TPU; everything else stays on the blocked XLA kernel. cuDNN is never used
 here: documents and padding would reach it as a dense mask, which this O(n·w)
 layer never builds (docs/kernels.md). On a mesh with a `sequence` axis > 1 the
-same window (no cache, dilation or global tokens; a window within one device's
-share of the chunk) is computed with the chunk split along its length, each
-device taking a halo of `window` tokens from its neighbours
-(parallel/sequence_window_attention.py; docs/scaling.md).
+same window (no cache or dilation; a window within one device's share of the
+chunk) is computed with the chunk split along its length, each device taking a
+halo of `window` tokens from its neighbours
+(parallel/sequence_window_attention.py); global tokens are then gathered and
+their rows merged across the devices (parallel/sequence_global_attention.py;
+docs/scaling.md).
 """
 
 import dataclasses
@@ -52,6 +54,7 @@ from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
+from longformer_jax.parallel.sequence_global_attention import sequence_parallel_global_attention
 from longformer_jax.parallel.sequence_window_attention import sequence_parallel_window_attention
 
 KERNEL_AXES = ('embed', 'heads', 'head_dim')
@@ -220,7 +223,18 @@ class LongformerAttention(nn.Module):
         _pattern(self.window, self.head_dilations, self.causal, self.global_tokens,
                  in_chunk=key_offset == 0),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
-    if self._splits_over_sequence(chunk_len, key_offset):
+    split = self._splits_over_sequence(chunk_len, key_offset)
+    if split and self.global_tokens:
+      # The chunk split over the sequence axis: window halos, gathered global keys, global
+      # rows merged across devices (parallel/sequence_global_attention.py; docs/scaling.md).
+      projected = self._global_projections(x, context, ctx, slots, origin, (query, key, value))
+      q_g, k_g, v_g = projected if projected else (None, None, None)
+      out = sequence_parallel_global_attention(
+          q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots, found,
+          mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
+          scale=self.head_dim ** -0.5, block_size=self.block_size or None,
+          global_queries=q_g, global_keys=k_g, global_values=v_g)
+    elif split:
       # The chunk split along its length over the mesh's sequence axis, a halo of `window`
       # tokens from each neighbour (parallel/sequence_window_attention.py; docs/scaling.md).
       out = sequence_parallel_window_attention(
@@ -233,7 +247,7 @@ class LongformerAttention(nn.Module):
                              right=0 if self.causal else self.window)
     else:
       out, lse = self._window_part(q, k, v, ctx, context, key_valid)
-    if self.global_tokens:
+    if self.global_tokens and not split:
       to_global, to_global_lse = self._attend_global_keys(q, k, v, ctx, slots, found, key_offset)
       out = merge_parts([out, to_global], [lse, to_global_lse])
       rows = self._global_rows(x, q, k, v, context, ctx, slots, found, origin,
@@ -245,11 +259,11 @@ class LongformerAttention(nn.Module):
             new_state, aux)
 
   def _splits_over_sequence(self, chunk_len: int, key_offset: int) -> bool:
-    """Whether the window is computed with the chunk split over a sequence axis > 1: no
-    cache, no global tokens, no dilation, and a window within one device's shard."""
+    """Whether the window (and global tokens) are computed with the chunk split over a
+    sequence axis > 1: no cache, no dilation, and a window within one device's shard."""
     n = sequence_settings.sequence_axis_size()
-    return (n > 1 and key_offset == 0 and not self.global_tokens
-            and set(self.head_dilations) == {1} and self.window <= chunk_len // n)
+    return (n > 1 and key_offset == 0 and set(self.head_dilations) == {1}
+            and self.window <= chunk_len // n)
 
   def _attend_global_keys(self, q, k, v, ctx: AttentionContext, slots, found, key_offset):
     """Every query over the chunk's global tokens (local K_s, V_s) -> `(out, lse [b, c, h])`."""
@@ -265,23 +279,29 @@ class LongformerAttention(nn.Module):
     out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v_g)
     return out, jnp.swapaxes(lse, 1, 2)
 
+  def _global_projections(self, x, context: fifo.FifoMemory, ctx: AttentionContext, slots,
+                          origin, local_projections):
+    """`(Q_g [b, g, h, d] of the global tokens, K_g, V_g [b, mem + c, h, d])`, rotated;
+    None without separate global projections."""
+    if not self.global_projections:
+      return None
+    sources = [{name: nn.unbox(value) for name, value in p.variables['params'].items()}
+               for p in local_projections]
+    make = lambda name: global_tokens.InitialisedFromProjection(KERNEL_AXES, self.dtype,
+                                                                name=name)
+    q_g = make('query_global')(global_tokens.gather_slots(x, slots), **sources[0])
+    k_g = make('key_global')(context.values, **sources[1])
+    v_g = make('value_global')(context.values, **sources[2])
+    return (self._rotate(q_g, global_tokens.gather_slots(ctx.positions, slots), origin),
+            self._rotate(k_g, context.positions, origin), v_g)
+
   def _global_rows(self, x, q, k, v, context: fifo.FifoMemory, ctx: AttentionContext,
                    slots, found, origin, local_projections):
     """The global tokens' rows: each attends to all of `[cache; chunk]` -> `[b, g, h, d]`."""
     g_positions = global_tokens.gather_slots(ctx.positions, slots)
     g_segments = global_tokens.gather_slots(ctx.segment_ids, slots)
-    if self.global_projections:
-      sources = [{name: nn.unbox(value) for name, value in p.variables['params'].items()}
-                 for p in local_projections]
-      make = lambda name: global_tokens.InitialisedFromProjection(KERNEL_AXES, self.dtype,
-                                                                  name=name)
-      q_g = make('query_global')(global_tokens.gather_slots(x, slots), **sources[0])
-      k_g = make('key_global')(context.values, **sources[1])
-      v_g = make('value_global')(context.values, **sources[2])
-      q_g = self._rotate(q_g, g_positions, origin)
-      k_g = self._rotate(k_g, context.positions, origin)
-    else:
-      q_g, k_g, v_g = global_tokens.gather_slots(q, slots), k, v
+    projected = self._global_projections(x, context, ctx, slots, origin, local_projections)
+    q_g, k_g, v_g = projected or (global_tokens.gather_slots(q, slots), k, v)
     mask = causal_document_mask(g_positions, g_segments, context.positions, context.segment_ids,
                                 context.valid, causal=self.causal) & found[:, :, None]
     logits = jnp.einsum('bqhd,bkhd->bhqk', q_g, k_g,

@@ -11,9 +11,10 @@ softmax runs through XLA (dense mask), splash (TPU; in-chunk only, `mem_len =
 0`: with a cache the keys' slots are not always full, so it stays on XLA) or
 cuDNN (GPU, bfloat16; the dense position mask as its bias, with or without a
 cache). Every path computes the same masked softmax (docs/kernels.md).
-On a mesh with a `sequence` axis > 1, the in-chunk softmax (no cache, no
-position bias) is split along the chunk's length over that axis (ring or
-all-gather attention, parallel/sequence_attention.py; docs/scaling.md).
+On a mesh with a `sequence` axis > 1, the softmax (no position bias; with or
+without a cache) is split along the chunk's length over that axis (ring or
+all-gather attention, the cache replicated on every device;
+parallel/sequence_attention.py; docs/scaling.md).
 T5's relative position bias (`position_embedding='relative_buckets'`) is
 added to the logits on the XLA path only; splash and cuDNN are then
 unavailable (`auto` runs XLA).
@@ -99,14 +100,18 @@ class VanillaAttention(nn.Module):
     """Masked softmax of `q [b, c, h, d]` over `k, v [b, mem + c, h, d]` -> `[b, c, h, d]`;
     `bias [b, h, c, mem + c]` (or None) added to the scaled logits."""
     in_chunk = k.shape[1] == q.shape[1]          # no cache (mem_len = 0)
-    if in_chunk and bias is None and sequence_settings.sequence_axis_size() > 1:
-      # The chunk split along its length over the mesh's sequence axis (docs/scaling.md).
+    if bias is None and sequence_settings.sequence_axis_size() > 1:
+      # The chunk split along its length over the mesh's sequence axis; a cache (the first
+      # `mem` keys) stays whole on every device, one more softmax part (docs/scaling.md).
+      mem = k.shape[1] - q.shape[1]
+      memory = None if in_chunk else (k[:, :mem], v[:, :mem], context.positions[:, :mem],
+                                      context.segment_ids[:, :mem], context.valid[:, :mem])
       settings = sequence_settings.current()
       return sequence_parallel_attention(
-          q, k, v, ctx.positions, ctx.segment_ids, ctx.valid,
+          q, k[:, mem:], v[:, mem:], ctx.positions, ctx.segment_ids, ctx.valid,
           mesh=jax.sharding.get_abstract_mesh(), causal=self.causal, method=settings.method,
           load_balance=settings.load_balance and self.causal,
-          scale=self.head_dim ** -0.5).astype(self.dtype)
+          scale=self.head_dim ** -0.5, memory=memory).astype(self.dtype)
     backend = backends.resolve_backend(
         self.attention_backend, _pattern(self.causal, in_chunk, bias is not None),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)

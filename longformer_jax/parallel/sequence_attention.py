@@ -21,6 +21,13 @@ queries under `shard_map`. Two ways to let them see every key:
     skipped with `lax.cond`. Per-device memory is `[chunk / n, chunk / n]`
     logits (Liu et al., 2023, "Ring Attention with Blockwise Transformers").
 
+With a cache (`memory`: Transformer-XL's FIFO of past tokens, keys
+`[memory; chunk]`), the memory's keys and values are small and replicated
+along the `sequence` axis: each device attends its queries to them as one
+more part (its output and log-sum-exp) and merges that part exactly with
+the ring's blocks (`merge_parts`); all-gather simply puts them in front of
+the gathered keys. Only the chunk is split and balanced.
+
 Masks are functions of absolute positions and document ids
 (docs/design.md, contract 2; `attention/core/masking.py`), never of array
 slots, so both ways are exact in any token layout, including the
@@ -48,18 +55,22 @@ def _gather_keys(keys: tuple, axis_name: str) -> tuple:
   return tuple(jax.lax.all_gather(a, axis_name, axis=1, tiled=True) for a in keys)
 
 
-def all_gather_attention_local(q, k, v, positions, segment_ids, valid, *, axis_name: str,
-                               causal: bool, scale: float) -> jax.Array:
+def all_gather_attention_local(q, k, v, positions, segment_ids, valid, *memory,
+                               axis_name: str, causal: bool, scale: float) -> jax.Array:
   """One device's part of all-gather attention (call inside `shard_map`).
 
   Args:
     q, k, v: `[b, c_local, h, d]` this device's queries, keys and values.
     positions, segment_ids, valid: `[b, c_local]` of this device's tokens.
+    *memory: optional `(k_mem, v_mem [b, m, h, d], positions_mem, segments_mem,
+      valid_mem [b, m])`, the same on every device of the axis.
   Returns:
     `[b, c_local, h, d]` in `q`'s dtype.
   """
-  k_all, v_all, k_pos, k_seg, k_valid = _gather_keys((k, v, positions, segment_ids, valid),
-                                                     axis_name)
+  keys = _gather_keys((k, v, positions, segment_ids, valid), axis_name)
+  if memory:   # [memory; gathered chunk]: one dense softmax over both
+    keys = tuple(jnp.concatenate([m.astype(a.dtype), a], axis=1) for m, a in zip(memory, keys))
+  k_all, v_all, k_pos, k_seg, k_valid = keys
   logits = jnp.einsum('bqhd,bkhd->bhqk', q, k_all) * jnp.asarray(scale, q.dtype)
   mask = causal_document_mask(positions, segment_ids, k_pos, k_seg, k_valid, causal=causal)
   return attend(logits, mask, v_all).astype(q.dtype)
@@ -82,7 +93,17 @@ def _merge_lse(lse_a: jax.Array, lse_b: jax.Array) -> jax.Array:
   return jnp.where(has_keys, top + jnp.log(jnp.where(has_keys, total, 1.0)), -jnp.inf)
 
 
-def ring_attention_local(q, k, v, positions, segment_ids, valid, *, axis_name: str,
+def _memory_part(q, positions, segment_ids, memory: tuple, *, causal: bool,
+                 scale: float) -> tuple[jax.Array, jax.Array]:
+  """This device's queries over the replicated memory: `(out [b, c_local, h, d] f32,
+  lse [b, c_local, h])`, a part for `merge_parts` (lse -inf where no entry is visible)."""
+  k_m, v_m, m_pos, m_seg, m_valid = memory
+  mask = causal_document_mask(positions, segment_ids, m_pos, m_seg, m_valid, causal=causal)
+  return jax.checkpoint(functools.partial(_block_part, scale=scale))(q, k_m.astype(q.dtype),
+                                                                      v_m.astype(q.dtype), mask)
+
+
+def ring_attention_local(q, k, v, positions, segment_ids, valid, *memory, axis_name: str,
                          axis_size: int, causal: bool, scale: float,
                          skip_hidden_blocks: bool = True) -> jax.Array:
   """One device's part of ring attention (call inside `shard_map`).
@@ -98,12 +119,16 @@ def ring_attention_local(q, k, v, positions, segment_ids, valid, *, axis_name: s
     axis_size: n, the size of the `axis_name` mesh axis.
     skip_hidden_blocks: skip (`lax.cond`) the computation of a block that
       the mask hides from every query of this device.
+    *memory: optional `(k_mem, v_mem [b, m, h, d], positions_mem, segments_mem,
+      valid_mem [b, m])`, the same on every device: the first part merged.
   Returns:
     `[b, c_local, h, d]` in `q`'s dtype.
   """
   ring = [(j, (j + 1) % axis_size) for j in range(axis_size)]
   block = (k, v, positions, segment_ids, valid)
   out = lse = None
+  if memory:
+    out, lse = _memory_part(q, positions, segment_ids, memory, causal=causal, scale=scale)
   for step in range(axis_size):
     if step < axis_size - 1:   # issued first: the transfer overlaps this step's computation
       next_block = tuple(jax.lax.ppermute(a, axis_name, ring) for a in block)
@@ -134,11 +159,13 @@ def sequence_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                                 scale: Optional[float] = None,
                                 batch_axes: tuple = ('data', 'fsdp'),
                                 head_axis: Optional[str] = 'tensor',
-                                skip_hidden_blocks: bool = True) -> jax.Array:
+                                skip_hidden_blocks: bool = True,
+                                memory: Optional[tuple] = None) -> jax.Array:
   """Masked softmax attention of a chunk split along its length over `mesh`'s `sequence` axis.
 
   Equal to the dense `dot_product.attend(q k^T * scale, causal_document_mask(...), v)`
-  on one device (tests/test_sequence_parallel.py).
+  on one device, over the keys `[memory; chunk]` when `memory` is given
+  (tests/test_sequence_parallel.py, tests/test_sequence_parallel_memory.py).
 
   Args:
     q, k, v: `[batch, chunk, heads, head_dim]` in natural token order
@@ -153,6 +180,10 @@ def sequence_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array,
       instead and passes `False`.
     scale: logit scale, default `1 / sqrt(head_dim)`.
     batch_axes, head_axis: the mesh axes that shard `batch` and `heads`.
+    memory: optional `(k_mem, v_mem, positions_mem, segments_mem, valid_mem)`,
+      `[batch, m, heads, head_dim]` x 2 and `[batch, m]` x 3: cached keys
+      (rotated like `k`) that every query may also see under the same mask
+      rules. Replicated along `sequence`, never permuted.
   Returns:
     `[batch, chunk, heads, head_dim]` in `q`'s dtype and natural order.
   """
@@ -171,6 +202,11 @@ def sequence_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   else:
     local = functools.partial(all_gather_attention_local, axis_name=SEQUENCE_AXIS,
                               causal=causal, scale=scale)
-  out = jax.shard_map(local, mesh=mesh, in_specs=(heads,) * 3 + (tokens,) * 3,
-                      out_specs=heads, check_vma=False)(*arrays)
+  in_specs = (heads,) * 3 + (tokens,) * 3
+  if memory is not None:   # the memory is whole on every device of the sequence axis
+    arrays += tuple(memory)
+    in_specs += (PartitionSpec(batch_axes, None, head_axis, None),) * 2 + (
+        PartitionSpec(batch_axes, None),) * 3
+  out = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=heads,
+                      check_vma=False)(*arrays)
   return zigzag.from_zigzag(out, n, axis=1) if load_balance else out

@@ -15,7 +15,8 @@ the chunk length; memory is O(chunk / n).
 The layout is contiguous (device i holds tokens `[i c/n, (i+1) c/n)`): the
 work of a window is the same on every device, so the zigzag layout is not
 needed, and the kernel picks key candidates by slot, which requires slot
-distance to equal position distance.
+distance to equal position distance. Longformer's global tokens add a part to
+this window (`sequence_global_attention.py`).
 """
 
 import functools
@@ -49,23 +50,25 @@ def _halos(arrays: tuple, window: int, axis_name: str, axis_size: int,
 
 def window_attention_local(q, k, v, positions, segment_ids, valid, *, window: int,
                            axis_name: str, axis_size: int, causal: bool, scale: float,
-                           block_size: int) -> jax.Array:
+                           block_size: int, return_lse: bool = False):
   """One device's part of sequence-parallel sliding-window attention (inside `shard_map`).
 
   Args:
     q, k, v: `[b, c_local, h, d]`; positions, segment_ids, valid: `[b, c_local]`.
+    return_lse: also return the float32 log-sum-exp `[b, c_local, h]`, to merge
+      the window with another part (global keys: sequence_global_attention.py).
   Returns:
-    `[b, c_local, h, d]` in `v`'s dtype.
+    `[b, c_local, h, d]` in `v`'s dtype (and the lse with `return_lse`).
   """
   left, right = _halos((k, v, positions, segment_ids, valid), window, axis_name, axis_size,
                        causal)
   keys = [jnp.concatenate([l, a, r], axis=1)
           for l, a, r in zip(left, (k, v, positions, segment_ids, valid), right)]
   k_all, v_all, k_pos, k_seg, k_valid = keys
-  out, _ = blocked_window_attention(q, k_all, v_all, positions, segment_ids, k_pos, k_seg,
-                                    k_valid, window=window, block_size=block_size,
-                                    causal=causal, key_offset=window, scale=scale)
-  return out
+  out, lse = blocked_window_attention(q, k_all, v_all, positions, segment_ids, k_pos, k_seg,
+                                      k_valid, window=window, block_size=block_size,
+                                      causal=causal, key_offset=window, scale=scale)
+  return (out, lse) if return_lse else out
 
 
 def sequence_parallel_window_attention(q: jax.Array, k: jax.Array, v: jax.Array,
