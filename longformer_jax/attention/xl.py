@@ -13,6 +13,16 @@ moved into place with the relative shift (`relative_impl='shift'`, valid for
 a continuous stream: slot j of the memory holds position p0 - mem_len + j),
 or gathered from the entries' stored positions (`relative_impl='gather'`,
 valid for any memory layout).
+
+On a mesh with a `sequence` axis > 1 (inside `sharding.activation_sharding`),
+the chunk is split along its length over that axis like the vanilla cache
+path: the memory whole on every device, the chunk's keys by ring or
+all-gather (zigzag for load balance), the content term per key block and the
+position term looked up by each pair's distance i - j (clamped) in a
+per-device table of (q_i + v)^T W_kR R_d, the 'gather' formulation, whatever
+`relative_impl` says; the parts merged exactly by log-sum-exp
+(parallel/sequence_relative_attention.py; docs/scaling.md). It equals the
+unsplit layer for both `relative_impl` values on continuous streams.
 """
 
 import dataclasses
@@ -31,6 +41,9 @@ from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import relative_shift, sinusoid_embedding
 from longformer_jax.memory import fifo
+from longformer_jax.parallel import sequence_settings
+from longformer_jax.parallel.sequence_relative_attention import (
+    sequence_parallel_relative_attention)
 
 RELATIVE_IMPLS = ('shift', 'gather')
 
@@ -106,6 +119,36 @@ class XLAttention(nn.Module):
     distances = jnp.clip(distances, 0, num_distances - 1)
     return jnp.take_along_axis(per_distance, distances[:, None], axis=-1)
 
+  def _projections(self, x: jax.Array, context: fifo.FifoMemory):
+    """`(q [b, c, h, d], k, v [b, k, h, d], u, v_bias [h, d])`: this layer's projections and
+    biases (the variants built on XL share them, and their parameter names)."""
+    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    k = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'key', self.dtype)
+    v = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'value', self.dtype)
+    bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('heads', 'head_dim'))
+    u = self.param('content_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
+    v_bias = self.param('position_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
+    return q, k, v, u, v_bias
+
+  def _sequence_split_attention(self, x: jax.Array, context: fifo.FifoMemory,
+                                ctx: AttentionContext) -> jax.Array:
+    """The chunk split over the mesh's `sequence` axis, the memory whole on every device:
+    `[b, c, h, d]` (module docstring; parallel/sequence_relative_attention.py)."""
+    q, k, v, u, v_bias = self._projections(x, context)
+    klen = context.positions.shape[1]
+    mem = klen - x.shape[1]
+    num_distances = klen if self.clamp_len <= 0 else min(klen, self.clamp_len + 1)
+    rel_keys = self._relative_keys(jnp.arange(num_distances))          # [D, h, d]
+    memory = None if mem == 0 else (k[:, :mem], v[:, :mem], context.positions[:, :mem],
+                                    context.segment_ids[:, :mem], context.valid[:, :mem])
+    settings = sequence_settings.current()
+    return sequence_parallel_relative_attention(
+        q + u.astype(self.dtype), q + v_bias.astype(self.dtype), k[:, mem:], v[:, mem:],
+        rel_keys, ctx.positions, ctx.segment_ids, ctx.valid,
+        mesh=jax.sharding.get_abstract_mesh(), method=settings.method,
+        load_balance=settings.load_balance, scale=self.head_dim ** -0.5,
+        memory=memory).astype(self.dtype)
+
   def attention_logits(self, x: jax.Array, context: fifo.FifoMemory, ctx: AttentionContext,
                        max_distance: Optional[int] = None):
     """Scores of the chunk's queries over the `context` entries.
@@ -123,13 +166,7 @@ class XLAttention(nn.Module):
     Returns:
       `(logits [batch, heads, q, k], mask [batch, q, k], values [batch, k, heads, head_dim])`.
     """
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'value', self.dtype)
-    bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('heads', 'head_dim'))
-    u = self.param('content_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
-    v_bias = self.param('position_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
-
+    q, k, v, u, v_bias = self._projections(x, context)
     content = jnp.einsum('bqhd,bkhd->bhqk', q + u.astype(self.dtype), k)
     klen = context.positions.shape[1]
     if max_distance is None and self.relative_impl == 'shift':
@@ -153,7 +190,10 @@ class XLAttention(nn.Module):
     if self.relative_impl not in RELATIVE_IMPLS:
       raise ValueError(f'relative_impl must be one of {RELATIVE_IMPLS}, got {self.relative_impl!r}')
     context, new_state = cached_context.memory_and_chunk(state, x, ctx)
-    logits, mask, v = self.attention_logits(x, context, ctx)
-    out = attend(logits, mask, v)
+    if sequence_settings.sequence_axis_size() > 1:
+      out = self._sequence_split_attention(x, context, ctx)
+    else:
+      logits, mask, v = self.attention_logits(x, context, ctx)
+      out = attend(logits, mask, v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return cached_context.project_output(out, self.d_model, self.dtype), new_state, {}

@@ -28,6 +28,12 @@ more part (its output and log-sum-exp) and merges that part exactly with
 the ring's blocks (`merge_parts`); all-gather simply puts them in front of
 the gathered keys. Only the chunk is split and balanced.
 
+A per-pair logit bias that depends on the queries' and keys' absolute
+positions (Transformer-XL's position term; `parallel/sequence_relative_attention.py`)
+enters through `logit_bias(q_positions, k_positions, *bias_args)`, called
+for every part with the local queries' positions and that part's keys'
+positions; `bias_args` are this device's arrays (e.g. a per-device table).
+
 Masks are functions of absolute positions and document ids
 (docs/design.md, contract 2; `attention/core/masking.py`), never of array
 slots, so both ways are exact in any token layout, including the
@@ -56,7 +62,8 @@ def _gather_keys(keys: tuple, axis_name: str) -> tuple:
 
 
 def all_gather_attention_local(q, k, v, positions, segment_ids, valid, *memory,
-                               axis_name: str, causal: bool, scale: float) -> jax.Array:
+                               axis_name: str, causal: bool, scale: float,
+                               logit_bias=None, bias_args: tuple = ()) -> jax.Array:
   """One device's part of all-gather attention (call inside `shard_map`).
 
   Args:
@@ -64,6 +71,8 @@ def all_gather_attention_local(q, k, v, positions, segment_ids, valid, *memory,
     positions, segment_ids, valid: `[b, c_local]` of this device's tokens.
     *memory: optional `(k_mem, v_mem [b, m, h, d], positions_mem, segments_mem,
       valid_mem [b, m])`, the same on every device of the axis.
+    logit_bias, bias_args: optional `logit_bias(positions [b, c_local], k_positions [b, k],
+      *bias_args) -> [b, h, c_local, k]`, added to the scaled logits.
   Returns:
     `[b, c_local, h, d]` in `q`'s dtype.
   """
@@ -72,13 +81,19 @@ def all_gather_attention_local(q, k, v, positions, segment_ids, valid, *memory,
     keys = tuple(jnp.concatenate([m.astype(a.dtype), a], axis=1) for m, a in zip(memory, keys))
   k_all, v_all, k_pos, k_seg, k_valid = keys
   logits = jnp.einsum('bqhd,bkhd->bhqk', q, k_all) * jnp.asarray(scale, q.dtype)
+  if logit_bias is not None:
+    logits = logits + logit_bias(positions, k_pos, *bias_args)
   mask = causal_document_mask(positions, segment_ids, k_pos, k_seg, k_valid, causal=causal)
   return attend(logits, mask, v_all).astype(q.dtype)
 
 
-def _block_part(q, k, v, mask, scale: float) -> tuple[jax.Array, jax.Array]:
-  """Attention of `q [b, q, h, d]` to one key block: `(out [b, q, h, d] f32, lse [b, q, h])`."""
+def _block_part(q, k, v, mask, bias_inputs: tuple = (), *, scale: float,
+                logit_bias=None) -> tuple[jax.Array, jax.Array]:
+  """Attention of `q [b, q, h, d]` to one key block: `(out [b, q, h, d] f32, lse [b, q, h])`;
+  `bias_inputs`: `(q_positions, k_positions, *bias_args)` for `logit_bias` (if any)."""
   logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) * jnp.asarray(scale, q.dtype)
+  if logit_bias is not None:
+    logits = logits + logit_bias(*bias_inputs)
   weights, lse = softmax_part(logits, mask[:, None])
   out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v).astype(jnp.float32)
   return out, jnp.swapaxes(lse, 1, 2)
@@ -93,19 +108,21 @@ def _merge_lse(lse_a: jax.Array, lse_b: jax.Array) -> jax.Array:
   return jnp.where(has_keys, top + jnp.log(jnp.where(has_keys, total, 1.0)), -jnp.inf)
 
 
-def _memory_part(q, positions, segment_ids, memory: tuple, *, causal: bool,
-                 scale: float) -> tuple[jax.Array, jax.Array]:
+def _memory_part(q, positions, segment_ids, memory: tuple, *, causal: bool, scale: float,
+                 logit_bias=None, bias_args: tuple = ()) -> tuple[jax.Array, jax.Array]:
   """This device's queries over the replicated memory: `(out [b, c_local, h, d] f32,
   lse [b, c_local, h])`, a part for `merge_parts` (lse -inf where no entry is visible)."""
   k_m, v_m, m_pos, m_seg, m_valid = memory
   mask = causal_document_mask(positions, segment_ids, m_pos, m_seg, m_valid, causal=causal)
-  return jax.checkpoint(functools.partial(_block_part, scale=scale))(q, k_m.astype(q.dtype),
-                                                                      v_m.astype(q.dtype), mask)
+  compute = jax.checkpoint(functools.partial(_block_part, scale=scale, logit_bias=logit_bias))
+  bias_inputs = (positions, m_pos) + tuple(bias_args) if logit_bias is not None else ()
+  return compute(q, k_m.astype(q.dtype), v_m.astype(q.dtype), mask, bias_inputs)
 
 
 def ring_attention_local(q, k, v, positions, segment_ids, valid, *memory, axis_name: str,
                          axis_size: int, causal: bool, scale: float,
-                         skip_hidden_blocks: bool = True) -> jax.Array:
+                         skip_hidden_blocks: bool = True, logit_bias=None,
+                         bias_args: tuple = ()) -> jax.Array:
   """One device's part of ring attention (call inside `shard_map`).
 
   Step s attends this device's queries to the block of device
@@ -121,6 +138,8 @@ def ring_attention_local(q, k, v, positions, segment_ids, valid, *memory, axis_n
       the mask hides from every query of this device.
     *memory: optional `(k_mem, v_mem [b, m, h, d], positions_mem, segments_mem,
       valid_mem [b, m])`, the same on every device: the first part merged.
+    logit_bias, bias_args: optional `logit_bias(positions [b, c_local], k_positions [b, k],
+      *bias_args) -> [b, h, c_local, k]`, added to each part's scaled logits.
   Returns:
     `[b, c_local, h, d]` in `q`'s dtype.
   """
@@ -128,7 +147,8 @@ def ring_attention_local(q, k, v, positions, segment_ids, valid, *memory, axis_n
   block = (k, v, positions, segment_ids, valid)
   out = lse = None
   if memory:
-    out, lse = _memory_part(q, positions, segment_ids, memory, causal=causal, scale=scale)
+    out, lse = _memory_part(q, positions, segment_ids, memory, causal=causal, scale=scale,
+                            logit_bias=logit_bias, bias_args=bias_args)
   for step in range(axis_size):
     if step < axis_size - 1:   # issued first: the transfer overlaps this step's computation
       next_block = tuple(jax.lax.ppermute(a, axis_name, ring) for a in block)
@@ -136,13 +156,14 @@ def ring_attention_local(q, k, v, positions, segment_ids, valid, *memory, axis_n
     mask = causal_document_mask(positions, segment_ids, k_pos, k_seg, k_valid, causal=causal)
     # Rematerialised: the backward pass recomputes a block's weights instead
     # of keeping n blocks of `[b, h, c_local, c_local]` (as flash attention does).
-    compute = jax.checkpoint(functools.partial(_block_part, scale=scale))
+    compute = jax.checkpoint(functools.partial(_block_part, scale=scale, logit_bias=logit_bias))
+    bias_inputs = (positions, k_pos) + tuple(bias_args) if logit_bias is not None else ()
     if skip_hidden_blocks:
-      hidden = lambda q_, k_, v_, m_: (jnp.zeros(q_.shape[:3] + v_.shape[3:], jnp.float32),
-                                       jnp.full(q_.shape[:3], -jnp.inf, jnp.float32))
-      part = jax.lax.cond(jnp.any(mask), compute, hidden, q, k_b, v_b, mask)
+      hidden = lambda q_, k_, v_, m_, b_: (jnp.zeros(q_.shape[:3] + v_.shape[3:], jnp.float32),
+                                           jnp.full(q_.shape[:3], -jnp.inf, jnp.float32))
+      part = jax.lax.cond(jnp.any(mask), compute, hidden, q, k_b, v_b, mask, bias_inputs)
     else:
-      part = compute(q, k_b, v_b, mask)
+      part = compute(q, k_b, v_b, mask, bias_inputs)
     if out is None:
       out, lse = part
     else:
