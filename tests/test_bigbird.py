@@ -268,3 +268,45 @@ def test_trains_as_a_causal_language_model(tmp_path):
   assert 0 < metrics['grad_norm'] < np.inf and state.memory == ({}, {})   # stateless
   assert all(np.isfinite(np.asarray(leaf)).all()
              for leaf in jax.tree_util.tree_leaves(state.params))
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_scan_over_many_query_blocks_matches_dense_mask(causal):
+  """Blocks of 32 over 700 tokens (22 scan steps): window, 3 random blocks, globals (ITC and
+  flagged), a document boundary and padding; outputs and gradients of the dense mask."""
+  n, block, window, num_random, global_blocks, max_flagged = 700, 32, 1, 3, 1, 4
+  positions, segments, valid = chunk_facts(n, boundary=250)
+  flags = random_flags(n)
+  num_blocks = -(-n // block)
+  pattern = np.asarray(random_block_pattern(pattern_key(2, 0), num_blocks, num_random, window,
+                                            global_blocks, causal))
+  is_global = np.zeros((B, n), bool)
+  for row in range(B):      # the ITC blocks, then the first flagged real tokens
+    is_global[row] = valid[row] & (np.arange(n) // block < global_blocks)
+    flagged = np.flatnonzero(flags[row] & valid[row] & ~is_global[row])[:max_flagged]
+    is_global[row, flagged] = True
+  qb = np.arange(n)[:, None] // block
+  kb = np.arange(n)[None, :] // block
+  random_pair = np.zeros((num_blocks, num_blocks), bool)
+  random_pair[np.arange(num_blocks)[:, None], pattern] = True
+  sparse = (np.abs(qb - kb) <= window) | random_pair[qb, kb]
+  sparse = sparse[None] | is_global[:, :, None] | is_global[:, None, :]
+  allowed = sparse & valid[:, None, :] & (segments[:, :, None] == segments[:, None, :])
+  if causal:
+    allowed &= np.arange(n)[None, :] <= np.arange(n)[:, None]
+  allowed = allowed[:, None]
+  q, k, v, cotangent = (jax.random.normal(jax.random.PRNGKey(i), (B, n, H, HD)) for i in range(4))
+  q = q / np.sqrt(HD)
+
+  def blocked(q, k, v):
+    return bigbird_attention(q, k, v, jnp.asarray(positions), jnp.asarray(segments),
+                             jnp.asarray(valid), jnp.asarray(flags), jnp.asarray(pattern),
+                             block=block, window_blocks=window, global_blocks=global_blocks,
+                             max_global_tokens=max_flagged, causal=causal)
+
+  np.testing.assert_allclose(np.asarray(jax.jit(blocked)(q, k, v)),
+                             np.asarray(dense_jax_attention(q, k, v, allowed)),
+                             rtol=2e-4, atol=2e-5)
+  assert_gradients_match(lambda q, k, v: jnp.sum(blocked(q, k, v) * cotangent),
+                         lambda q, k, v: jnp.sum(dense_jax_attention(q, k, v, allowed) * cotangent),
+                         (q, k, v))

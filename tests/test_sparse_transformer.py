@@ -285,3 +285,42 @@ def test_trains_as_a_language_model(tmp_path):
   assert 0 < metrics['grad_norm'] < np.inf and state.memory == ({}, {})   # stateless
   assert all(np.isfinite(np.asarray(leaf)).all()
              for leaf in jax.tree_util.tree_leaves(state.params))
+
+
+def vectorised_mask(pattern: str, positions, segments, valid, l: int, c: int) -> np.ndarray:
+  """`[batch, 1, n, n]` bool: `paper_rule` on all pairs at once (for lengths too long to loop)."""
+  rel = positions - positions[:, :1]
+  i, j = rel[:, :, None], rel[:, None, :]
+  rules = {'strided_local': (j <= i) & (j >= i - l + 1),
+           'strided_summary': (j <= i) & ((i - j) % l == 0),
+           'fixed_local': (j <= i) & (j // l == i // l),
+           'fixed_summary': (j <= i) & (j % l >= l - c)}
+  allowed = np.zeros(i.shape[:1] + (i.shape[1], j.shape[2]), bool)
+  for component in {'strided': ['strided_local', 'strided_summary'],
+                    'fixed': ['fixed_local', 'fixed_summary']}.get(pattern, [pattern]):
+    allowed |= rules[component]
+  allowed &= valid[:, None, :] & (segments[:, :, None] == segments[:, None, :])
+  return allowed[:, None]
+
+
+@pytest.mark.parametrize('pattern', ['strided', 'fixed', 'fixed_summary'])
+def test_scan_over_many_query_steps_matches_dense_mask(pattern):
+  """Stride 256: steps of 128 queries, two per block, several summary runs (fixed), a
+  document boundary mid-block and padding; outputs and gradients of the dense mask."""
+  n, l, c = 1000, 256, 8
+  positions, segments, valid = chunk_facts(n, boundary=300)
+  allowed = vectorised_mask(pattern, positions, segments, valid, l, c)
+  q, k, v, cotangent = (jax.random.normal(jax.random.PRNGKey(i), (B, n, H, HD)) for i in range(4))
+  q = q / np.sqrt(HD)
+
+  def blocked(q, k, v):
+    return sparse_transformer_attention(q, k, v, jnp.asarray(positions), jnp.asarray(segments),
+                                        jnp.asarray(valid), pattern=pattern, stride=l,
+                                        summary_len=c)
+
+  np.testing.assert_allclose(np.asarray(jax.jit(blocked)(q, k, v)),
+                             np.asarray(dense_jax_attention(q, k, v, allowed)),
+                             rtol=2e-4, atol=2e-5)
+  assert_gradients_match(lambda q, k, v: jnp.sum(blocked(q, k, v) * cotangent),
+                         lambda q, k, v: jnp.sum(dense_jax_attention(q, k, v, allowed) * cotangent),
+                         (q, k, v))

@@ -31,11 +31,15 @@ than r such blocks exist, the rest of its draws repeat window or global
 blocks, whose keys the random set then masks.
 
 Blocked implementation, O(n * (2w + 1 + r) * b + n * G) for G global slots:
-per query block one softmax over three disjoint key sets, the window blocks
-(sliced), the random blocks (gathered; window keys and global keys masked,
-they are in the other sets), and the G gathered global tokens (window keys
-masked); the G global queries then attend to the whole chunk, O(n * G), and
-their rows replace the sparse ones.
+a scan over the query blocks (block_scan.py), one block of b queries per
+step, one softmax over its disjoint key spans: the window blocks (one slice
+of the keys padded by w blocks on each side, front only when causal), the r
+random blocks (slices at R[I]; window keys and global keys masked, they are
+in the other spans) and the G gathered global tokens (window keys masked).
+One step's `[batch, heads, b, (2w + 1 + r) * b + G]` scores stay in cache
+and the backward pass recomputes them. The G global queries then attend to
+the whole chunk, O(n * G), materialised (`[batch, heads, G, n]`), and their
+rows replace the sparse ones.
 """
 
 import dataclasses
@@ -45,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import block_sparse, cached_context
+from longformer_jax.attention.core import block_scan, block_sparse, cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.config.section import Section
@@ -144,7 +148,6 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.A
   is_global = effective_global_flags(context.rel, context.valid,
                                      block_sparse.pad_length(flags, padded, False), block,
                                      global_blocks, max_global_tokens)
-  q_blocks, k_blocks, v_blocks = (block_sparse.to_blocks(a, block) for a in (q, k, v))
 
   def in_window(q_rel, k_rel):
     return jnp.abs(q_rel // block - k_rel // block) <= window_blocks
@@ -154,11 +157,26 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.A
       return k_rel <= q_rel
     return jnp.ones(jnp.broadcast_shapes(q_rel.shape, k_rel.shape), bool)
 
-  offsets = range(-window_blocks, 1 if causal else window_blocks + 1)
-  key_sets = [block_sparse.neighbour_key_set(
-      q_blocks, k_blocks, v_blocks, context, block, offsets,
-      lambda q_rel, k_rel: in_window(q_rel, k_rel) & causal_rule(q_rel, k_rel))]
   outside_window = lambda q_rel, k_rel: ~in_window(q_rel, k_rel) & causal_rule(q_rel, k_rel)
+  num_blocks = padded // block
+  # Keys heads-major, padded by the window on both sides (front only, causal), so that
+  # the window of query block I is the slice [I * block, (I + span) * block).
+  front, back = window_blocks * block, 0 if causal else window_blocks * block
+  pad_keys = lambda x: jnp.pad(block_scan.heads_major(x), ((0, 0), (0, 0), (front, back), (0, 0)))
+  pad_facts = lambda x, value: jnp.pad(x, ((0, 0), (front, back)), constant_values=value)
+  kvs = [(pad_keys(k), pad_keys(v))]
+  padded_facts = (pad_facts(context.rel, -1), pad_facts(context.segments, -1))
+  facts = [padded_facts + (pad_facts(context.valid, False),),
+           # Random blocks: global keys are in the global span.
+           padded_facts + (pad_facts(context.valid & ~is_global, False),)]
+  window_len = (window_blocks + (1 if causal else window_blocks + 1)) * block
+  spans = [block_scan.Span(kv=0, facts=0, length=window_len,
+                           allows=lambda q_rel, k_rel: in_window(q_rel, k_rel)
+                           & causal_rule(q_rel, k_rel))]
+  starts = [jnp.arange(num_blocks, dtype=jnp.int32) * block]
+  for r in range(random_blocks.shape[1]):
+    spans.append(block_scan.Span(kv=0, facts=1, length=block, allows=outside_window))
+    starts.append(random_blocks[:, r].astype(jnp.int32) * block + front)
 
   num_globals = min(global_blocks * block + max_global_tokens, padded)
   if num_globals:
@@ -167,14 +185,15 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.A
     _, global_index = jax.lax.top_k(jnp.where(is_global, padded - slot, -slot), num_globals)
     global_flag = take_slots(is_global, global_index)
     g_rel, g_seg, g_valid = (take_slots(a, global_index) for a in context)
-    key_sets.append(block_sparse.gathered_key_set(
-        q_blocks, take_slots(k, global_index), take_slots(v, global_index), g_rel, g_seg,
-        g_valid & global_flag, context, block, outside_window))
-  if random_blocks.shape[1]:
-    non_global = context._replace(valid=context.valid & ~is_global)
-    key_sets.append(block_sparse.gathered_blocks_key_set(
-        q_blocks, k_blocks, v_blocks, non_global, block, random_blocks, outside_window))
-  out = block_sparse.from_blocks(block_sparse.attend_key_sets(key_sets, v.dtype))
+    kvs.append(tuple(block_scan.heads_major(take_slots(x, global_index)) for x in (k, v)))
+    facts.append((g_rel, g_seg, g_valid & global_flag))
+    spans.append(block_scan.Span(kv=1, facts=2, length=num_globals, allows=outside_window))
+    starts.append(jnp.zeros((num_blocks,), jnp.int32))
+  out, _ = block_scan.span_attention(
+      block_scan.ScanGeometry(tuple(spans)), block_scan.q_steps_of(q, block),
+      tuple(block_scan.steps_of(a, block) for a in context[:2]), jnp.stack(starts, axis=1),
+      tuple(kvs), tuple(facts))
+  out = block_scan.from_q_steps(out)
 
   if num_globals:
     # Global queries attend to the whole chunk: [batch, G] x [batch, padded].

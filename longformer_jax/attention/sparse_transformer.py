@@ -27,14 +27,31 @@ The three integrations of section 4.3 are config choices:
   (resolved per layer by models/layer_schedule.layer_config), with a
   single-component pattern in each layer.
 
-Blocked implementation, never an n x n mask: the chunk is cut into blocks of
-l slots (block_sparse.py). Local components slice the query's own block (and,
-strided, the previous one): O(n * l). The strided summary transposes the
-blocks so that the keys at distance k * l of query (I, a) are column a of
-every block: O(n * n / l). The fixed summary gathers the last c slots of every
-block once: O(n * c * n / l). With l ~ sqrt(n) both are O(n * sqrt(n)), as in
-the paper. In the merged integration the summary set drops the keys that the
-local set already holds, so the concatenated key sets are disjoint.
+Blocked implementation, never an n x n mask: the chunk is padded to whole
+blocks of l slots (block_sparse.py). Each component is one *part*, an
+attention over the keys it can allow that returns its output and float32
+log-sum-exp; the parts of a union merge exactly into one softmax
+(partial_softmax.merge_parts), each later part dropping the keys of the
+earlier ones so that the parts are disjoint. The local and fixed-summary
+parts scan over query steps of Q = 128 slots (the largest divisor of l up to
+128; block_scan.py: one step's `[batch, heads, Q, keys]` scores stay in
+cache, the backward pass recomputes them):
+
+  strided_local    step [t, t + Q) sees keys [t - l, t + Q): Q + l keys for l useful
+  fixed_local      sub-block s of its block sees the block's first (s + 1) Q
+                   keys, one scan per s: (l + Q) / 2 keys per query, ~l / 2 useful
+  fixed_summary    the last c slots of every block, gathered once (n c / l keys);
+                   the blocks are cut into SUMMARY_GROUPS runs, and a run's
+                   queries see the summary prefix up to the run's last block,
+                   so the keys after a query are computed within its run only
+  strided_summary  query (I, a) sees slot a of every block: per head and
+                   column a a small dense `[blocks, blocks]` attention,
+                   materialised (n * n / l scores in all)
+
+With l ~ sqrt(n) the summaries are O(n * sqrt(n)), as in the paper; the
+local parts are O(n * l). With `model.attention_backend` resolving to splash
+(TPU under `auto`), the same rules run as one splash kernel with a mask on
+slots (attention/core/sparse_splash.py; docs/kernels.md).
 """
 
 import dataclasses
@@ -43,8 +60,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
-from longformer_jax.attention.core import block_sparse, cached_context
+from longformer_jax.attention.core import attention_backend as backends
+from longformer_jax.attention.core import block_scan, block_sparse, cached_context, partial_softmax
+from longformer_jax.attention.core import sparse_splash
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
@@ -54,6 +74,7 @@ UNIONS = {'strided': ('strided_local', 'strided_summary'),
           'fixed': ('fixed_local', 'fixed_summary')}
 PATTERNS = tuple(UNIONS) + COMPONENTS
 INTEGRATIONS = ('merged', 'multihead')
+SUMMARY_GROUPS = 8              # fixed summary: runs of blocks sharing one summary prefix
 CAUSAL_ONLY = 'sparse_transformer is causal only (its patterns look back); set it True'
 
 
@@ -111,53 +132,143 @@ def pattern_allows(pattern: str, q_rel: jax.Array, k_rel: jax.Array, stride: int
   return allowed
 
 
-def column_key_set(q_blocks: jax.Array, k_blocks: jax.Array, v_blocks: jax.Array,
-                   context: block_sparse.BlockedContext, block: int, allows) -> block_sparse.KeySet:
-  """Query (I, a) attends to slot a of every block J: the keys at multiples of the block back.
+def query_len(stride: int) -> int:
+  """Q, the queries of one scan step: the largest divisor of the stride up to 128."""
+  return max(d for d in range(1, min(stride, 128) + 1) if stride % d == 0)
 
-  Shapes: `[batch, num_blocks, block, heads, head_dim]` blocks; the set has
-  num_blocks keys per query.
+
+def _facts(context: block_sparse.BlockedContext, front: int = 0) -> tuple:
+  """`(rel, segments, valid)` `[b, front + padded]`, the first `front` slots invalid."""
+  pad = lambda x, value: jnp.pad(x, ((0, 0), (front, 0)), constant_values=value)
+  return pad(context.rel, -1), pad(context.segments, -1), pad(context.valid, False)
+
+
+def _front_pad(x: jax.Array, front: int) -> jax.Array:
+  """Pads axis 2 of heads-major `[b, h, L, d]` with `front` zero slots before."""
+  return jnp.pad(x, ((0, 0), (0, 0), (front, 0), (0, 0)))
+
+
+def _scan_part(spans, q_steps, q_facts, starts, kvs, facts):
+  """`block_scan.span_attention` -> `(out [b, steps * Q, h, d], lse [b, steps * Q, h])`."""
+  out, lse = block_scan.span_attention(block_scan.ScanGeometry(tuple(spans)), q_steps, q_facts,
+                                       jnp.asarray(starts, jnp.int32), kvs, facts)
+  return out, lse
+
+
+def strided_local_part(q, k, v, context, stride: int, allows):
+  """Query step [t, t + Q) sees keys [t - stride, t + Q): Q + stride keys, stride useful."""
+  q_len = query_len(stride)
+  steps = q.shape[1] // q_len
+  kv = tuple(_front_pad(block_scan.heads_major(x), stride) for x in (k, v))
+  span = block_scan.Span(kv=0, facts=0, length=q_len + stride, allows=allows)
+  starts = (np.arange(steps) * q_len)[:, None]
+  out, lse = _scan_part([span], block_scan.q_steps_of(q, q_len),
+                        tuple(block_scan.steps_of(a, q_len) for a in context[:2]), starts, (kv,),
+                        (_facts(context, stride),))
+  return block_scan.from_q_steps(out), block_scan.from_lse_steps(lse)
+
+
+def fixed_local_part(q, k, v, context, stride: int, allows):
+  """Sub-block s of Q queries in block I sees the block's first (s + 1) * Q keys.
+
+  One scan per s (over the blocks): (1 + stride / Q) / 2 keys per query instead of stride.
   """
-  rel = block_sparse.to_blocks(context.rel, block)             # [b, I, a]
-  seg = block_sparse.to_blocks(context.segments, block)
-  valid = block_sparse.to_blocks(context.valid, block)
-  column = lambda a: jnp.swapaxes(a, 1, 2)[:, None]            # [b, 1, a, J]
-  mask = (block_sparse.document_mask(seg[..., None], column(seg), column(valid))
-          & allows(rel[..., None], column(rel)))
-  logits = jnp.einsum('bIahd,bJahd->bhIaJ', q_blocks, k_blocks)
-  return block_sparse.KeySet(logits, mask,
-                             lambda w: jnp.einsum('bhIaJ,bJahd->bIahd', w, v_blocks))
+  q_len = query_len(stride)
+  per_block = stride // q_len
+  num_blocks = q.shape[1] // stride
+  kv = tuple(block_scan.heads_major(x) for x in (k, v))
+  q_steps = block_scan.q_steps_of(q, q_len)                           # [blocks * per_block, ...]
+  q_facts = tuple(block_scan.steps_of(a, q_len) for a in context[:2])
+  pick = lambda x, s: x.reshape(num_blocks, per_block, *x.shape[1:])[:, s]
+  starts = (np.arange(num_blocks) * stride)[:, None]
+  parts = [_scan_part([block_scan.Span(kv=0, facts=0, length=(s + 1) * q_len, allows=allows)],
+                      pick(q_steps, s), tuple(pick(a, s) for a in q_facts), starts, (kv,),
+                      (tuple(context),))
+           for s in range(per_block)]
+  # [per_block][blocks, ...] -> [blocks * per_block, ...] in query order.
+  interleave = lambda xs: jnp.stack(xs, axis=1).reshape(-1, *xs[0].shape[1:])
+  out = interleave([o for o, _ in parts])
+  lse = interleave([l for _, l in parts])
+  return block_scan.from_q_steps(out), block_scan.from_lse_steps(lse)
 
 
-def summary_key_set(q_blocks: jax.Array, k_blocks: jax.Array, v_blocks: jax.Array,
-                    context: block_sparse.BlockedContext, block: int, summary_len: int,
-                    allows) -> block_sparse.KeySet:
-  """Every query sees the last `summary_len` slots of every block (gathered once)."""
-  last = lambda blocks: block_sparse.from_blocks(blocks[:, :, block - summary_len:])
-  facts = lambda a: last(block_sparse.to_blocks(a, block))   # [batch, num_blocks * c]
-  return block_sparse.gathered_key_set(
-      q_blocks, last(k_blocks), last(v_blocks), facts(context.rel), facts(context.segments),
-      facts(context.valid), context, block, allows)
+def fixed_summary_part(q, k, v, context, stride: int, summary_len: int, allows,
+                       own_block: bool, groups: int = SUMMARY_GROUPS):
+  """Every query sees the last `summary_len` slots of the blocks up to its own.
+
+  The summary keys are gathered once (`[b, blocks * c]`); the blocks are cut
+  into `groups` runs, and the queries of a run see the summary prefix up to
+  the run's last block (its own block too if `own_block`), so the keys
+  after a query are computed only within its run.
+  """
+  q_len = query_len(stride)
+  per_block = stride // q_len
+  num_blocks = q.shape[1] // stride
+  last = lambda x: block_sparse.from_blocks(
+      block_sparse.to_blocks(x, stride)[:, :, stride - summary_len:])
+  kv = tuple(block_scan.heads_major(last(x)) for x in (k, v))
+  facts = tuple(last(a) for a in context)
+  q_steps = block_scan.q_steps_of(q, q_len)
+  q_facts = tuple(block_scan.steps_of(a, q_len) for a in context[:2])
+  run = -(-num_blocks // groups)
+  outs, lses = [], []
+  for first in range(0, num_blocks, run):
+    end = min(first + run, num_blocks)
+    steps = slice(first * per_block, end * per_block)
+    length = summary_len * (end if own_block else end - 1)
+    if length == 0:
+      outs.append(jnp.zeros_like(q_steps[steps]))
+      lses.append(jnp.full(q_steps[steps].shape[:-1], -jnp.inf, jnp.float32))
+      continue
+    span = block_scan.Span(kv=0, facts=0, length=length, allows=allows)
+    out, lse = _scan_part([span], q_steps[steps], tuple(a[steps] for a in q_facts),
+                          np.zeros(((end - first) * per_block, 1)), (kv,), (facts,))
+    outs.append(out)
+    lses.append(lse)
+  out, lse = jnp.concatenate(outs), jnp.concatenate(lses)
+  return block_scan.from_q_steps(out), block_scan.from_lse_steps(lse)
 
 
-def component_key_set(component: str, q_blocks, k_blocks, v_blocks, context, stride: int,
-                      summary_len: int, allows) -> block_sparse.KeySet:
-  """The blocked key set that holds every key the component can allow."""
+def strided_summary_part(q, k, v, context, stride: int, allows):
+  """Query (I, a) sees slot a of every block J (n / stride keys): per head and column a, a
+  small dense attention of the column's queries over its keys, materialised (`[b, h, stride,
+  blocks, blocks]` scores, n * n / stride in all). Returns `(out, lse)` as the other parts."""
+  b, padded, h, d = q.shape
+  num_blocks = padded // stride
+  columns = lambda x: jnp.transpose(x.reshape(b, num_blocks, stride, h, d), (0, 3, 2, 1, 4))
+  rel, seg, valid = (jnp.swapaxes(block_sparse.to_blocks(a, stride), 1, 2) for a in context)
+  mask = (block_sparse.document_mask(seg[..., :, None], seg[..., None, :], valid[..., None, :])
+          & allows(rel[..., :, None], rel[..., None, :]))                 # [b, a, I, J]
+  logits = jnp.einsum('bhaid,bhajd->bhaij', columns(q), columns(k))
+  weights, lse = partial_softmax.softmax_part(logits, mask[:, None])
+  out = jnp.einsum('bhaij,bhajd->bhaid', weights.astype(v.dtype), columns(v))
+  return (jnp.transpose(out, (0, 3, 2, 1, 4)).reshape(b, padded, h, d),
+          jnp.transpose(lse, (0, 3, 2, 1)).reshape(b, padded, h))
+
+
+def component_part(component: str, q, k, v, context, stride: int, summary_len: int, allows,
+                   earlier):
+  """`(out [b, padded, h, d], lse [b, padded, h])` over every key the component can allow."""
   if component == 'strided_local':
-    return block_sparse.neighbour_key_set(q_blocks, k_blocks, v_blocks, context, stride, (-1, 0),
-                                          allows)
+    return strided_local_part(q, k, v, context, stride, allows)
   if component == 'fixed_local':
-    return block_sparse.neighbour_key_set(q_blocks, k_blocks, v_blocks, context, stride, (0,),
-                                          allows)
+    return fixed_local_part(q, k, v, context, stride, allows)
   if component == 'strided_summary':
-    return column_key_set(q_blocks, k_blocks, v_blocks, context, stride, allows)
-  return summary_key_set(q_blocks, k_blocks, v_blocks, context, stride, summary_len, allows)
+    return strided_summary_part(q, k, v, context, stride, allows)
+  return fixed_summary_part(q, k, v, context, stride, summary_len, allows,
+                            own_block='fixed_local' not in earlier)
 
 
-def union_output(components, q_blocks, k_blocks, v_blocks, context, stride: int,
-                 summary_len: int) -> jax.Array:
-  """One softmax over the union of `components`; each later set drops earlier sets' keys."""
-  key_sets = []
+def union_output(components, q, k, v, context, stride: int, summary_len: int) -> jax.Array:
+  """One softmax over the union of `components`: each later part drops earlier parts' keys,
+  and the parts merge exactly through their log-sum-exps.
+
+  Args:
+    q, k, v: `[batch, padded, heads, head_dim]`, padded to whole blocks of `stride`.
+  Returns:
+    `[batch, padded, heads, head_dim]`.
+  """
+  outs, lses = [], []
   for index, component in enumerate(components):
     earlier = components[:index]
 
@@ -166,16 +277,17 @@ def union_output(components, q_blocks, k_blocks, v_blocks, context, stride: int,
       for other in earlier:
         allowed &= ~component_allows(other, q_rel, k_rel, stride, summary_len)
       return allowed
-    key_sets.append(component_key_set(component, q_blocks, k_blocks, v_blocks, context, stride,
-                                      summary_len, allows))
-  return block_sparse.attend_key_sets(key_sets, v_blocks.dtype)
+    out, lse = component_part(component, q, k, v, context, stride, summary_len, allows, earlier)
+    outs.append(out)
+    lses.append(lse)
+  return partial_softmax.merge_parts(outs, lses).astype(v.dtype)
 
 
 def sparse_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                                  segment_ids: jax.Array, valid: jax.Array, *, pattern: str,
                                  stride: int, summary_len: int = 1,
                                  integration: str = 'merged') -> jax.Array:
-  """Blocked factorized attention.
+  """Blocked factorized attention, scanned over query blocks.
 
   Args:
     q, k, v: `[batch, n, heads, head_dim]`, q already scaled by 1/sqrt(head_dim).
@@ -187,19 +299,18 @@ def sparse_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, posit
   n = q.shape[1]
   context = block_sparse.blocked_context(positions, segment_ids, valid, stride)
   padded = context.rel.shape[1]
-  q_blocks, k_blocks, v_blocks = (
-      block_sparse.to_blocks(block_sparse.pad_length(a, padded), stride) for a in (q, k, v))
+  q, k, v = (block_sparse.pad_length(a, padded) for a in (q, k, v))
   components = UNIONS.get(pattern, (pattern,))
   if integration == 'multihead' and len(components) == 2:
     split = q.shape[2] // 2
     heads = (slice(0, split), slice(split, None))
     out = jnp.concatenate(
-        [union_output((component,), q_blocks[..., h, :], k_blocks[..., h, :],
-                      v_blocks[..., h, :], context, stride, summary_len)
+        [union_output((component,), q[:, :, h], k[:, :, h], v[:, :, h], context, stride,
+                      summary_len)
          for component, h in zip(components, heads)], axis=-2)
   else:
-    out = union_output(components, q_blocks, k_blocks, v_blocks, context, stride, summary_len)
-  return block_sparse.from_blocks(out)[:, :n]
+    out = union_output(components, q, k, v, context, stride, summary_len)
+  return out[:, :n]
 
 
 class SparseTransformerAttention(nn.Module):
@@ -214,6 +325,7 @@ class SparseTransformerAttention(nn.Module):
   stride: int = 16
   summary_len: int = 1
   integration: str = 'merged'
+  attention_backend: str = 'auto'
   dtype: jnp.dtype = jnp.float32
 
   @classmethod
@@ -224,7 +336,13 @@ class SparseTransformerAttention(nn.Module):
     section = config.sparse_transformer
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
                pattern=section.pattern, stride=section.stride, summary_len=section.summary_len,
-               integration=section.integration, dtype=dtype, name=name)
+               integration=section.integration,
+               attention_backend=config.get('attention_backend', 'auto'), dtype=dtype, name=name)
+
+  @staticmethod
+  def kernel_pattern(model, section) -> backends.KernelPattern:
+    """What a layer with these settings asks of a kernel (config checks)."""
+    return sparse_splash.kernel_pattern(model, section)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -234,9 +352,17 @@ class SparseTransformerAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
     q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
-    out = sparse_transformer_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid,
-                                       pattern=self.pattern, stride=self.stride,
-                                       summary_len=self.summary_len,
-                                       integration=self.integration)
+    backend = backends.resolve_backend(
+        self.attention_backend, sparse_splash.kernel_pattern(None, self),
+        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+    if backend == 'splash':      # positions consecutive along the chunk (splash_kernels.py)
+      out = sparse_splash.sparse_transformer_splash(
+          q, k, v, ctx.segment_ids, ctx.valid, pattern=self.pattern, stride=self.stride,
+          summary_len=self.summary_len, integration=self.integration).astype(self.dtype)
+    else:
+      out = sparse_transformer_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid,
+                                         pattern=self.pattern, stride=self.stride,
+                                         summary_len=self.summary_len,
+                                         integration=self.integration)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return cached_context.project_output(out, self.d_model, self.dtype), state, {}
