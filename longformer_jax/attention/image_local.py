@@ -27,6 +27,9 @@ boundary (1D) or an image start (2D: `chunk_len` a multiple of
 `image_height * image_width`, validated). Stateless: attends within the
 chunk, rotary positions as in vanilla.py. Cost O(n * memory block), never an
 n x n array: the keys of every query block are gathered by static indices.
+With `model.attention_backend` resolving to splash (TPU under `auto`), the 1D
+layout runs as one splash kernel whose mask is the same block rule
+(attention/core/image_local_splash.py; docs/kernels.md); 2D stays on XLA.
 """
 
 import dataclasses
@@ -37,7 +40,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import image_local_splash
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
@@ -188,6 +193,7 @@ class ImageLocalAttention(nn.Module):
   head_dim: int
   d_model: int
   section: ImageLocalConfig = ImageLocalConfig()
+  attention_backend: str = 'auto'
   dtype: jnp.dtype = jnp.float32
 
   @classmethod
@@ -196,7 +202,13 @@ class ImageLocalAttention(nn.Module):
       raise ConfigError('model.causal', f'False: {CAUSAL_ONLY}')
     section = ImageLocalConfig(**dict(config.image_local))
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               section=section, dtype=dtype, name=name)
+               section=section, attention_backend=config.get('attention_backend', 'auto'),
+               dtype=dtype, name=name)
+
+  @staticmethod
+  def kernel_pattern(model, section) -> backends.KernelPattern:
+    """What a layer with these settings asks of a kernel (config checks)."""
+    return image_local_splash.kernel_pattern(model, section)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -206,8 +218,16 @@ class ImageLocalAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
     q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
-    slots, query_len = key_slots(x.shape[1], self.section)
-    out = gathered_local_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots,
-                                   query_len)
+    backend = backends.resolve_backend(
+        self.attention_backend, image_local_splash.kernel_pattern(None, self.section),
+        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+    if backend == 'splash':       # 1D only; positions consecutive along the chunk
+      out = image_local_splash.image_local_1d_splash(
+          q, k, v, ctx.segment_ids, ctx.valid, query_len=self.section.query_len,
+          memory_len=self.section.memory_len).astype(self.dtype)
+    else:
+      slots, query_len = key_slots(x.shape[1], self.section)
+      out = gathered_local_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots,
+                                     query_len)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return cached_context.project_output(out, self.d_model, self.dtype), state, {}

@@ -43,12 +43,16 @@ class KernelPattern:
       may be built for cuDNN's bias); False for O(n·w) layers.
     unsupported: why no kernel can compute the layer ('' if one can), e.g.
       'dilated windows' or 'global tokens'.
+    splash_only: a static mask on slots that the splash masks express and
+      cuDNN does not ('' if none), e.g. the Sparse Transformer's strided
+      pattern; `left, right` are then its envelope (causal: `right = 0`).
   """
   left: Optional[int] = None
   right: Optional[int] = 0
   in_chunk: bool = True
   dense_mask_ok: bool = True
   unsupported: str = ''
+  splash_only: str = ''
 
   @property
   def causal(self) -> bool:
@@ -73,6 +77,8 @@ def cudnn_misfit(pattern: KernelPattern, platform: str, dtype: str, head_dim: in
     return f'cuDNN runs on GPU only (this platform is {platform!r})'
   if pattern.unsupported:
     return f'cuDNN attention cannot express {pattern.unsupported}'
+  if pattern.splash_only:
+    return f'cuDNN attention cannot express {pattern.splash_only}'
   if not pattern.dense_mask_ok:
     return ('documents and padding reach cuDNN as a dense [batch, q, k] mask, which this '
             'O(n·w) layer never builds')
@@ -120,7 +126,8 @@ def check_layer(requested: str, pattern: Optional[KernelPattern], attention: str
   check_name(requested)
   if pattern is None:
     if requested in KERNELS:
-      raise ConfigError(KEY, f'{requested!r} is ignored: attention {attention!r} has no kernel '
-                             "backend (vanilla and longformer have); use 'auto' or 'xla'")
+      raise ConfigError(KEY, f'{requested!r} is ignored: attention {attention!r} has no '
+                             'kernel backend (vanilla, longformer, sparse_transformer and '
+                             "image_local have); use 'auto' or 'xla'")
     return
   resolve_backend(requested, pattern, dtype=dtype, head_dim=head_dim, platform=platform)

@@ -12,6 +12,19 @@ bidirectional is `left = right = None` (unbounded), the Longformer's one-sided
 window w is `(w, 0)` causal and `(w, w)` two-sided, a StreamingLLM window of
 the w most recent tokens is `(w - 1, 0)`.
 
+More generally `splash_attention(..., mask=rule)` takes, instead of the
+window, a hashable rule on slot ids (`allowed(i, j) = valid_j & seg_i == seg_j
+& rule(i, j)`): `Window(left, right)` (the above), the Sparse Transformer's
+`Strided(l, 'local' | 'summary')` and `Fixed(l, 'local' | 'summary', c)`, the
+Image Transformer's local 1D `BlockLocal(query_len, memory_len)`, a `Union` of
+rules, or a tuple of one rule per head (a `MultiHeadMask` with different
+heads). A window becomes the package's `LocalMask` (or `FullMask`); every other
+rule a `RuleMask`, a `_ComputableMask` whose mask function is the rule, so no
+n x n array is built: the kernel evaluates the rule in-kernel on each block
+when every head has the same rule, and with different heads loads the few
+distinct partial blocks, which the package finds block by block when the
+kernel is built (sparse_splash.py, image_local_splash.py).
+
 How each rule reaches the kernel (`jax.experimental.pallas.ops.tpu.splash_attention`):
 - the window and causal rules are its static `LocalMask` on array slots. They
   equal the rules on positions (docs/design.md, contract 2) because positions
@@ -40,6 +53,7 @@ compiled by Mosaic; elsewhere it runs in Pallas interpret mode (the tests on
 CPU), with the same numerics up to float32 rounding.
 """
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -64,22 +78,138 @@ def block_size(padded: int) -> int:
   return next(b for b in BLOCK_CHOICES if padded % b == 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class Window:
+  """Keys at slot offsets `-left..right` from the query (None: unbounded on that side).
+
+  Causal is `Window(None, 0)`, bidirectional `Window(None, None)`; the Longformer's
+  one-sided window w is `Window(w, 0)` (causal) or `Window(w, w)` (two-sided).
+  """
+  left: Optional[int] = None
+  right: Optional[int] = 0
+
+  def allows(self, q_ids, kv_ids):
+    allowed = (q_ids >= 0) & (kv_ids >= 0)       # all True, in the inputs' array type
+    if self.left is not None:
+      allowed = allowed & (kv_ids >= q_ids - self.left)
+    if self.right is not None:
+      allowed = allowed & (kv_ids <= q_ids + self.right)
+    return allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class Strided:
+  """Sparse Transformer strided components (Child et al. 2019), stride l, causal.
+
+  `local`: 0 <= i - j < l (the previous l slots, self included);
+  `summary`: j <= i and (i - j) % l == 0, written i % l == j % l (non-negative operands).
+  """
+  stride: int
+  component: str              # 'local' | 'summary'
+
+  def allows(self, q_ids, kv_ids):
+    causal = kv_ids <= q_ids
+    if self.component == 'local':
+      return causal & (kv_ids > q_ids - self.stride)
+    if self.component == 'summary':
+      return causal & (q_ids % self.stride == kv_ids % self.stride)
+    raise ValueError(f'unknown strided component {self.component!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+  """Sparse Transformer fixed components, block length l, summary length c, causal.
+
+  `local`: j <= i and j // l == i // l (the query's own block);
+  `summary`: j <= i and j % l >= l - c (the last c slots of every block).
+  """
+  stride: int
+  component: str              # 'local' | 'summary'
+  summary_len: int = 1
+
+  def allows(self, q_ids, kv_ids):
+    causal = kv_ids <= q_ids
+    if self.component == 'local':
+      return causal & (q_ids // self.stride == kv_ids // self.stride)
+    if self.component == 'summary':
+      return causal & (kv_ids % self.stride >= self.stride - self.summary_len)
+    raise ValueError(f'unknown fixed component {self.component!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLocal:
+  """Image Transformer local 1D: query block of `query_len` slots sees its own block and
+  the `memory_len` slots before it, causally: j <= i and j >= (i // lq) * lq - lm."""
+  query_len: int
+  memory_len: int
+
+  def allows(self, q_ids, kv_ids):
+    first = (q_ids // self.query_len) * self.query_len - self.memory_len
+    return (kv_ids <= q_ids) & (kv_ids >= first)
+
+
+@dataclasses.dataclass(frozen=True)
+class Union:
+  """A key is allowed when any part allows it (one softmax over the union)."""
+  parts: tuple
+
+  def allows(self, q_ids, kv_ids):
+    allowed = self.parts[0].allows(q_ids, kv_ids)
+    for part in self.parts[1:]:
+      allowed = allowed | part.allows(q_ids, kv_ids)
+    return allowed
+
+
+class RuleMask(splash_mask._ComputableMask):
+  """A splash mask computed from a rule (`Window`, `Strided`, ...) on slot ids.
+
+  `mask_function(q_ids, kv_ids)` is the rule: the kernel evaluates it in-kernel
+  on each block (no mask array) when every head has the same mask; the block
+  sparsity (which blocks are empty, full or partial) is found by evaluating it
+  block by block in numpy when the kernel is built, never an n x n array at once.
+  """
+
+  def __init__(self, shape: tuple, rule):
+    self.rule = rule
+    super().__init__(shape=shape, mask_function=rule.allows)
+
+  def __eq__(self, other: object):
+    return (isinstance(other, RuleMask) and self.shape == other.shape
+            and self.rule == other.rule)
+
+  def __hash__(self):
+    return hash((RuleMask, self.shape, self.rule))
+
+
+def head_mask(length: int, rule) -> splash_mask.Mask:
+  """The splash mask of one head for a padded chunk of `length` slots."""
+  if isinstance(rule, Window):
+    if rule.left is None and rule.right is None:   # LocalMask would capture a constant block
+      return splash_mask.FullMask((length, length))
+    return splash_mask.LocalMask((length, length), window_size=(rule.left, rule.right),
+                                 offset=0)
+  return RuleMask((length, length), rule)
+
+
+def head_rules(mask, num_heads: int) -> tuple:
+  """One rule for every head: a single rule is shared, a tuple gives one per head."""
+  rules = tuple(mask) if isinstance(mask, (tuple, list)) else (mask,) * num_heads
+  if len(rules) != num_heads:
+    raise ValueError(f'{len(rules)} head masks for {num_heads} heads')
+  return rules
+
+
 @functools.lru_cache(maxsize=64)
-def _kernel(length: int, num_heads: int, left: Optional[int], right: Optional[int],
-            interpret: bool):
-  """The splash kernel for `[heads, length, head_dim]` inputs and one window (cached)."""
+def _kernel(length: int, rules: tuple, interpret: bool):
+  """The splash kernel for `[heads, length, head_dim]` inputs, one rule per head (cached)."""
   block = block_size(length)
-  if left is None and right is None:     # LocalMask would capture a constant all-True block
-    mask = splash_mask.FullMask((length, length))
-  else:
-    mask = splash_mask.LocalMask((length, length), window_size=(left, right), offset=0)
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                             use_fused_bwd_kernel=True)
+  masks = splash_mask.MultiHeadMask([head_mask(length, rule) for rule in rules])
   # Concrete (not traced) mask metadata, so the cached kernel can serve any trace.
   with jax.ensure_compile_time_eval():
-    return splash.make_splash_mha(splash_mask.MultiHeadMask([mask] * num_heads),
-                                  block_sizes=sizes, head_shards=1, q_seq_shards=1,
+    return splash.make_splash_mha(masks, block_sizes=sizes, head_shards=1, q_seq_shards=1,
                                   interpret=interpret)
 
 
@@ -89,7 +219,8 @@ def default_interpret() -> bool:
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
-                     valid: jax.Array, *, left: Optional[int], right: Optional[int],
+                     valid: jax.Array, *, left: Optional[int] = None,
+                     right: Optional[int] = 0, mask=None,
                      interpret: Optional[bool] = None) -> jax.Array:
   """Masked softmax attention within one chunk through the splash kernel.
 
@@ -99,7 +230,10 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     segment_ids: `[batch, chunk]` int32 document ids of the chunk's tokens.
     valid: `[batch, chunk]` bool, the key is real (not padding).
     left, right: the window, keys at slot offsets `-left..right` from the
-      query (None: unbounded on that side); causal is `right = 0`.
+      query (None: unbounded on that side); causal is `right = 0`. Used when
+      `mask` is None (`Window(left, right)`).
+    mask: a rule on slot ids (`Window`, `Strided`, `Fixed`, `BlockLocal`,
+      `Union`) shared by every head, or a tuple of one rule per head.
     interpret: Pallas interpret mode (None: off on TPU only).
   Returns:
     `[batch, chunk, heads, head_dim]` in q's dtype; rows with no allowed key are 0.
@@ -114,7 +248,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
   kv_segments = jnp.where(in_chunk & jnp.pad(valid, ((0, 0), (0, pad))),
                           jnp.pad(segment_ids, ((0, 0), (0, pad))), absent)
   to_heads_major = lambda a: jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
-  kernel = _kernel(length, heads, left, right, bool(interpret))
+  rules = head_rules(Window(left, right) if mask is None else mask, heads)
+  kernel = _kernel(length, rules, bool(interpret))
   sinks = jnp.full((heads,), EMPTY_ROW_SINK, jnp.float32)
 
   def one_row(q_row, k_row, v_row, q_seg, kv_seg):
