@@ -66,3 +66,34 @@ def test_exact_method_uses_blocks_only_on_long_axes():
   want_values, want_indices = jax.lax.top_k(scores, 32)
   np.testing.assert_array_equal(np.asarray(indices), np.asarray(want_indices))
   np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values))
+
+
+@pytest.mark.parametrize('length,block', [(4096, 64), (1000, 16)])
+def test_a_validity_mask_counts_as_minus_infinity(length, block):
+  rng = np.random.default_rng(2)
+  scores = jnp.asarray(rng.normal(size=(2, 3, 5, length)).astype(np.float32))
+  valid = jnp.asarray(rng.random((2, 1, 1, length)) < 0.3)
+  valid = valid.at[1].set(False).at[1, 0, 0, :4].set(True)      # row 1: 4 valid entries
+  values, indices = jax.jit(block_top_k, static_argnums=(1, 2))(scores, 8, block, valid)
+  want_values, want_indices = jax.lax.top_k(jnp.where(valid, scores, -jnp.inf), 8)
+  np.testing.assert_array_equal(np.asarray(indices), np.asarray(want_indices))
+  np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values))
+
+
+def test_retrieval_from_a_long_partly_filled_memory_equals_one_top_k():
+  from longformer_jax.memory import key_value
+  capacity, heads, dim = 8192, 2, 8
+  keys, values = jax.random.normal(jax.random.PRNGKey(6), (2, 2, capacity, heads, dim))
+  valid = jnp.arange(capacity)[None] < jnp.array([[capacity], [300]])
+  memory = key_value.create(2, capacity, heads, dim).replace(
+      data={'keys': keys, 'values': values},
+      positions=jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (2, capacity)),
+      valid=valid)
+  queries = jax.random.normal(jax.random.PRNGKey(7), (2, 5, heads, dim))
+  assert worth_blocking(capacity, 16)
+  got = jax.jit(lambda m, q: key_value.retrieve(m, q, 16, scale=0.5))(memory, queries)
+  want_values, want_indices = jax.lax.top_k(key_value.similarities(memory, queries, 0.5), 16)
+  np.testing.assert_array_equal(np.asarray(got.indices), np.moveaxis(np.asarray(want_indices), 1, 2))
+  np.testing.assert_array_equal(np.asarray(got.similarities),
+                                np.moveaxis(np.asarray(want_values), 1, 2))
+  assert bool(got.valid.all())

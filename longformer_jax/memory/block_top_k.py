@@ -24,6 +24,8 @@ Cost: one read of the scores for the maxima, a top-k over M / block values
 and one over k * block candidates, against a k-heap pass over all M.
 """
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
@@ -35,33 +37,54 @@ def worth_blocking(length: int, k: int, block: int = DEFAULT_BLOCK) -> bool:
   return length // block >= 4 * k
 
 
-def block_top_k(scores: jax.Array, k: int, block: int = DEFAULT_BLOCK
-                ) -> tuple[jax.Array, jax.Array]:
+def block_top_k(scores: jax.Array, k: int, block: int = DEFAULT_BLOCK,
+                valid: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
   """`lax.top_k(scores, k)` computed through block maxima (same values and indices).
 
   Args:
     scores: `[..., M]`, any float dtype.
     k: results per row, 1 <= k <= M.
     block: entries per block.
+    valid: optional bool, broadcastable to `scores` (e.g. `[b, 1, 1, M]`): entries
+      where False count as -inf. Applied inside the block maxima and to the
+      candidates, so the caller needs no masked copy of the whole score matrix
+      (that copy costs as much as the matmul that made the scores).
   Returns:
-    `(values [..., k], indices [..., k] int32)`, best first.
+    `(values [..., k], indices [..., k] int32)`, best first: those of
+    `lax.top_k(where(valid, scores, -inf), k)`.
   """
   length = scores.shape[-1]
   if not 1 <= k <= length:
     raise ValueError(f'k = {k} must be in [1, {length}]')
   num_blocks = -(-length // block)
   if num_blocks < k:
-    return jax.lax.top_k(scores, k)
+    if valid is not None:
+      scores = jnp.where(valid, scores, -jnp.inf)
+    values, indices = jax.lax.top_k(scores, k)
+    return values, indices.astype(jnp.int32)
   pad = num_blocks * block - length
+  if valid is None:
+    valid = jnp.ones((1,) * scores.ndim, bool)
+  valid = jnp.asarray(valid, bool)
+  valid = jnp.broadcast_to(valid, valid.shape[:-1] + (length,))
   if pad:
     # Padded entries come after every real one in the (value, -index) order.
-    scores = jnp.pad(scores, [(0, 0)] * (scores.ndim - 1) + [(0, pad)],
-                     constant_values=-jnp.inf)
+    widen = lambda a, fill: jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)],
+                                    constant_values=fill)
+    scores, valid = widen(scores, -jnp.inf), widen(valid, False)
   blocked = scores.reshape(scores.shape[:-1] + (num_blocks, block))    # [..., B, block]
-  _, best_blocks = jax.lax.top_k(blocked.max(axis=-1), k)              # [..., k]
+  blocked_valid = valid.reshape(valid.shape[:-1] + (num_blocks, block))
+  # A masked reduction is slower than a plain one, and a memory is mostly full: take the
+  # plain maxima when every entry is valid (a scalar test; one branch runs).
+  maxima = jax.lax.cond(
+      blocked_valid.all(), lambda: blocked.max(axis=-1),
+      lambda: jnp.where(blocked_valid, blocked, -jnp.inf).max(axis=-1))
+  _, best_blocks = jax.lax.top_k(maxima, k)                            # [..., k]
   best_blocks = jnp.sort(best_blocks, axis=-1)                         # index order for ties
   candidates = jnp.take_along_axis(blocked, best_blocks[..., None], axis=-2)  # [..., k, block]
-  flat = candidates.reshape(candidates.shape[:-2] + (k * block,))
+  candidates_valid = jnp.take_along_axis(blocked_valid, best_blocks[..., None], axis=-2)
+  flat = jnp.where(candidates_valid, candidates, -jnp.inf)
+  flat = flat.reshape(flat.shape[:-2] + (k * block,))
   values, where = jax.lax.top_k(flat, k)
   slots = best_blocks[..., None] * block + jnp.arange(block, dtype=best_blocks.dtype)
   indices = jnp.take_along_axis(slots.reshape(flat.shape), where, axis=-1)

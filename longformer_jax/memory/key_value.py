@@ -29,6 +29,7 @@ from longformer_jax.memory import entries as entries_lib
 from longformer_jax.memory.entries import MemoryEntries
 from longformer_jax.memory.insertion import insert_entries
 from longformer_jax.memory.policies import EvictionPolicy
+from longformer_jax.memory.block_top_k import block_top_k, worth_blocking
 from longformer_jax.memory.sharded_retrieval import sharded_top_k, top_k
 
 
@@ -86,14 +87,16 @@ def clear_rows(memory: MemoryEntries, reset: jax.Array) -> MemoryEntries:
   return entries_lib.clear_rows(memory, reset)
 
 
-def similarities(memory: MemoryEntries, queries: jax.Array, scale: float | None = None) -> jax.Array:
+def similarities(memory: MemoryEntries, queries: jax.Array, scale: float | None = None,
+                 masked: bool = True) -> jax.Array:
   """`[b, h, q, M]` float32 (scaled) dot products of `queries [b, q, h, d]` with the keys;
-  -inf at invalid entries."""
+  -inf at invalid entries (`masked=False`: left as they are)."""
   scores = jnp.einsum('bqhd,bmhd->bhqm', queries, memory.data['keys'],
                       preferred_element_type=jnp.float32)
   if scale is not None:
     scores = scores * jnp.float32(scale)
-  scores = jnp.where(memory.valid[:, None, None, :], scores, -jnp.inf)
+  if masked:
+    scores = jnp.where(memory.valid[:, None, None, :], scores, -jnp.inf)
   return nn.with_logical_constraint(scores, ('batch', 'heads', 'length', 'memory'))
 
 
@@ -123,7 +126,8 @@ def retrieve(memory: MemoryEntries, queries: jax.Array, k: int, *, scale: float 
     queries: `[b, q, h, d]` (h = the memory's heads).
     k: results per (query, head); when k > capacity the extra results are invalid.
     scale: multiplies the dot products (None: unscaled).
-    method: 'exact' (`lax.top_k`) or 'approx' (`lax.approx_max_k`, `recall_target`).
+    method: 'exact' (`lax.top_k`'s result; through block maxima on long memories,
+      memory/block_top_k.py) or 'approx' (`lax.approx_max_k`, `recall_target`).
     mesh, memory_axis: when given, the capacity axis is sharded over the mesh
       axis `memory_axis` and the per-shard top-k path is used; `batch_axis`
       (optional) is the mesh axis sharding the batch rows there.
@@ -133,14 +137,19 @@ def retrieve(memory: MemoryEntries, queries: jax.Array, k: int, *, scale: float 
   capacity = memory.capacity
   if capacity == 0 or k <= 0:
     raise ValueError(f'retrieval needs capacity > 0 and k > 0, got capacity {capacity}, k {k}')
-  scores = similarities(memory, queries, scale)                       # [b, h, q, M]
   found = min(k, capacity)
-  if mesh is not None and memory_axis is not None:
+  sharded = mesh is not None and memory_axis is not None
+  if method == 'exact' and not sharded and worth_blocking(capacity, found):
+    # Block maxima with the validity mask fused in: no masked copy of the scores.
+    scores = similarities(memory, queries, scale, masked=False)       # [b, h, q, M]
+    values, indices = block_top_k(scores, found, valid=memory.valid[:, None, None, :])
+  elif sharded:
+    scores = similarities(memory, queries, scale)                     # [b, h, q, M]
     values, indices = sharded_top_k(scores, found, mesh=mesh, memory_axis=memory_axis,
                                     method=method, recall_target=recall_target,
                                     batch_axis=batch_axis)
   else:
-    values, indices = top_k(scores, found, method, recall_target)
+    values, indices = top_k(similarities(memory, queries, scale), found, method, recall_target)
   indices = indices.astype(jnp.int32)
   if found < k:
     pad = [(0, 0)] * 3 + [(0, k - found)]
