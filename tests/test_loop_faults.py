@@ -38,6 +38,7 @@ def test_failed_run_leaves_config_json_alone(tmp_path):
   assert not os.path.exists(os.path.join(workdir, 'config.json.tmp'))
 
 
+@pytest.mark.slow
 def test_resuming_an_old_flat_config_json_compares_it_in_todays_layout(tmp_path):
   workdir = str(tmp_path)
   train_script.train(lm_config(num_steps=2, checkpoint_every=2), workdir)

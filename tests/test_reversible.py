@@ -148,6 +148,7 @@ def backward_temp_bytes(stack_name: str, num_layers: int) -> int:
   return compiled.memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow
 def test_backward_memory_does_not_grow_with_depth():
   reversible = [backward_temp_bytes('reversible', n) for n in (2, 8)]
   standard = [backward_temp_bytes('standard', n) for n in (2, 8)]
