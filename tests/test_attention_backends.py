@@ -184,8 +184,6 @@ def resolve(**model):
     (dict(attention='xl', mem_len=16, attention_backend='splash'), 'has no kernel backend'),
     (dict(attention='longformer', attention_backend='splash'), 'memory before the chunk'),
     (dict(attention='longformer', attention_backend='splash', causal=False,
-          longformer=dict(dilation=2)), 'dilated windows'),
-    (dict(attention='longformer', attention_backend='splash', causal=False,
           longformer=dict(global_tokens=2)), 'global tokens'),
 ])
 def test_bad_backend_is_a_config_error_naming_the_key(model, rule):
@@ -199,6 +197,8 @@ def test_bad_backend_is_a_config_error_naming_the_key(model, rule):
     dict(attention_backend='splash'), dict(attention_backend='splash', causal=False),
     dict(attention='longformer', attention_backend='splash', causal=False),
     dict(attention='longformer', attention_backend='splash', longformer=dict(window_cache=False)),
+    dict(attention='longformer', attention_backend='splash', causal=False,
+         longformer=dict(dilation=2)),
     dict(attention='xl', mem_len=16, attention_backend='xla'),
     dict(attention='xl', mem_len=16),
 ])

@@ -49,7 +49,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import block_scan, block_sparse, cached_context
+from longformer_jax.attention.core import attention_backend as backends
+from longformer_jax.attention.core import bigbird_splash, block_scan, block_sparse, cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.config.section import Section
@@ -233,6 +234,7 @@ class BigBirdAttention(nn.Module):
   seed: int = 0
   layer_index: int = 0
   causal: bool = False
+  attention_backend: str = 'auto'
   dtype: jnp.dtype = jnp.float32
 
   @classmethod
@@ -242,8 +244,14 @@ class BigBirdAttention(nn.Module):
                block=section.block, window_blocks=section.window_blocks,
                random_blocks=section.random_blocks, global_blocks=section.global_blocks,
                max_global_tokens=section.max_global_tokens, seed=section.seed,
-               layer_index=stack_layer_index(config), causal=config.causal, dtype=dtype,
+               layer_index=stack_layer_index(config), causal=config.causal,
+               attention_backend=config.get('attention_backend', 'auto'), dtype=dtype,
                name=name)
+
+  @staticmethod
+  def kernel_pattern(model, section) -> backends.KernelPattern:
+    """What a layer with these settings asks of a kernel (config checks)."""
+    return bigbird_splash.kernel_pattern(model, section)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -260,9 +268,19 @@ class BigBirdAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
     q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
-    out = bigbird_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, ctx.global_flags,
-                            self.pattern(x.shape[1]), block=self.block,
-                            window_blocks=self.window_blocks, global_blocks=self.global_blocks,
-                            max_global_tokens=self.max_global_tokens, causal=self.causal)
+    backend = backends.resolve_backend(
+        self.attention_backend, bigbird_splash.kernel_pattern(self, self),
+        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+    if backend == 'splash':      # static R, no flagged globals (bigbird_splash.py)
+      out = bigbird_splash.bigbird_splash(
+          q, k, v, ctx.segment_ids, ctx.valid,
+          bigbird_splash.static_random_blocks(self.pattern, x.shape[1]), block=self.block,
+          window_blocks=self.window_blocks, global_blocks=self.global_blocks,
+          causal=self.causal).astype(self.dtype)
+    else:
+      out = bigbird_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid,
+                              ctx.global_flags, self.pattern(x.shape[1]), block=self.block,
+                              window_blocks=self.window_blocks, global_blocks=self.global_blocks,
+                              max_global_tokens=self.max_global_tokens, causal=self.causal)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return cached_context.project_output(out, self.d_model, self.dtype), state, {}

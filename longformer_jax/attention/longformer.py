@@ -19,10 +19,10 @@ first position; the cache holds hidden states (keys are re-made and rotated at
 their stored positions), which keeps it exact. The cache is stop-gradient.
 
 Kernels (`model.attention_backend`, attention/core/attention_backend.py): the
-sliding window without dilation, without global tokens and without a window
-cache (two-sided layers, or `window_cache=False`) runs through the splash
-kernel (`LocalMask` of the same window, documents and padding as segment ids)
-on TPU; everything else stays on the blocked XLA kernel. cuDNN is never used
+sliding window without global tokens and without a window cache (two-sided
+layers, or `window_cache=False`) runs through the splash kernel on TPU: a
+`LocalMask` of the window for heads of dilation 1, a `DilatedWindow` rule per
+dilated head (splash_kernels.py), documents and padding as segment ids; everything else stays on the blocked XLA kernel. cuDNN is never used
 here: documents and padding would reach it as a dense mask, which this O(n·w)
 layer never builds (docs/kernels.md). On a mesh with a `sequence` axis > 1 the
 same window (no cache or dilation; a window within one device's share of the
@@ -48,7 +48,7 @@ from longformer_jax.attention.core.dilated_window import dilated_window_attentio
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
 from longformer_jax.attention.core.sliding_window import auto_block_size
-from longformer_jax.attention.core.splash_kernels import splash_attention
+from longformer_jax.attention.core.splash_kernels import dilated_window_rules, splash_attention
 from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary
@@ -241,10 +241,11 @@ class LongformerAttention(nn.Module):
           q, k, v, ctx.positions, ctx.segment_ids, key_valid,
           mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
           scale=self.head_dim ** -0.5, block_size=self.block_size or None)
-    elif backend == 'splash':      # no cache, no dilation, no global tokens (_pattern)
+    elif backend == 'splash':      # no cache, no global tokens (_pattern); per-head dilation
       out = splash_attention(q * jnp.asarray(self.head_dim ** -0.5, q.dtype), k, v,
-                             ctx.segment_ids, key_valid, left=self.window,
-                             right=0 if self.causal else self.window)
+                             ctx.segment_ids, key_valid,
+                             mask=dilated_window_rules(self.window, self.head_dilations,
+                                                       self.causal))
     else:
       out, lse = self._window_part(q, k, v, ctx, context, key_valid)
     if self.global_tokens and not split:
@@ -317,10 +318,12 @@ def cache_length(window: int, head_dilations: tuple, window_cache: bool) -> int:
 
 def _pattern(window: int, head_dilations: tuple, causal: bool, num_global: int,
              in_chunk: bool) -> backends.KernelPattern:
-  """The window `-w..0` (causal) or `-w..w`, O(n·w): no dense mask for cuDNN."""
-  unsupported = [reason for reason, present in (
-      ('dilated windows', any(d != 1 for d in head_dilations)),
-      ('global tokens', num_global > 0)) if present]
+  """The window `-w..0` (causal) or `-w..w`, O(n·w): no dense mask for cuDNN. Dilated
+  heads are splash rules (`DilatedWindow`), which cuDNN cannot express."""
+  dilated = any(d != 1 for d in head_dilations)
   return backends.KernelPattern(
-      left=window, right=0 if causal else window, in_chunk=in_chunk, dense_mask_ok=False,
-      unsupported=' or '.join(unsupported))
+      left=window * max(head_dilations, default=1),
+      right=0 if causal else window * max(head_dilations, default=1),
+      in_chunk=in_chunk, dense_mask_ok=False,
+      unsupported='global tokens' if num_global > 0 else '',
+      splash_only='dilated windows' if dilated else '')

@@ -127,7 +127,7 @@ def check_layer(requested: str, pattern: Optional[KernelPattern], attention: str
   if pattern is None:
     if requested in KERNELS:
       raise ConfigError(KEY, f'{requested!r} is ignored: attention {attention!r} has no '
-                             'kernel backend (vanilla, longformer, sparse_transformer and '
-                             "image_local have); use 'auto' or 'xla'")
+                             'kernel backend (vanilla, longformer, sparse_transformer, '
+                             "image_local and bigbird have); use 'auto' or 'xla'")
     return
   resolve_backend(requested, pattern, dtype=dtype, head_dim=head_dim, platform=platform)

@@ -14,16 +14,19 @@ the w most recent tokens is `(w - 1, 0)`.
 
 More generally `splash_attention(..., mask=rule)` takes, instead of the
 window, a hashable rule on slot ids (`allowed(i, j) = valid_j & seg_i == seg_j
-& rule(i, j)`): `Window(left, right)` (the above), the Sparse Transformer's
+& rule(i, j)`): `Window(left, right)` (the above), the Longformer's
+`DilatedWindow(left, right, dilation)`, the Sparse Transformer's
 `Strided(l, 'local' | 'summary')` and `Fixed(l, 'local' | 'summary', c)`, the
 Image Transformer's local 1D `BlockLocal(query_len, memory_len)`, a `Union` of
-rules, or a tuple of one rule per head (a `MultiHeadMask` with different
-heads). A window becomes the package's `LocalMask` (or `FullMask`); every other
+rules, BigBird's static block pattern (bigbird_splash.py), or a tuple of one
+rule per head (a `MultiHeadMask` with different heads). A window becomes the package's `LocalMask` (or `FullMask`); every other
 rule a `RuleMask`, a `_ComputableMask` whose mask function is the rule, so no
 n x n array is built: the kernel evaluates the rule in-kernel on each block
 when every head has the same rule, and with different heads loads the few
 distinct partial blocks, which the package finds block by block when the
-kernel is built (sparse_splash.py, image_local_splash.py).
+kernel is built (sparse_splash.py, image_local_splash.py). A rule that looks up
+a table (`in_kernel = False`: BigBird's random blocks) becomes a
+`LoadedRuleMask`, whose partial blocks are always loaded.
 
 How each rule reaches the kernel (`jax.experimental.pallas.ops.tpu.splash_attention`):
 - the window and causal rules are its static `LocalMask` on array slots. They
@@ -95,6 +98,31 @@ class Window:
     if self.right is not None:
       allowed = allowed & (kv_ids <= q_ids + self.right)
     return allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class DilatedWindow:
+  """The Longformer's dilated window on slots: offsets `-left..right` from the query that are
+  multiples of `dilation` (sliding_window.py's rule: `(i - j) % d == 0`, written
+  `i % d == j % d` on non-negative slot ids). The layer's one-sided window w with dilation d
+  is `DilatedWindow(w * d, 0, d)` (causal) or `DilatedWindow(w * d, w * d, d)` (two-sided).
+  """
+  left: int
+  right: int
+  dilation: int
+
+  def allows(self, q_ids, kv_ids):
+    return ((kv_ids >= q_ids - self.left) & (kv_ids <= q_ids + self.right)
+            & (q_ids % self.dilation == kv_ids % self.dilation))
+
+
+def dilated_window_rules(window: int, head_dilations: tuple, causal: bool) -> tuple:
+  """One rule per head of a Longformer layer: `Window` for dilation 1, else `DilatedWindow`."""
+  def rule(d):
+    if d == 1:
+      return Window(window, 0 if causal else window)
+    return DilatedWindow(window * d, 0 if causal else window * d, d)
+  return tuple(rule(d) for d in head_dilations)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +209,36 @@ class RuleMask(splash_mask._ComputableMask):
     return hash((RuleMask, self.shape, self.rule))
 
 
+class LoadedRuleMask(splash_mask.Mask):
+  """A splash mask from a rule that the kernel cannot evaluate in-kernel (it looks up a
+  static table, e.g. BigBird's random blocks: rules with `in_kernel = False`).
+
+  The package evaluates it block by block in numpy when the kernel is built and loads
+  the distinct partial blocks; no n x n array is built at once.
+  """
+
+  def __init__(self, shape: tuple, rule):
+    self._shape = shape
+    self.rule = rule
+
+  @property
+  def shape(self) -> tuple:
+    return self._shape
+
+  def __getitem__(self, idx) -> np.ndarray:
+    q_slice, kv_slice = idx
+    rows = np.arange(self._shape[0])[q_slice]
+    cols = np.arange(self._shape[1])[kv_slice]
+    return np.asarray(self.rule.allows(rows[:, None], cols[None, :]))
+
+  def __eq__(self, other: object):
+    return (isinstance(other, LoadedRuleMask) and self.shape == other.shape
+            and self.rule == other.rule)
+
+  def __hash__(self):
+    return hash((LoadedRuleMask, self.shape, self.rule))
+
+
 def head_mask(length: int, rule) -> splash_mask.Mask:
   """The splash mask of one head for a padded chunk of `length` slots."""
   if isinstance(rule, Window):
@@ -188,6 +246,8 @@ def head_mask(length: int, rule) -> splash_mask.Mask:
       return splash_mask.FullMask((length, length))
     return splash_mask.LocalMask((length, length), window_size=(rule.left, rule.right),
                                  offset=0)
+  if not getattr(rule, 'in_kernel', True):
+    return LoadedRuleMask((length, length), rule)
   return RuleMask((length, length), rule)
 
 
@@ -232,8 +292,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     left, right: the window, keys at slot offsets `-left..right` from the
       query (None: unbounded on that side); causal is `right = 0`. Used when
       `mask` is None (`Window(left, right)`).
-    mask: a rule on slot ids (`Window`, `Strided`, `Fixed`, `BlockLocal`,
-      `Union`) shared by every head, or a tuple of one rule per head.
+    mask: a rule on slot ids (`Window`, `DilatedWindow`, `Strided`, `Fixed`,
+      `BlockLocal`, `Union`, bigbird_splash's `BigBirdBlocks`) shared by every head, or a tuple of one rule per head.
     interpret: Pallas interpret mode (None: off on TPU only).
   Returns:
     `[batch, chunk, heads, head_dim]` in q's dtype; rows with no allowed key are 0.

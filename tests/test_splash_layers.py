@@ -1,0 +1,260 @@
+"""Splash paths of the Longformer's dilated windows and BigBird's block pattern.
+
+The splash kernel (Pallas interpret mode on CPU) with `DilatedWindow` (per
+head) and bigbird_splash's `BigBirdBlocks` is held to the dense float32 masked
+softmax with a mask built here, in numpy, from the papers' rules on positions
+relative to the chunk's first token, documents and padding (the inputs of
+tests/test_splash_masks.py: positions from 1000, documents starting mid-chunk,
+padding, queries with no key that must give 0): outputs and gradients w.r.t.
+q, k, v to 1e-5. The mask objects are checked against the rules written as
+Python loops, and each wired layer with `attention_backend='splash'` equals
+`'xla'` (same parameters; outputs and gradients w.r.t. parameters and inputs).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from longformer_jax.attention import bigbird
+from longformer_jax.attention.bigbird import BigBirdAttention
+from longformer_jax.attention.core import attention_backend, bigbird_splash
+from longformer_jax.attention.core import splash_kernels as sk
+from longformer_jax.attention.core.dot_product import attend
+from longformer_jax.attention.longformer import LongformerAttention
+from longformer_jax.config.errors import ConfigError
+from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads, resolve
+from tests.test_splash_masks import chunk_facts, random_qkv
+
+RTOL, ATOL = 1e-5, 1e-5
+WINDOW = 4
+BB = dict(block=16, window_blocks=1, global_blocks=1)
+
+
+# ---- the rules, written from the papers (independent of the code under test) ----
+
+def dilated_loop(i: int, j: int, window: int, dilation: int, causal: bool) -> bool:
+  """sliding_window.py: causal 0 <= i - j <= w d, two-sided |i - j| <= w d; (i - j) % d == 0."""
+  near = 0 <= i - j <= window * dilation if causal else abs(i - j) <= window * dilation
+  return near and (i - j) % dilation == 0
+
+
+def bigbird_loop(i: int, j: int, table, block: int, window_blocks: int, global_blocks: int,
+                 causal: bool, global_rows: bool = False) -> bool:
+  """BigBird (bigbird.py's docstring): window | random | global key (| global query)."""
+  if causal and j > i:
+    return False
+  bi, bj = i // block, j // block
+  return (abs(bi - bj) <= window_blocks or bj in table[bi] or bj < global_blocks
+          or (global_rows and bi < global_blocks))
+
+
+def loop_mask(rule, n: int) -> np.ndarray:
+  return np.array([[rule(i, j) for j in range(n)] for i in range(n)])
+
+
+def reference_mask(head_rules, chunk: int, valid_global_rows=None) -> np.ndarray:
+  """`[B, heads, q, k]`: each head's loop rule on relative positions, documents, padding."""
+  positions, segments, valid = chunk_facts(chunk)
+  rel = positions[0] - positions[0, 0]
+  docs = (segments[:, :, None] == segments[:, None, :]) & valid[:, None, :]
+  heads = []
+  for rule in head_rules:
+    full = np.array([[rule(i, j) for j in rel] for i in rel])
+    heads.append(full[None] & docs)
+  return np.stack(heads, axis=1)
+
+
+def compare(kernel_fn, mask: np.ndarray, chunk: int):
+  """Splash `kernel_fn(q, k, v, segments, valid)` vs the dense masked softmax: out, dq, dk, dv."""
+  heads = mask.shape[1]
+  _, segments, valid = chunk_facts(chunk)
+  q, k, v, probe = random_qkv(chunk, heads)
+
+  @jax.jit
+  def run(q, k, v):
+    kernel = lambda q, k, v: kernel_fn(q, k, v, jnp.asarray(segments), jnp.asarray(valid))
+    dense = lambda q, k, v: attend(jnp.einsum('bqhd,bkhd->bhqk', q, k), jnp.asarray(mask), v)
+    results = []
+    for fn in (kernel, dense):
+      out, pullback = jax.vjp(fn, q, k, v)
+      results.append((out, pullback(probe)))
+    return results
+
+  (out, grads), (want, want_grads) = run(q, k, v)
+  np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL)
+  for got, expected, what in zip(grads, want_grads, 'qkv'):
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL, err_msg=f'd{what}')
+  empty = ~mask.any(-1)
+  assert empty.any(), 'the inputs must contain queries with no allowed key'
+  np.testing.assert_array_equal(np.asarray(out).transpose(0, 2, 1, 3)[empty], 0.0)
+
+
+def random_table(num_blocks: int, causal: bool, seed: int = 5, layer: int = 1):
+  r = bigbird.random_block_pattern(bigbird.pattern_key(seed, layer), num_blocks, 2,
+                                   BB['window_blocks'], BB['global_blocks'], causal)
+  return tuple(tuple(int(b) for b in row) for row in np.asarray(r))
+
+
+# ---- mask objects against the loops (cheap) ----
+
+@pytest.mark.parametrize('dilation, causal', [(2, True), (3, False), (1, True), (3, True)])
+def test_dilated_window_rules_equal_the_loops(dilation, causal):
+  n = 80
+  rule = sk.dilated_window_rules(WINDOW, (dilation,), causal)[0]
+  expected = loop_mask(lambda i, j: dilated_loop(i, j, WINDOW, dilation, causal), n)
+  mask = sk.head_mask(n, rule)
+  np.testing.assert_array_equal(mask[0:n, 0:n], expected)
+  np.testing.assert_array_equal(mask[16:48, 32:80], expected[16:48, 32:80])
+  ids = jnp.arange(n, dtype=jnp.int32)
+  np.testing.assert_array_equal(rule.allows(ids[:, None], ids[None, :]), expected)
+  assert isinstance(rule, sk.Window if dilation == 1 else sk.DilatedWindow)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_bigbird_rule_equals_the_loops(causal):
+  n = 96                                   # 6 blocks of 16
+  table = random_table(n // BB['block'], causal)
+  rule = bigbird_splash.BigBirdBlocks(causal=causal, random=table, **BB)
+  expected = loop_mask(lambda i, j: bigbird_loop(i, j, table, causal=causal, **BB), n)
+  mask = sk.head_mask(n, rule)
+  assert isinstance(mask, sk.LoadedRuleMask)
+  np.testing.assert_array_equal(mask[0:n, 0:n], expected)
+  np.testing.assert_array_equal(mask[16:48, 32:96], expected[16:48, 32:96])
+  ids = jnp.arange(n, dtype=jnp.int32)
+  np.testing.assert_array_equal(rule.allows(ids[:, None], ids[None, :]), expected)
+  # Padded slots past the last block (the kernel's 128 lanes) clip, never fail.
+  assert sk.head_mask(128, rule)[0:128, 0:128].shape == (128, 128)
+  assert hash(mask) == hash(sk.head_mask(n, rule)) and mask == sk.head_mask(n, rule)
+
+
+# ---- kernels against the dense reference ----
+
+@pytest.mark.slow
+def test_dilated_heads_two_sided_equal_dense_reference():
+  """Heads of dilation 1 and 3 (a LocalMask and a DilatedWindow rule), two-sided, chunk 200."""
+  dilations = (1, 3)
+  fn = lambda q, k, v, seg, valid: sk.splash_attention(
+      q, k, v, seg, valid, mask=sk.dilated_window_rules(WINDOW, dilations, causal=False))
+  mask = reference_mask([lambda i, j, d=d: dilated_loop(i, j, WINDOW, d, False)
+                         for d in dilations], 200)
+  compare(fn, mask, 200)
+
+
+@pytest.mark.slow
+def test_dilated_heads_causal_equal_dense_reference():
+  dilations = (2, 5)
+  fn = lambda q, k, v, seg, valid: sk.splash_attention(
+      q, k, v, seg, valid, mask=sk.dilated_window_rules(WINDOW, dilations, causal=True))
+  mask = reference_mask([lambda i, j, d=d: dilated_loop(i, j, WINDOW, d, True)
+                         for d in dilations], 200)
+  compare(fn, mask, 200)
+
+
+def bigbird_reference(chunk: int, causal: bool, table) -> np.ndarray:
+  """Sparse rows, then the rows of valid global queries (first g blocks) see the whole chunk."""
+  sparse = reference_mask([lambda i, j: bigbird_loop(i, j, table, causal=causal, **BB)] * 2,
+                          chunk)
+  rows = reference_mask([lambda i, j: bigbird_loop(i, j, table, causal=causal,
+                                                   global_rows=True, **BB)] * 2, chunk)
+  _, _, valid = chunk_facts(chunk)
+  return np.where(valid[:, None, :, None], rows, sparse)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('causal', [False, True])
+def test_bigbird_splash_equals_dense_reference(causal):
+  """Chunk 384: three 128 blocks, block-sparse skipping of the BigBird pattern."""
+  chunk = 384
+  table = random_table(chunk // BB['block'], causal)
+  fn = lambda q, k, v, seg, valid: bigbird_splash.bigbird_splash(
+      q, k, v, seg, valid, table, causal=causal, **BB)
+  compare(fn, bigbird_reference(chunk, causal, table), chunk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('causal', [False, True])
+def test_bigbird_splash_equals_the_modules_blocked_xla(causal):
+  chunk, heads = 200, 2
+  positions, segments, valid = (jnp.asarray(a) for a in chunk_facts(chunk))
+  q, k, v, _ = random_qkv(chunk, heads)
+  num_blocks = -(-chunk // BB['block'])
+  table = random_table(num_blocks, causal)
+  got = jax.jit(lambda q, k, v: bigbird_splash.bigbird_splash(
+      q, k, v, segments, valid, table, causal=causal, **BB))(q, k, v)
+  want = jax.jit(lambda q, k, v: bigbird.bigbird_attention(
+      q, k, v, positions, segments, valid, None, jnp.asarray(table), max_global_tokens=0,
+      causal=causal, **BB))(q, k, v)
+  np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+# ---- the layers: splash == xla ----
+
+def longformer(dilations, causal):
+  return lambda backend: LongformerAttention(
+      num_heads=2, head_dim=16, d_model=32, window=WINDOW, head_dilations=dilations,
+      causal=causal, window_cache=False, attention_backend=backend)
+
+
+def test_longformer_dilated_layer_splash_equals_xla():
+  """Two-sided, heads of dilation 1 and 3, chunk 128 (one kernel block)."""
+  results = layer_outputs_and_grads(longformer((1, 3), causal=False), chunk=128)
+  assert_trees_close(results['splash'], results['xla'], atol=2e-5)
+
+
+@pytest.mark.slow
+def test_longformer_dilated_causal_layer_splash_equals_xla():
+  """`window_cache=False`, causal, heads of dilation 2 and 2, chunk 200."""
+  results = layer_outputs_and_grads(longformer((2, 2), causal=True), chunk=200)
+  assert_trees_close(results['splash'], results['xla'], atol=2e-5)
+
+
+def bigbird_layer(causal):
+  return lambda backend: BigBirdAttention(
+      num_heads=2, head_dim=16, d_model=32, block=16, window_blocks=1, random_blocks=2,
+      global_blocks=1, seed=3, layer_index=1, causal=causal, attention_backend=backend)
+
+
+def test_bigbird_layer_splash_equals_xla():
+  """Bidirectional, chunk 128 (8 blocks: window, 2 random blocks, 1 ITC block)."""
+  results = layer_outputs_and_grads(bigbird_layer(causal=False), chunk=128)
+  assert_trees_close(results['splash'], results['xla'], atol=2e-5)
+
+
+@pytest.mark.slow
+def test_bigbird_causal_layer_splash_equals_xla():
+  results = layer_outputs_and_grads(bigbird_layer(causal=True), chunk=200)
+  assert_trees_close(results['splash'], results['xla'], atol=2e-5)
+
+
+# ---- backend choice ----
+
+def test_dilated_longformer_and_bigbird_resolve_to_splash():
+  assert resolve(attention='longformer', attention_backend='splash', causal=False,
+                 longformer=dict(dilation=2))['attention_backend'] == 'splash'
+  assert resolve(attention='longformer', attention_backend='splash',
+                 longformer=dict(head_dilations='1,2', window_cache=False)
+                 )['attention_backend'] == 'splash'
+  assert resolve(attention='bigbird', attention_backend='splash', causal=False
+                 )['attention_backend'] == 'splash'
+  section = bigbird.BigBirdConfig()
+  model = type('Model', (), dict(causal=False))()
+  pattern = bigbird_splash.kernel_pattern(model, section)
+  choose = lambda requested, platform: attention_backend.resolve_backend(
+      requested, pattern, dtype='bfloat16', head_dim=64, platform=platform)
+  assert (choose('auto', 'tpu'), choose('auto', 'gpu'), choose('auto', 'cpu')) == (
+      'splash', 'xla', 'xla')
+
+
+@pytest.mark.parametrize('model, rule', [
+    (dict(attention='bigbird', attention_backend='splash', causal=False,
+          bigbird=dict(max_global_tokens=2)), 'flags'),
+    (dict(attention='bigbird', attention_backend='cudnn', causal=False), 'GPU only'),
+    (dict(attention='longformer', attention_backend='splash', longformer=dict(dilation=2)),
+     'memory before the chunk'),
+])
+def test_refused_kernels_are_config_errors(model, rule):
+  with pytest.raises(ConfigError) as error:
+    resolve(**model)
+  assert error.value.key == 'model.attention_backend'
+  assert rule in str(error.value)
