@@ -326,3 +326,75 @@ def test_chunk_not_multiple_of_lsh_chunk_is_a_config_error():
   with pytest.raises(ConfigError, match='model.lsh.chunk_len'):
     lsh_attention(qk, v, positions, segments, valid, jnp.zeros((H, D, 1, 1)), chunk_len=12,
                   causal=True)
+
+
+# The scanned path: several scan steps (groups of sorted chunks), the single-key
+# sort with positions that restart per document, the payload sort it falls
+# back to, and the blocked hashing, against the same references.
+
+def documents_restarting_positions(seed):
+  """Positions that restart at 0 in every document of 12 (packed sequences)."""
+  qk, v, _, segments, valid = random_inputs(seed=seed, doc_len=12, pad_tail=3)
+  positions = np.tile((np.arange(N) % 12).astype(np.int32), (B, 1))
+  return qk, v, positions, segments, valid
+
+
+@pytest.mark.parametrize('rows_per_step', [8, 16, 24, 1000])
+@pytest.mark.parametrize('restart', [False, True])
+def test_scan_steps_match_dense_reference(rows_per_step, restart):
+  """1, 2, 3 or all chunks of 8 per scan step (12, 6, 4, 1 steps over 3 rounds)."""
+  if restart:
+    qk, v, positions, segments, valid = documents_restarting_positions(seed=8)
+  else:
+    qk, v, positions, segments, valid = random_inputs(seed=8, doc_len=20, pad_tail=3)
+  rotations = random_rotations(jax.random.PRNGKey(9), H, D, 3, 4)
+  run = jax.jit(lsh_attention, static_argnames=('chunk_len', 'causal', 'rows_per_step'))
+  out = run(qk, v, positions, segments, valid, rotations, chunk_len=8, causal=True,
+            rows_per_step=rows_per_step)
+  mask = reference_mask(numpy_buckets(qk, rotations), positions, segments, valid, 8, True)
+  np.testing.assert_allclose(out, reference_numpy(qk, v, positions, segments, mask),
+                             atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize('rows_per_step', [8, 16])
+def test_scan_steps_gradients_match_dense_reference(rows_per_step):
+  """Key/value gradients of a step's first chunk's previous chunk cross steps (the carry)."""
+  qk, v, positions, segments, valid = documents_restarting_positions(seed=10)
+  rotations = random_rotations(jax.random.PRNGKey(11), H, D, 2, 4)
+  mask = reference_mask(numpy_buckets(qk, rotations), positions, segments, valid, 8, False)
+  cotangent = jax.random.normal(jax.random.PRNGKey(12), (B, N, H, D))
+
+  def fast(qk, v):
+    return jnp.sum(cotangent * lsh_attention(qk, v, positions, segments, valid, rotations,
+                                             chunk_len=8, causal=False,
+                                             rows_per_step=rows_per_step))
+
+  def dense(qk, v):
+    return jnp.sum(cotangent * reference_jnp(qk, v, positions, segments, mask))
+
+  fast_value, fast_grads = jax.jit(jax.value_and_grad(fast, argnums=(0, 1)))(qk, v)
+  dense_value, dense_grads = jax.jit(jax.value_and_grad(dense, argnums=(0, 1)))(qk, v)
+  np.testing.assert_allclose(fast_value, dense_value, rtol=1e-5)
+  for got, want in zip(fast_grads, dense_grads):
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-4)
+
+
+def test_payload_sort_fallback_gives_the_same_output(monkeypatch):
+  """Past the int32 range of bucket * n + rank, the (bucket, position, slot) sort."""
+  import longformer_jax.attention.lsh as lsh_module
+  qk, v, positions, segments, valid = documents_restarting_positions(seed=13)
+  rotations = random_rotations(jax.random.PRNGKey(14), H, D, 3, 4)
+  args = (qk, v, positions, segments, valid, rotations)
+  single = lsh_attention(*args, chunk_len=8, causal=True, rows_per_step=16)
+  monkeypatch.setattr(lsh_module, 'SINGLE_KEY_SORT_LIMIT', 0)
+  payload = lsh_attention(*args, chunk_len=8, causal=True, rows_per_step=16)
+  np.testing.assert_array_equal(single, payload)
+
+
+def test_blocked_hash_buckets_match_numpy_argmax():
+  qk, *_ = random_inputs(seed=15)
+  rotations = random_rotations(jax.random.PRNGKey(16), H, D, 3, 6)
+  for block in (8, 16, N):
+    np.testing.assert_array_equal(hash_buckets(qk, rotations, block=block),
+                                  numpy_buckets(qk, rotations))

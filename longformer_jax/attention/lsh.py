@@ -23,6 +23,24 @@ i.e. a softmax over the multiset union of the rounds' key sets (a key that
 shares a bucket with the query in several rounds counts once per round).
 Work and memory are O(n * num_hashes * chunk_len), never n x n.
 
+Implementation (docs/lsh_benchmark_draft.md has the timings):
+  * hashing `HASH_BLOCK` tokens at a time (`lax.map`), the argmax taken as
+    max/min of xR without concatenating [xR; -xR];
+  * one sort of one int32 key per head, bucket * n + rank, with tokens ranked
+    by (position, slot) once per sequence (the (bucket, position, slot) order;
+    a payload sort when the key would overflow int32);
+  * the rounds' sorted rows laid out step-major, `[steps, batch * heads,
+    G * chunk_len]`, gathered straight from the `[batch * n * heads]` token
+    rows (q and v side by side in one gather; keys normalised after sorting).
+    The gather's VJP sums one gather per round by the inverse permutation
+    (no scatter-add);
+  * `core/lsh_chunk_scan.py` scans over groups of G sorted chunks
+    (`rows_per_step`), holding one step's `[batch * heads, G, m, 2m]` scores
+    in cache and recomputing them in the backward pass, and returns each
+    row's output and log-sum-exp;
+  * outputs and log-sum-exps back to token order by one gather (inverse
+    permutation), rounds merged by their log-sum-exp.
+
 Logits are q_i . k_j / sqrt(head_dim) with k_j = q_j / |q_j| by default
 (`model.lsh.logit_scale='inverse_sqrt_head_dim'`). trax and Hugging Face
 use q_i . k_j with no 1/sqrt(head_dim) (the keys have unit length); that is
@@ -47,15 +65,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.core.lsh_chunk_scan import lsh_chunk_attention
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.positional import apply_rotary
 
 SELF_LOGIT = -1e5
+HASH_BLOCK = 128       # tokens hashed per lax.map step
+SINGLE_KEY_SORT_LIMIT = 2**31   # rounds * buckets * n below it: sort one int32 key
+ROWS_PER_STEP = 512    # sorted rows (query slots) per scan step: 8 chunks of 64
 # model.lsh.logit_scale: q . k_hat / sqrt(head_dim), or q . k_hat (trax / Hugging Face).
 LOGIT_SCALES = ('inverse_sqrt_head_dim', 'none')
 
@@ -97,44 +119,59 @@ def random_rotations(key: jax.Array, num_heads: int, head_dim: int, num_hashes: 
   return jax.random.normal(key, (num_heads, head_dim, num_hashes, num_buckets // 2), jnp.float32)
 
 
-def hash_buckets(vectors: jax.Array, rotations: jax.Array) -> jax.Array:
-  """h(x) = argmax([xR; -xR]): `[batch, n, heads, head_dim]` -> `[b, heads, rounds, n]` int32."""
-  rotated = jnp.einsum('bnhd,hdrk->bhrnk', vectors.astype(jnp.float32), rotations)
-  return jnp.argmax(jnp.concatenate([rotated, -rotated], axis=-1), axis=-1).astype(jnp.int32)
+def _hash_block(vectors: jax.Array, rotations: jax.Array) -> jax.Array:
+  """`[n, heads, head_dim]` -> `[heads, rounds, n]` int32.
+
+  argmax([xR; -xR]) without the concatenation: the first maximum lies in xR
+  when max(xR) >= -min(xR) (ties go to the first half, as argmax's), else it
+  is the first minimum of xR, shifted by half the buckets.
+  """
+  rotated = jnp.einsum('nhd,hdrk->hrnk', vectors.astype(jnp.float32), rotations)
+  top, bottom = jnp.max(rotated, axis=-1), jnp.min(rotated, axis=-1)
+  return jnp.where(top >= -bottom, jnp.argmax(rotated, axis=-1),
+                   rotated.shape[-1] + jnp.argmin(rotated, axis=-1)).astype(jnp.int32)
 
 
-def _gather_rows(array: jax.Array, index: jax.Array) -> jax.Array:
-  """`array [b, h, n, ...]` rows picked by `index [b, h, m]` -> `[b, h, m, ...]`."""
-  index = index.reshape(index.shape + (1,) * (array.ndim - 3))
-  return jnp.take_along_axis(array, index, axis=2)
+def hash_buckets(vectors: jax.Array, rotations: jax.Array,
+                 block: int = HASH_BLOCK) -> jax.Array:
+  """h(x) = argmax([xR; -xR]): `[batch, n, heads, head_dim]` -> `[b, heads, rounds, n]` int32.
+
+  Computed `block` tokens at a time (`lax.map`), so that the rotated vectors
+  `[heads, rounds, block, buckets]` stay in cache for the argmax (the whole
+  `[b, heads, rounds, n, buckets]` at once is 2x slower on CPU at 16k).
+  """
+  batch, n, heads, head_dim = vectors.shape
+  rounds = rotations.shape[2]
+  if n % block or n == block:
+    return jax.vmap(_hash_block, in_axes=(0, None))(vectors, rotations)
+  blocks = vectors.reshape(batch * n // block, block, heads, head_dim)
+  out = jax.lax.map(lambda x: _hash_block(x, rotations), blocks)   # [b * n / block, h, r, block]
+  out = jnp.transpose(out.reshape(batch, n // block, heads, rounds, block), (0, 2, 3, 1, 4))
+  return out.reshape(batch, heads, rounds, n)
 
 
 @jax.custom_vjp
-def permute_rows(array: jax.Array, order: jax.Array, inverse: jax.Array) -> jax.Array:
-  """`array [b, h, L, ...]` -> rows `order [b, h, L]` (a permutation; `inverse` its inverse).
+def gather_rounds(rows: jax.Array, index: jax.Array, inverse: jax.Array) -> jax.Array:
+  """`rows [T, ...]` picked by `index [P]` (each row once per round) -> `[P, ...]`.
 
-  The VJP gathers by the inverse permutation instead of scatter-adding (the
-  transpose of a general gather), which is faster on CPU and keeps no
-  zero-initialised scatter buffers alive.
+  `inverse [rounds, T]`: where row t sits in round r (`index[inverse[r, t]] == t`). The
+  VJP sums the rounds' gathers by `inverse` instead of scatter-adding (the transpose of
+  a general gather), which is faster on CPU and keeps no zero-initialised buffer alive.
   """
-  return _gather_rows(array, order)
+  return jnp.take(rows, index, axis=0)
 
 
-def _permute_rows_fwd(array, order, inverse):
-  return _gather_rows(array, order), (order, inverse)
+def _gather_rounds_fwd(rows, index, inverse):
+  return jnp.take(rows, index, axis=0), (index, inverse)
 
 
-def _permute_rows_bwd(residuals, cotangent):
-  order, inverse = residuals
-  return _gather_rows(cotangent, inverse), None, None
+def _gather_rounds_bwd(residuals, cotangent):
+  index, inverse = residuals
+  return (sum(jnp.take(cotangent, inverse[r], axis=0) for r in range(inverse.shape[0])),
+          None, None)
 
 
-permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
-
-
-def _with_previous_chunk(chunks: jax.Array) -> jax.Array:
-  """`[b, h, chunks, m, ...]` -> `[b, h, chunks, 2m, ...]`: own chunk, then the previous one."""
-  return jnp.concatenate([chunks, jnp.roll(chunks, 1, axis=2)], axis=3)
+gather_rounds.defvjp(_gather_rounds_fwd, _gather_rounds_bwd)
 
 
 def _softmax_and_logsumexp(logits: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
@@ -155,9 +192,16 @@ def _softmax_and_logsumexp(logits: jax.Array, axis: int) -> tuple[jax.Array, jax
   return unnormalised / safe_total, jnp.squeeze(lse, axis)
 
 
+def chunks_per_step(num_chunks: int, chunk_len: int, rows_per_step: int) -> int:
+  """G: the most chunks (a divisor of `num_chunks`) whose rows fit in `rows_per_step`."""
+  limit = max(1, rows_per_step // chunk_len)
+  return max(g for g in range(1, min(limit, num_chunks) + 1) if num_chunks % g == 0)
+
+
 def lsh_attention(qk: jax.Array, v: jax.Array, positions: jax.Array, segment_ids: jax.Array,
                   valid: jax.Array, rotations: jax.Array, *, chunk_len: int,
-                  causal: bool, logit_scale: str = 'inverse_sqrt_head_dim') -> jax.Array:
+                  causal: bool, logit_scale: str = 'inverse_sqrt_head_dim',
+                  rows_per_step: int = ROWS_PER_STEP) -> jax.Array:
   """Multi-round LSH attention (module docstring), O(n * rounds * chunk_len).
 
   Args:
@@ -169,6 +213,8 @@ def lsh_attention(qk: jax.Array, v: jax.Array, positions: jax.Array, segment_ids
     causal: keys after the query are masked.
     logit_scale: 'inverse_sqrt_head_dim' (q . k_hat / sqrt(head_dim)) or 'none'
       (q . k_hat, trax / Hugging Face).
+    rows_per_step: sorted rows (query slots) per scan step, rounded down to
+      whole chunks that divide the rounds' chunks (at least one chunk).
   Returns:
     `[batch, n, heads, head_dim]` in `v`'s dtype; a query with no allowed key
     (e.g. padding) gets 0.
@@ -182,76 +228,105 @@ def lsh_attention(qk: jax.Array, v: jax.Array, positions: jax.Array, segment_ids
     raise ConfigError('model.lsh.logit_scale',
                       f"{logit_scale!r} must be one of {', '.join(map(repr, LOGIT_SCALES))}")
   # Buckets of different rounds never meet: offset them by round * num_buckets,
-  # then sort all rounds at once by (bucket, position, slot).
+  # then sort all rounds at once by (bucket, position, slot). Tokens ranked by
+  # (position, slot) once per sequence make that one int32 key,
+  # bucket * n + rank, sorted alone (a single-operand sort is ~6x faster on
+  # CPU than a sort carrying payloads); slots are decoded from the ranks.
   buckets = hash_buckets(jax.lax.stop_gradient(qk), rotations)
   buckets += (jnp.arange(rounds, dtype=jnp.int32) * num_buckets)[:, None]
   shape = (batch, heads, rounds * n)
-  slots = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, heads, rounds, n)).reshape(shape)
-  row_positions = jnp.broadcast_to(positions[:, None, None, :], (batch, heads, rounds, n))
-  sorted_buckets, _, sorted_slots = jax.lax.sort(
-      (buckets.reshape(shape), row_positions.reshape(shape), slots), dimension=2, num_keys=3)
+  arange_n = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
+  if rounds * num_buckets * n < SINGLE_KEY_SORT_LIMIT:
+    _, slot_of_rank = jax.lax.sort((positions, arange_n), dimension=1, num_keys=2)  # [b, n]
+    rank = jnp.zeros_like(arange_n).at[jnp.arange(batch)[:, None], slot_of_rank].set(
+        arange_n, unique_indices=True)
+    key = buckets * n + rank[:, None, None, :]
+    key = jax.lax.sort(key.reshape(shape), dimension=2)
+    sorted_buckets = key // n
+    sorted_slots = jnp.take_along_axis(slot_of_rank[:, None, :], (key % n).reshape(
+        batch, 1, heads * rounds * n), axis=2).reshape(shape)
+  else:
+    slots = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32),
+                             (batch, heads, rounds, n)).reshape(shape)
+    row_positions = jnp.broadcast_to(positions[:, None, None, :], (batch, heads, rounds, n))
+    sorted_buckets, _, sorted_slots = jax.lax.sort(
+        (buckets.reshape(shape), row_positions.reshape(shape), slots), dimension=2, num_keys=3)
 
-  def by_chunk(rows):  # [b, h, rounds * n, ...] -> [b, h, chunks, m, ...]
-    return rows.reshape(batch, heads, rounds * n // chunk_len, chunk_len, *rows.shape[3:])
-
-  def sorted_per_head(per_token):  # [b, n] -> [b, h, chunks, m]
-    rows = jnp.broadcast_to(per_token[:, None, :], (batch, heads, n))
-    return by_chunk(jnp.take_along_axis(rows, sorted_slots, axis=2))
-
-  # Sorted entry i (of round i // n) holds token sorted_slots[i]: row `source[i]`
-  # of the rounds laid end to end; `undo` is the inverse permutation.
-  source = sorted_slots + (jnp.arange(rounds * n, dtype=jnp.int32) // n) * n
-  _, undo = jax.lax.sort((source, jnp.broadcast_to(jnp.arange(rounds * n, dtype=jnp.int32), shape)),
-                         dimension=2, num_keys=1)
-
-  def sort_rows(per_head):  # [b, h, n, d] -> [b, h, chunks, m, d]
-    return by_chunk(permute_rows(jnp.concatenate([per_head] * rounds, axis=2), source, undo))
-
-  qk_rows = jnp.swapaxes(qk, 1, 2)                                    # [b, h, n, d]
-  keys = qk_rows * jax.lax.rsqrt(
-      jnp.maximum(jnp.sum(jnp.square(qk_rows.astype(jnp.float32)), -1, keepdims=True),
-                  1e-12)).astype(qk.dtype)
-  q = sort_rows(qk_rows)                                              # [b, h, c, m, d]
-  k = _with_previous_chunk(sort_rows(keys))                           # [b, h, c, 2m, d]
-  values = _with_previous_chunk(sort_rows(jnp.swapaxes(v, 1, 2)))
-  q_pos, q_seg = sorted_per_head(positions), sorted_per_head(segment_ids)
-  k_pos, k_seg = _with_previous_chunk(q_pos), _with_previous_chunk(q_seg)
-  k_valid = _with_previous_chunk(sorted_per_head(valid))
-  q_bucket = by_chunk(sorted_buckets)
-  k_bucket = _with_previous_chunk(q_bucket)
-
+  # Sorted rows, step-major: [steps, batch * heads, G * m]; step s holds chunks
+  # s * G .. s * G + G - 1 of the rounds laid end to end.
   num_chunks = rounds * n // chunk_len
-  has_previous = (jnp.arange(num_chunks) % (n // chunk_len)) > 0         # [c]
-  own_or_previous = jnp.concatenate(
-      [jnp.ones((num_chunks, chunk_len), bool),
-       jnp.broadcast_to(has_previous[:, None], (num_chunks, chunk_len))], axis=1)  # [c, 2m]
+  group = chunks_per_step(num_chunks, chunk_len, rows_per_step)
+  steps = num_chunks // group
 
-  flat = lambda a: a.reshape(batch * heads * num_chunks, *a.shape[3:])  # noqa: E731
-  allowed = causal_document_mask(flat(q_pos), flat(q_seg), flat(k_pos), flat(k_seg),
-                                 flat(k_valid), causal=causal)
-  allowed = allowed.reshape(batch, heads, num_chunks, chunk_len, 2 * chunk_len)
-  allowed &= q_bucket[..., :, None] == k_bucket[..., None, :]
-  allowed &= own_or_previous[:, None, :]
-  is_self = ((q_pos[..., :, None] == k_pos[..., None, :])
-             & (q_seg[..., :, None] == k_seg[..., None, :]))
+  def step_major(rows):  # [b, h, rounds * n] -> [steps, b * h, G * m]
+    rows = rows.reshape(batch * heads, steps, group * chunk_len)
+    return jnp.swapaxes(rows, 0, 1)
 
-  logits = jnp.einsum('bhcqd,bhckd->bhcqk', q, k).astype(jnp.float32)
-  if logit_scale == 'inverse_sqrt_head_dim':
-    logits = logits / jnp.sqrt(jnp.float32(head_dim))
-  logits = jnp.where(is_self, SELF_LOGIT, logits)
-  logits = jnp.where(allowed, logits, -jnp.inf)
-  weights, lse = _softmax_and_logsumexp(logits, axis=-1)                # lse [b, h, c, m]
-  out = jnp.einsum('bhcqk,bhckd->bhcqd', weights, values.astype(jnp.float32))
+  # Token rows of `[batch, n, heads, d]` flattened: (b * n + slot) * heads + head.
+  tokens = batch * n * heads
+  token_of = ((jnp.arange(batch, dtype=jnp.int32)[:, None, None] * n + sorted_slots) * heads
+              + jnp.arange(heads, dtype=jnp.int32)[None, :, None])
+  round_of = jnp.arange(rounds * n, dtype=jnp.int32) // n
+  index = step_major(token_of).reshape(-1)                                 # [P]
+  round_row = step_major(round_of * tokens + token_of).reshape(-1)         # [P] -> r * T + t
+  total = index.shape[0]
+  inverse = jnp.zeros(total, jnp.int32).at[round_row].set(
+      jnp.arange(total, dtype=jnp.int32), unique_indices=True)               # [rounds * T]
+  inverse_by_round = inverse.reshape(rounds, tokens)
 
-  # Back to token order.
-  out = permute_rows(out.reshape(batch, heads, rounds * n, head_dim), undo, source)
-  out = out.reshape(batch, heads, rounds, n, head_dim)
-  lse = permute_rows(lse.reshape(shape), undo, source).reshape(batch, heads, rounds, n)
+  def sort_facts(per_token):  # [b, n] -> [steps, b * h, G * m]
+    return jnp.take(per_token.reshape(-1), index // heads).reshape(
+        steps, batch * heads, group * chunk_len)
+
+  # One gather of [qk, v] side by side; the keys k = q / |q| are normalised
+  # after sorting (row-wise, so the same rows).
+  rows = jnp.concatenate([qk, v.astype(qk.dtype)], axis=-1).reshape(tokens, 2 * head_dim)
+  rows = gather_rounds(rows, index, inverse_by_round).reshape(
+      steps, batch * heads, group * chunk_len, 2 * head_dim)
+  q_rows, v_rows = rows[..., :head_dim], rows[..., head_dim:].astype(v.dtype)
+  k_rows = q_rows * jax.lax.rsqrt(
+      jnp.maximum(jnp.sum(jnp.square(q_rows.astype(jnp.float32)), -1, keepdims=True),
+                  1e-12)).astype(qk.dtype)
+  facts = (sort_facts(positions), sort_facts(segment_ids), sort_facts(valid),
+           step_major(sorted_buckets))
+  scale = float(np.sqrt(np.float32(head_dim))) if logit_scale == 'inverse_sqrt_head_dim' \
+      else None
+  settings = (chunk_len, n // chunk_len, causal, scale, SELF_LOGIT)
+  out, lse = lsh_chunk_attention(settings, q_rows, k_rows, v_rows, facts)
+
+  # Back to token order, per round: [rounds, T, d] and [rounds, T].
+  out = permute_rows(out.reshape(total, head_dim), inverse, round_row)
+  lse = permute_rows(lse.reshape(total), inverse, round_row)
+  out = out.reshape(rounds, tokens, head_dim)
+  lse = lse.reshape(rounds, tokens)
 
   # Combine rounds by their log-sum-exp (a softmax over the union of key sets).
-  round_weights, _ = _softmax_and_logsumexp(lse, axis=2)               # [b, h, rounds, n]
-  combined = jnp.sum(round_weights[..., None] * out, axis=2)          # [b, h, n, d]
-  return jnp.swapaxes(combined, 1, 2).astype(v.dtype)
+  round_weights, _ = _softmax_and_logsumexp(lse, axis=0)                 # [rounds, T]
+  combined = jnp.sum(round_weights[..., None] * out, axis=0)             # [T, d]
+  return combined.reshape(batch, n, heads, head_dim).astype(v.dtype)
+
+
+@jax.custom_vjp
+def permute_rows(array: jax.Array, order: jax.Array, inverse: jax.Array) -> jax.Array:
+  """`array [L, ...]` -> rows `order [L]` (a permutation; `inverse` its inverse).
+
+  The VJP gathers by the inverse permutation instead of scatter-adding (the
+  transpose of a general gather), which is faster on CPU and keeps no
+  zero-initialised scatter buffers alive.
+  """
+  return jnp.take(array, order, axis=0)
+
+
+def _permute_rows_fwd(array, order, inverse):
+  return jnp.take(array, order, axis=0), (order, inverse)
+
+
+def _permute_rows_bwd(residuals, cotangent):
+  order, inverse = residuals
+  return jnp.take(cotangent, inverse, axis=0), None, None
+
+
+permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
 
 
 class LSHAttention(nn.Module):
