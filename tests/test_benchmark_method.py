@@ -190,3 +190,15 @@ def test_compile_time_rows_compare_each_depth_to_the_shallowest_of_its_layout():
   assert rows[1]['seconds'] == 4.5 and rows[1]['over_shallowest'] == pytest.approx(1.5)
   assert (rows[1]['seconds_min'], rows[1]['seconds_max'], rows[1]['repeats']) == (3.6, 9.0, 3)
   assert rows[3]['over_shallowest'] == pytest.approx(5.0)
+
+
+def test_matmul_shapes_count_two_flops_per_multiply_add():
+  from benchmarks import matmul_shapes
+  assert matmul_shapes.flops_of('td,de->te', (2, 3), (3, 4)) == 2 * 2 * 3 * 4
+  assert matmul_shapes.flops_of('nhqd,nhkd->nhqk', (5, 2, 3, 7), (5, 2, 11, 7)) == 2 * 5 * 2 * 3 * 7 * 11
+  for equation, left, right in matmul_shapes.SHAPES.values():   # shapes agree on shared axes
+    inputs = equation.split('->')[0].split(',')
+    sizes = {}
+    for letters, shape in zip(inputs, (left, right)):
+      for letter, size in zip(letters, shape):
+        assert sizes.setdefault(letter, size) == size, equation
