@@ -38,6 +38,7 @@ def test_classification_eval_reports_accuracy(tmp_path, capsys):
   assert '| accuracy | loss | examples |' in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_seq2seq_eval_reports_rouge_of_greedy_decoding(tmp_path, capsys):
   config = trained_task('seq2seq', str(tmp_path))
   config.data.max_examples = 16

@@ -163,6 +163,7 @@ def test_cli_workdir_restores_to_the_same_logits(llama_workdir):
   assert_matches_reference('llama', logits)
 
 
+@pytest.mark.slow
 def test_eval_sweeps_memories_on_the_imported_workdir(llama_workdir, tmp_path):
   """eval.py scores the imported model with eval-time memories (docs/import.md)."""
   workdir = str(tmp_path / 'run')
@@ -199,6 +200,7 @@ def test_passkey_grid_runs_on_the_imported_workdir(llama_workdir, tmp_path):
   assert 'passkey_grid.json' in written and any(f.endswith('.png') for f in written)
 
 
+@pytest.mark.slow
 def test_generate_with_a_kv_cache_gives_the_chunk_window_text(llama_workdir):
   """generate.py on the imported workdir, greedy: the key/value cache (one token per step)
   and the chunk-window decoder write the same text while it fits in both."""

@@ -256,6 +256,7 @@ def test_span_extractor_learns_the_synthetic_task():
   assert after['span_f1'] > 0.25 > before['span_f1'] + 0.05
 
 
+@pytest.mark.slow
 def test_classification_through_train_py_logs_accuracy_and_resumes(tmp_path):
   config = trainable_task_config('classification')
   config.train.update(num_steps=8, eval_every=4, log_every=2, checkpoint_every=4,

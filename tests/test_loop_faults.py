@@ -68,6 +68,7 @@ def test_sigterm_exit_status_is_143():
   train_script.finish({'step': 6, 'preempted': False})   # finished: returns, status 0
 
 
+@pytest.mark.slow
 def test_resumed_run_does_not_duplicate_metrics_rows(tmp_path):
   workdir = str(tmp_path)
   # Logs steps 1..4 but saves only at 3 and at its end (4); drop checkpoint 4 to

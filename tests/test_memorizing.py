@@ -270,6 +270,7 @@ def test_old_flat_names_move_to_the_memorizing_section():
   assert resolve_model(dict(model, num_layers=2))['memorizing']['top_k'] == 16
 
 
+@pytest.mark.slow
 def test_tiny_training_run_with_a_knn_layer(tmp_path):
   """Two training steps of a 2-layer model whose second layer has the kNN memory."""
   config = tiny_config(layer_schedule={'attention': 'vanilla,memorizing'},

@@ -131,6 +131,7 @@ def resumed_mid_phase(tmp_path_factory):
   return workdir, run_phased(workdir)
 
 
+@pytest.mark.slow
 def test_phased_run_changes_chunk_length_and_records_the_phase(resumed_mid_phase):
   workdir, state = resumed_mid_phase
   assert int(state.step) == 4
@@ -157,6 +158,7 @@ def test_phased_run_changes_chunk_length_and_records_the_phase(resumed_mid_phase
     assert [layer.positions.shape for layer in state.memory] == [(8, 8), (8, 8)]
 
 
+@pytest.mark.slow
 def test_eval_restores_a_phased_checkpoint_with_its_phase_shapes(resumed_mid_phase):
   """eval.py reads the last phase's chunk length and window (its memory shapes) for step 4,
   and phase 0's for step 2."""

@@ -139,6 +139,7 @@ def test_eval_of_a_missing_step_lists_the_available_ones(uninterrupted):
     eval_script.evaluate_run(config, uninterrupted[0])
 
 
+@pytest.mark.slow
 def test_vanilla_without_memory_checkpoints_and_resumes(tmp_path):
   """mem_len=0 gives zero-size memory arrays; they must survive checkpoints."""
   config = small_run_config(stop_after_steps=3)
