@@ -20,11 +20,10 @@ from longformer_jax.attention import bigbird
 from longformer_jax.attention.bigbird import BigBirdAttention
 from longformer_jax.attention.core import attention_backend, bigbird_splash
 from longformer_jax.attention.core import splash_kernels as sk
-from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.longformer import LongformerAttention
 from longformer_jax.config.errors import ConfigError
 from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads, resolve
-from tests.test_splash_masks import chunk_facts, random_qkv
+from tests.test_splash_masks import chunk_facts, compare_with_mask, random_qkv
 
 RTOL, ATOL = 1e-5, 1e-5
 WINDOW = 4
@@ -65,29 +64,7 @@ def reference_mask(head_rules, chunk: int, valid_global_rows=None) -> np.ndarray
   return np.stack(heads, axis=1)
 
 
-def compare(kernel_fn, mask: np.ndarray, chunk: int):
-  """Splash `kernel_fn(q, k, v, segments, valid)` vs the dense masked softmax: out, dq, dk, dv."""
-  heads = mask.shape[1]
-  _, segments, valid = chunk_facts(chunk)
-  q, k, v, probe = random_qkv(chunk, heads)
-
-  @jax.jit
-  def run(q, k, v):
-    kernel = lambda q, k, v: kernel_fn(q, k, v, jnp.asarray(segments), jnp.asarray(valid))
-    dense = lambda q, k, v: attend(jnp.einsum('bqhd,bkhd->bhqk', q, k), jnp.asarray(mask), v)
-    results = []
-    for fn in (kernel, dense):
-      out, pullback = jax.vjp(fn, q, k, v)
-      results.append((out, pullback(probe)))
-    return results
-
-  (out, grads), (want, want_grads) = run(q, k, v)
-  np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL)
-  for got, expected, what in zip(grads, want_grads, 'qkv'):
-    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL, err_msg=f'd{what}')
-  empty = ~mask.any(-1)
-  assert empty.any(), 'the inputs must contain queries with no allowed key'
-  np.testing.assert_array_equal(np.asarray(out).transpose(0, 2, 1, 3)[empty], 0.0)
+compare = compare_with_mask     # splash vs the dense masked softmax (tests/test_splash_masks.py)
 
 
 def random_table(num_blocks: int, causal: bool, seed: int = 5, layer: int = 1):

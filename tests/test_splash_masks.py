@@ -111,8 +111,12 @@ def random_qkv(chunk: int, heads: int, seed: int = 0):
 
 def compare(kernel_fn, head_rules, chunk: int, **rule_args):
   """Splash `kernel_fn(q, k, v, segments, valid)` vs the dense reference: outputs, dq, dk, dv."""
-  heads = len(head_rules)
-  mask = reference_mask(head_rules, chunk, **rule_args)
+  compare_with_mask(kernel_fn, reference_mask(head_rules, chunk, **rule_args), chunk)
+
+
+def compare_with_mask(kernel_fn, mask: np.ndarray, chunk: int):
+  """Splash `kernel_fn` vs the dense masked softmax under `mask [B, heads, q, k]`."""
+  heads = mask.shape[1]
   _, segments, valid = chunk_facts(chunk)
   q, k, v, probe = random_qkv(chunk, heads)
 

@@ -37,9 +37,8 @@ from jax.sharding import PartitionSpec
 from longformer_jax.attention.core import global_tokens
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
-from longformer_jax.attention.core.sliding_window import auto_block_size
 from longformer_jax.parallel.mesh import SEQUENCE_AXIS
-from longformer_jax.parallel.sequence_window_attention import window_attention_local
+from longformer_jax.parallel.sequence_window_attention import split_settings, window_attention_local
 
 
 def _local_slots(slots: jax.Array, local_length: int, axis_name: str):
@@ -142,12 +141,7 @@ def sequence_parallel_global_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   Returns:
     `[batch, chunk, heads, head_dim]` float32.
   """
-  n = mesh.shape[SEQUENCE_AXIS]
-  local_length = q.shape[1] // n
-  if not 1 <= window <= local_length:
-    raise ValueError(f'window {window} must be in [1, chunk / sequence axis = {local_length}]')
-  scale = q.shape[-1] ** -0.5 if scale is None else scale
-  block_size = min(block_size or auto_block_size(window), local_length)
+  n, scale, block_size = split_settings(q, mesh, window, scale, block_size)
   heads = PartitionSpec(batch_axes, SEQUENCE_AXIS, head_axis, None)
   tokens = PartitionSpec(batch_axes, SEQUENCE_AXIS)
   replicated = PartitionSpec(batch_axes, None)

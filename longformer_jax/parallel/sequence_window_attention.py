@@ -71,6 +71,17 @@ def window_attention_local(q, k, v, positions, segment_ids, valid, *, window: in
   return (out, lse) if return_lse else out
 
 
+def split_settings(q: jax.Array, mesh, window: int, scale, block_size) -> tuple:
+  """`(n, scale, block_size)` of a window split over the `sequence` axis of `mesh`; the
+  window must fit in one device's share of the chunk (`q [batch, chunk, heads, head_dim]`)."""
+  n = mesh.shape[SEQUENCE_AXIS]
+  local_length = q.shape[1] // n
+  if not 1 <= window <= local_length:
+    raise ValueError(f'window {window} must be in [1, chunk / sequence axis = {local_length}]')
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
+  return n, scale, min(block_size or auto_block_size(window), local_length)
+
+
 def sequence_parallel_window_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                                        positions: jax.Array, segment_ids: jax.Array,
                                        valid: jax.Array, *, mesh: jax.sharding.Mesh,
@@ -94,12 +105,7 @@ def sequence_parallel_window_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   Returns:
     `[batch, chunk, heads, head_dim]` in `v`'s dtype.
   """
-  n = mesh.shape[SEQUENCE_AXIS]
-  local_length = q.shape[1] // n
-  if not 1 <= window <= local_length:
-    raise ValueError(f'window {window} must be in [1, chunk / sequence axis = {local_length}]')
-  scale = q.shape[-1] ** -0.5 if scale is None else scale
-  block_size = min(block_size or auto_block_size(window), local_length)
+  n, scale, block_size = split_settings(q, mesh, window, scale, block_size)
   heads = PartitionSpec(batch_axes, SEQUENCE_AXIS, head_axis, None)
   tokens = PartitionSpec(batch_axes, SEQUENCE_AXIS)
   local = functools.partial(window_attention_local, window=window, axis_name=SEQUENCE_AXIS,
