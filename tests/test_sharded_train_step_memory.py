@@ -59,9 +59,15 @@ def single_device():
 def test_sequence_sharded_step_with_memory_matches_single_device(single_device, method):
   """data 2 x sequence 4, zigzag load balancing: loss, gradient norm, parameters and the
   carried cache equal the single-device steps; the compiled step exchanges keys."""
-  ref_state, ref_metrics = single_device
   hlo = []
   state, metrics = two_steps((2, 1, 1, 4), method=method, hlo=hlo)
+  assert_steps_match(state, metrics, single_device, method, hlo)
+
+
+def assert_steps_match(state, metrics, reference, method, hlo):
+  """Loss, gradient norm, parameters and carried memory equal `reference`'s (state,
+  metrics); the compiled step `hlo[0]` holds the method's collective."""
+  ref_state, ref_metrics = reference
   assert ('collective-permute' if method == 'ring' else 'all-gather') in hlo[0]
   for name in ('loss', 'grad_norm'):
     np.testing.assert_allclose(metrics[name], ref_metrics[name], rtol=1e-5)
