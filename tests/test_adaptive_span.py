@@ -274,3 +274,53 @@ def test_old_flat_names_migrate_to_the_section():
       'max_span': 64, 'ramp': 8.0, 'init': 0.5, 'block': 16, 'dynamic': False, 'trim': False,
       'clamp_len': 5}}
   assert ('span_dynamic', 'adaptive_span.dynamic') in moved
+
+
+def _torch_clamp_mask(spans, distances, ramp):
+  """The paper's code: torch.clamp, whose gradient is 1 on the closed interval [0, 1]."""
+  ramped = (ramp + spans - distances.astype(jnp.float32)) / ramp
+  keep = (ramped >= 0.0) & (ramped <= 1.0)
+  return jnp.where(keep, ramped, jax.lax.stop_gradient(jnp.minimum(jnp.maximum(ramped, 0.0),
+                                                                   1.0)))
+
+
+def test_mask_corners_carry_the_whole_gradient():
+  """R = 20, z = 0: d m / d z = 1/R at every distance 0..R, the corners included
+  (jnp.clip gave 1/(2R) at d = 0 and d = 20), and 0 beyond."""
+  ramp = 20.0
+  distances = jnp.arange(0, 26, dtype=jnp.int32)
+  grads = jax.vmap(jax.grad(lambda z, d: span_mask(z, d, ramp)), in_axes=(None, 0))(
+      jnp.float32(0.0), distances)
+  want = np.where(np.arange(26) <= 20, 1.0 / ramp, 0.0)
+  np.testing.assert_allclose(np.asarray(grads), want, rtol=1e-6, atol=0)
+
+
+def test_layer_span_gradient_at_whole_spans_equals_the_clamp_reference(monkeypatch):
+  """The issue's layer (B 2, d_model 64, 4 heads of 16, memory 127, R 20) at z = 0:
+  the span gradient equals the one with the paper's torch.clamp mask."""
+  batch, chunk, d_model, heads, head_dim, mem = 2, 8, 64, 4, 16, 127
+  x = random_normal(11, (batch, chunk, d_model))
+  memory = fifo.FifoMemory(values=random_normal(12, (batch, mem, d_model)),
+                           positions=jnp.tile(jnp.arange(mem, dtype=jnp.int32), (batch, 1)),
+                           segment_ids=jnp.zeros((batch, mem), jnp.int32),
+                           valid=jnp.ones((batch, mem), bool))
+  ctx = AttentionContext(
+      positions=jnp.tile(jnp.arange(mem, mem + chunk, dtype=jnp.int32), (batch, 1)),
+      segment_ids=jnp.zeros((batch, chunk), jnp.int32), reset=jnp.zeros((batch,), bool),
+      valid=jnp.ones((batch, chunk), bool))
+  module = AdaptiveSpanAttention(num_heads=heads, head_dim=head_dim, d_model=d_model,
+                                 mem_len=mem, span_ramp=20.0, span_init=0.0, trim=False)
+  params = module.init(jax.random.PRNGKey(0), x, memory, ctx)['params']
+  cotangent = random_normal(13, (batch, chunk, d_model))
+
+  def span_gradient():
+    def loss(f):
+      y, _, _ = module.apply({'params': _set_spans(params, f)}, x, memory, ctx)
+      return jnp.sum(cotangent * y)
+    return np.asarray(jax.grad(loss)(jnp.zeros((heads,), jnp.float32)))
+
+  got = span_gradient()
+  monkeypatch.setattr('longformer_jax.attention.adaptive_span.span_mask', _torch_clamp_mask)
+  want = span_gradient()
+  assert np.all(np.abs(want) > 1e-2)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -93,8 +93,17 @@ def largest_span(config) -> int:
 
 
 def span_mask(spans: jax.Array, distances: jax.Array, ramp: float) -> jax.Array:
-  """m_z(x) = clamp((R + z - x) / R, 0, 1); `spans` and `distances` broadcast."""
-  return jnp.clip((ramp + spans - distances.astype(jnp.float32)) / ramp, 0.0, 1.0)
+  """m_z(x) = clamp((R + z - x) / R, 0, 1); `spans` and `distances` broadcast.
+
+  The clamp passes the whole gradient on the closed interval [0, 1], as
+  `torch.clamp` in the paper's code does: d m / d z = 1/R at the two corner
+  keys x = z and x = z + R too. `jnp.clip` would give 1/(2R) there, halving
+  the pull to grow a span at whole spans (z = 0, the initial span, and any
+  integer span with integer distances).
+  """
+  ramped = (ramp + spans - distances.astype(jnp.float32)) / ramp
+  inside = (ramped >= 0.0) & (ramped <= 1.0)
+  return jnp.where(inside, ramped, jax.lax.stop_gradient(jnp.clip(ramped, 0.0, 1.0)))
 
 
 def straight_through_clip(fraction: jax.Array) -> jax.Array:
