@@ -3,7 +3,7 @@
 The workdir holds what a train.py run leaves: `config.json` (the complete
 experiment config: the imported `model` section, `data.tokenizer='hf'` with
 the directory's `tokenizer.json`, or 'sentencepiece' with its
-`tokenizer.model`) and an Orbax checkpoint of step 0 with the full train state
+`tokenizer.model` or `spiece.model`) and an Orbax checkpoint of step 0 with the full train state
 (the imported parameters, float32; a fresh optimizer state and memory; data
 position step 0; `data.chunk_len` at most the learned position table's
 rows), so eval.py and generate.py read it like any run's, and
@@ -63,16 +63,29 @@ def get_config():
 '''
 
 
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer.model', 'spiece.model')  # spiece: T5's
+
+
 def tokenizer_settings(hf_dir: str, tokenizer_file: str) -> dict:
-  """`config.data` tokenizer keys for the checkpoint's own tokenizer."""
-  path = tokenizer_file or os.path.join(hf_dir, 'tokenizer.json')
-  if path.endswith('.json') and os.path.exists(path):
+  """`config.data` tokenizer keys for the checkpoint's own tokenizer: `tokenizer_file`, else
+  the first of `TOKENIZER_FILES` in `hf_dir`."""
+  if tokenizer_file:
+    if not os.path.isfile(tokenizer_file):
+      raise ConversionError(f'--tokenizer_file={tokenizer_file}: no such file')
+    path = tokenizer_file
+  else:
+    found = [os.path.join(hf_dir, name) for name in TOKENIZER_FILES
+             if os.path.isfile(os.path.join(hf_dir, name))]
+    if not found:
+      raise ConversionError(f'{hf_dir}: no tokenizer ({", ".join(TOKENIZER_FILES)}); pass '
+                            f'--tokenizer_file=PATH')
+    path = found[0]
+  if path.endswith('.json'):
     return {'tokenizer': 'hf', 'tokenizer_file': os.path.abspath(path)}
-  model = tokenizer_file or os.path.join(hf_dir, 'tokenizer.model')
-  if model.endswith('.model') and os.path.exists(model):
-    return {'tokenizer': 'sentencepiece', 'sentencepiece_model': os.path.abspath(model)}
-  raise ConversionError(f'{hf_dir}: no tokenizer.json or tokenizer.model (or pass '
-                        f'--tokenizer_file=PATH)')
+  if path.endswith('.model'):
+    return {'tokenizer': 'sentencepiece', 'sentencepiece_model': os.path.abspath(path)}
+  raise ConversionError(f'--tokenizer_file={tokenizer_file}: neither a tokenizer.json (.json) '
+                        f'nor a SentencePiece model (.model)')
 
 
 def write_task_config(hf_dir: str, workdir: str, task: str, dtype: str,
@@ -92,7 +105,7 @@ def write_task_config(hf_dir: str, workdir: str, task: str, dtype: str,
                           f'for task {" or ".join(tasks)} (pass --task=...; in Python: '
                           f'longformer_jax.convert.hf.load_model)')
   data = tokenizer_settings(hf_dir, tokenizer_file)
-  tokenizer = make_tokenizer(ml_collections.ConfigDict(data))
+  tokenizer = make_tokenizer(ml_collections.ConfigDict(data), task)
   model = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
   model.pop('vocab_size', None)
   # Within a learned position table where the model has one (T5's relative buckets have none).

@@ -5,11 +5,13 @@ For checkpoints imported with `longformer_jax.convert.hf` (docs/import.md):
 SentencePiece `.model` file (Llama 1/2, Mistral) goes through
 `data.tokenizer='sentencepiece'` instead.
 
-Special ids are looked up by the usual token names (`BOS_NAMES`, ...). The
-stream batcher starts every document with BOS, so a tokenizer without one is
-an error naming the file; GPT-2's and Qwen2's `<|endoftext|>` serves as BOS
-(and EOS), as in their training. Without a padding token, `pad_id` is the EOS
-id, else BOS (padded positions are masked). `encode` adds no special tokens;
+Special ids are looked up by the usual token names (`BOS_NAMES`, ...).
+GPT-2's and Qwen2's `<|endoftext|>` serves as BOS (and EOS), as in their
+training. Without a padding token, `pad_id` is the EOS id, else BOS (padded
+positions are masked). A tokenizer without BOS (T5's: `<pad>`, `</s>`,
+`<unk>`) has `has_bos = False` and `bos_id = pad_id`, T5's decoder start
+token; `make_tokenizer` refuses it for the tasks that start every document
+or example with BOS (all but seq2seq). `encode` adds no special tokens;
 `decode` drops them.
 """
 
@@ -42,11 +44,19 @@ class HfTokenizer:
     self.vocab_size = int(self._tokenizer.get_vocab_size(with_added_tokens=True))
     self.bos_id = self._first_id(BOS_NAMES)
     self.eos_id = self._first_id(EOS_NAMES)
-    if self.bos_id < 0:
-      raise ConfigError(KEY, f'{self.path!r} has no beginning-of-text token (one of '
-                        f'{BOS_NAMES}), which starts every document of a stream')
     pad = self._first_id(PAD_NAMES)
     self.pad_id = pad if pad >= 0 else (self.eos_id if self.eos_id >= 0 else self.bos_id)
+    if self.pad_id < 0:
+      raise ConfigError(KEY, f'{self.path!r} has no beginning-of-text (one of {BOS_NAMES}), '
+                        f'padding (one of {PAD_NAMES}) or end-of-text token (one of '
+                        f'{EOS_NAMES}) to start or pad a sequence with')
+    self.has_bos = self.bos_id >= 0
+    if not self.has_bos:  # T5: the decoder starts with the pad token
+      self.bos_id = self.pad_id
+
+  def missing_bos(self) -> tuple[str, str]:
+    """`(config key, what is missing)` for the error of a task that needs BOS."""
+    return KEY, f'{self.path!r} has no beginning-of-text token (one of {BOS_NAMES})'
 
   @classmethod
   def load(cls, path: str) -> 'HfTokenizer':

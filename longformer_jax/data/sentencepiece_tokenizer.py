@@ -47,14 +47,25 @@ class SentencePieceTokenizer:
 
   def __init__(self, model_path: str):
     """Loads the model at `model_path`; raises `ConfigError` naming the path
-    if it is missing, is not a SentencePiece model, or lacks pad/BOS ids."""
+    if it is missing, is not a SentencePiece model, or has no pad piece.
+
+    Without a BOS piece (T5's `spiece.model`: pad 0, EOS 1, unk 2),
+    `has_bos` is False and `bos_id` is the pad id, T5's decoder start token;
+    `make_tokenizer` refuses such a model for tasks that need BOS."""
     self.model_path = str(model_path)
     self._processor = _load_processor(self.model_path)
     self.vocab_size = int(self._processor.vocab_size())
     self.pad_id = int(self._processor.pad_id())
     self.bos_id = int(self._processor.bos_id())
     self.eos_id = int(self._processor.eos_id())  # -1 if the model has none.
-    _require_special_ids(self.model_path, self.pad_id, self.bos_id)
+    _require_pad(self.model_path, self.pad_id)
+    self.has_bos = self.bos_id >= 0
+    if not self.has_bos:
+      self.bos_id = self.pad_id
+
+  def missing_bos(self) -> tuple[str, str]:
+    """`(config key, what is missing)` for the error of a task that needs BOS."""
+    return MODEL_KEY, f'the model {self.model_path!r} defines no BOS piece (bos_id=-1)'
 
   @classmethod
   def load(cls, path: str) -> 'SentencePieceTokenizer':
@@ -118,12 +129,12 @@ def _load_processor(path: str) -> spm.SentencePieceProcessor:
   return processor
 
 
-def _require_special_ids(path: str, pad_id: int, bos_id: int) -> None:
-  """The stream batcher needs BOS (document starts) and pad (eval padding)."""
-  if pad_id < 0 or bos_id < 0:
+def _require_pad(path: str, pad_id: int) -> None:
+  """Batches are padded with the pad piece (and masked where it stands)."""
+  if pad_id < 0:
     raise ConfigError(
-        MODEL_KEY, f'the model {path!r} defines no pad or BOS piece '
-        f'(pad_id={pad_id}, bos_id={bos_id}); train one with '
+        MODEL_KEY, f'the model {path!r} defines no pad piece (pad_id=-1), which '
+        'pads batches; use its tokenizer.json, or train one with '
         '`python -m longformer_jax.data.sentencepiece_tokenizer`')
 
 

@@ -58,7 +58,7 @@ def markdown_table(task: str, result: dict) -> str:
 def evaluate_task_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Scores the checkpoint of the task run in `workdir`; returns what it writes to metrics.json."""
   task = config.task
-  tokenizer = make_tokenizer(config.data)
+  tokenizer = make_tokenizer(config.data, config.task)
   arrays = encoder_models.TASK_DATA[task].load_arrays(config, config.eval.split, tokenizer)
   model_config, model = encoder_models.task_model(config, tokenizer.vocab_size)
   mesh = make_mesh(config.parallel.mesh_shape)

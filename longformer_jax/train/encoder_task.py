@@ -49,7 +49,7 @@ class EncoderTask:
       hf_init.imported(config)     # fails early, naming the key
     self.config = config
     self.task = config.task
-    tokenizer = make_tokenizer(config.data)
+    tokenizer = make_tokenizer(config.data, config.task)
     data_module = encoder_models.TASK_DATA[self.task]
     train_arrays = data_module.load_arrays(config, 'train', tokenizer)
     valid_arrays = data_module.load_arrays(config, 'valid', tokenizer)
