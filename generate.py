@@ -48,6 +48,7 @@ from longformer_jax.generation.text_generation import generate_text
 from longformer_jax.models.decoder_lm import lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train.quiet_logs import show_own_info_only
+from longformer_jax.train.resume_checks import CheckpointMismatchError
 
 FLAGS = flags.FLAGS
 
@@ -122,6 +123,14 @@ def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
   return eval_script.at_checkpoint_phase(config, workdir)
 
 
+def config_mismatch_message(workdir: str, error: CheckpointMismatchError) -> str:
+  """One line: the workdir's config.json builds other shapes than its checkpoint holds."""
+  listed = str(error).split('than this run builds: ', 1)[-1]
+  listed = listed.split('. The checkpoint is intact', 1)[0]
+  return (f'--workdir: {os.path.join(workdir, "config.json")} does not fit the checkpoint '
+          f'beside it (was it edited?): {listed}')
+
+
 def load_decoder(workdir: str, step: int = -1, kv_cache: int = 0):
   """`(decoder, tokenizer, checkpoint step)` of the run in `workdir`; refuses models that
   cannot generate (`generation_checks.py`). `kv_cache` > 0: a key/value cache of that many
@@ -132,8 +141,11 @@ def load_decoder(workdir: str, step: int = -1, kv_cache: int = 0):
   check_can_generate(config)
   tokenizer = make_tokenizer(config.data)
   mesh = make_mesh(config.parallel.mesh_shape)
-  params, _, restored_step, model_state = eval_script.restore_params(
-      config, tokenizer, workdir, mesh, config.parallel.logical_axis_rules)
+  try:
+    params, _, restored_step, model_state = eval_script.restore_params(
+        config, tokenizer, workdir, mesh, config.parallel.logical_axis_rules)
+  except CheckpointMismatchError as error:
+    raise UserError(config_mismatch_message(workdir, error)) from None
   device = jax.devices()[0]
   params, model_state = jax.device_put(jax.device_get((params, model_state)), device)
   model_config = lm_model_config(config.model, tokenizer.vocab_size)

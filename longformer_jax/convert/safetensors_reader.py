@@ -29,8 +29,14 @@ def weight_files(hf_dir: str) -> list[str]:
   """The safetensors files of `hf_dir` (the shards of the index, or the single file)."""
   index = os.path.join(hf_dir, INDEX_FILE)
   if os.path.exists(index):
-    with open(index) as f:
-      shards = sorted(set(json.load(f).get('weight_map', {}).values()))
+    try:
+      with open(index) as f:
+        shards = sorted(set(json.load(f).get('weight_map', {}).values()))
+      if not all(isinstance(shard, str) for shard in shards):
+        raise TypeError('a shard name is not a string')
+    except (json.JSONDecodeError, AttributeError, TypeError) as e:
+      raise ConversionError(f'{index}: not a valid index (a JSON object with a weight_map of '
+                            f'tensor names to shard files): {e}') from None
     paths = [os.path.join(hf_dir, shard) for shard in shards]
     for path in paths:
       if not os.path.exists(path):
@@ -64,13 +70,27 @@ def read_tensors(hf_dir: str, dtype: str = 'float32') -> dict[str, np.ndarray]:
   target = DTYPES[dtype]
   tensors = {}
   for path in weight_files(hf_dir):
-    with safe_open(path, framework='np') as f:
-      for name in f.keys():
-        if f.get_slice(name).get_dtype() == 'BF16':
-          tensor = _raw_tensor(path, name)
-        else:
-          tensor = f.get_tensor(name)
-        tensors[name] = np.asarray(tensor).astype(target)
+    try:
+      tensors.update(_file_tensors(path, target))
+    except ConversionError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      # SafetensorError (a truncated or corrupt file), struct/JSON errors of the raw reader.
+      reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ConversionError(f'{path}: not a readable safetensors file (truncated or '
+                            f'corrupt?): {reason}') from None
+  return tensors
+
+
+def _file_tensors(path: str, target) -> dict[str, np.ndarray]:
+  tensors = {}
+  with safe_open(path, framework='np') as f:
+    for name in f.keys():
+      if f.get_slice(name).get_dtype() == 'BF16':
+        tensor = _raw_tensor(path, name)
+      else:
+        tensor = f.get_tensor(name)
+      tensors[name] = np.asarray(tensor).astype(target)
   return tensors
 
 
