@@ -15,6 +15,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import passkey
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
+from longformer_jax.data.data_config import DataConfig
 
 KEY_PATTERN = re.compile(r'The pass key is (\d{5})\. Remember it\. (\d{5}) is the pass key\.')
 
@@ -84,9 +85,9 @@ def test_bad_lengths_and_depths_are_refused():
   assert passkey.minimum_length() == 105
 
 
-def passkey_data(chunk_len: int):
-  return ml_collections.ConfigDict(dict(corpus='passkey', chunk_len=chunk_len,
-                                        tfds_data_dir=''))
+def passkey_data(chunk_len: int, **settings):
+  return ml_collections.ConfigDict(DataConfig.build(
+      dict(corpus='passkey', chunk_len=chunk_len, **settings), 'config.data').to_dict())
 
 
 def test_corpus_documents_fit_a_chunk_and_hold_a_key():
@@ -106,8 +107,31 @@ def test_corpus_documents_fit_a_chunk_and_hold_a_key():
   assert {d.data for d in test}.isdisjoint(d.data for d in documents)
 
 
+def test_long_documents_log_uniform_lengths_span_every_octave():
+  """data.passkey_*: documents of 256-2,048 tokens, as many per octave (log-uniform)."""
+  documents = load_corpus(passkey_data(128, passkey_min_length=256, passkey_max_length=2048,
+                                       passkey_lengths='log_uniform'), 'valid')
+  lengths = np.array([t.size for t in tokenize_documents(ByteTokenizer(), documents)])
+  assert lengths.min() >= 256 and lengths.max() <= 2048
+  per_octave = [np.sum((lengths >= lo) & (lengths < 2 * lo)) for lo in (256, 512, 1024)]
+  assert min(per_octave) >= 0.25 * len(lengths)       # about 1/3 each
+  uniform = load_corpus(passkey_data(128, passkey_min_length=256, passkey_max_length=2048),
+                        'valid')
+  uniform_lengths = np.array([len(d.data) for d in uniform])
+  assert np.sum(uniform_lengths < 512) < 0.25 * len(uniform_lengths)   # about 1/7
+  for document in documents:
+    found = KEY_PATTERN.search(document.data.decode())
+    assert found and document.data.decode().endswith(f'The pass key is {found.group(1)}.')
+
+
 def test_corpus_errors_name_the_key():
   with pytest.raises(ConfigError, match='config.data.chunk_len'):
     load_corpus(passkey_data(64), 'train')
   with pytest.raises(ConfigError, match='config.eval.split'):
     load_corpus(passkey_data(128), 'dev')
+  with pytest.raises(ConfigError, match='config.data.passkey_max_length'):
+    load_corpus(passkey_data(128, passkey_max_length=64), 'train')
+  with pytest.raises(ConfigError, match='config.data.passkey_min_length'):
+    passkey_data(128, passkey_min_length=300)
+  with pytest.raises(ConfigError, match='config.data.passkey_max_length.*read only'):
+    DataConfig.build(dict(corpus='stdlib', passkey_max_length=512), 'config.data')

@@ -29,6 +29,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import passkey
 from longformer_jax.evaluation import heatmap_png, passkey_grid
 from longformer_jax.evaluation.eval_config import EvalConfig
+from longformer_jax.evaluation.passkey_scoring import PasskeyScorer
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
@@ -185,7 +186,7 @@ def test_chunked_scores_equal_a_plain_loop_over_the_implied_context(tiny_models,
                                  default_chunk=CHUNK)
   documents = [d for _, _, d in passkey_grid.grid_documents(grid, passkey.byte_encode)]
   model_config = passkey_grid.memory_model_config(trained, VOCAB, grid.memories[0])
-  scorer = passkey_grid.PasskeyScorer(model_config, batch_size=8, chunk_len=CHUNK, mesh=mesh,
+  scorer = PasskeyScorer(model_config, batch_size=8, chunk_len=CHUNK, mesh=mesh,
                                       rules=rules, param_shardings=sharding.replicated(mesh))
   scores = scorer.score(params, documents, BOS, PAD)
   correct, nll = reference_scores(plain_config, params, documents, memory_len)

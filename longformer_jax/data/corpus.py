@@ -22,7 +22,8 @@ def load_corpus(data_config: ml_collections.ConfigDict,
                 split: str) -> list[Document]:
   """The raw documents of `split` ('train' | 'valid' | 'test') of
   `data_config.corpus`; tfds corpora read `data_config.tfds_data_dir`; `passkey`
-  is synthetic (`data/passkey.py`), documents up to `data_config.chunk_len - 1` bytes.
+  is synthetic (`data/passkey.py`), documents of `data.passkey_min_length` to
+  `data.passkey_max_length` bytes (default: up to `data_config.chunk_len - 1`).
 
   A `data_config.corpus` with a `/` or a glob character (`*`, `?`, `[`) is a
   directory or glob of the user's own text files (`text_files_corpus`).
@@ -36,8 +37,11 @@ def load_corpus(data_config: ml_collections.ConfigDict,
     return stdlib_corpus.load_documents(split)
   if name in ('tiny_shakespeare', 'pg19'):
     return tfds_corpus.load_documents(name, split, data_config.tfds_data_dir)
-  if name == 'passkey':       # synthetic passkey retrieval, one document per chunk at most
-    return passkey.load_documents(split, data_config.chunk_len - 1)
+  if name == 'passkey':       # synthetic passkey retrieval (lengths: data.passkey_*)
+    return passkey.load_documents(
+        split, data_config.passkey_max_length or data_config.chunk_len - 1,
+        min_length=data_config.passkey_min_length, spread=data_config.passkey_lengths,
+        max_key='data.passkey_max_length' if data_config.passkey_max_length else 'data.chunk_len')
   if text_files_corpus.is_text_files_corpus(name):
     return text_files_corpus.load_documents(name, split)
   raise ConfigError('data.corpus',

@@ -15,6 +15,8 @@ import dataclasses
 from longformer_jax.config.section import Section
 
 TOKENIZERS = ('byte', 'sentencepiece', 'hf')
+PASSKEY_LENGTHS = ('uniform', 'log_uniform')
+PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths')
 
 # Settings only some tasks read -> those tasks.
 TASK_KEYS = {
@@ -47,6 +49,11 @@ class DataConfig(Section):
   question_len: int = 64             # qa: question tokens kept
   max_answer_len: int = 32           # qa: longest predicted span
   target_len: int = 128              # seq2seq: target tokens, EOS included
+  # corpus='passkey' (data/passkey.py): document lengths of every split, in tokens. 0: the
+  # shortest that holds needle and question / chunk_len - 1 (one document per chunk).
+  passkey_min_length: int = 0
+  passkey_max_length: int = 0
+  passkey_lengths: str = 'uniform'   # uniform | log_uniform (as many documents per octave)
 
   def validate(self, env) -> None:
     del env
@@ -61,3 +68,15 @@ class DataConfig(Section):
     self.require(self.question_len > 0, 'question_len', 'must be >= 1')
     self.require(self.max_answer_len >= 1, 'max_answer_len', 'must be >= 1')
     self.require(self.target_len >= 2, 'target_len', 'must be >= 2')
+    self.require(self.passkey_lengths in PASSKEY_LENGTHS, 'passkey_lengths',
+                 f'must be one of {PASSKEY_LENGTHS}')
+    self.require(self.passkey_min_length >= 0 and self.passkey_max_length >= 0,
+                 'passkey_max_length', 'passkey lengths must be >= 0 (0: the default)')
+    if self.corpus != 'passkey':
+      for name in PASSKEY_KEYS:
+        self.require(getattr(self, name) == getattr(self.defaults(), name), name,
+                     "is read only by corpus='passkey'")
+    else:
+      longest = self.passkey_max_length or self.chunk_len - 1
+      self.require(self.passkey_min_length <= longest, 'passkey_min_length',
+                   f'is above the longest document ({longest} tokens)')

@@ -20,9 +20,12 @@ of `np.random.default_rng([seed, ...])`, so a document is a pure function of
 its seed, length and depth.
 
 The built-in corpus `passkey` (`data.corpus='passkey'`, `load_documents`)
-holds such documents of random lengths up to `data.chunk_len - 1` bytes (one
-document plus its BOS fits a training chunk with the byte tokenizer; a
-SentencePiece model makes them fewer tokens) and uniform random depths:
+holds such documents of random lengths, by default up to `data.chunk_len - 1`
+bytes (one document plus its BOS fits a training chunk with the byte
+tokenizer; a SentencePiece model makes them fewer tokens), or from
+`data.passkey_min_length` to `data.passkey_max_length` (documents longer
+than the chunk, read chunk by chunk with the memory carried: a model must
+keep the needle in its memory to answer), and uniform random depths:
 16,384 training documents, which the training streams reshuffle every epoch
 (an endless stream), and 256 each for valid and test, with fixed seeds per
 split.
@@ -133,26 +136,32 @@ def seeded_document(seed: int, length: int, depth: float, index: int,
   return passkey_document(length, depth, random_key(rng), encode)
 
 
-def load_documents(split: str, max_length: int) -> list[Document]:
-  """The `passkey` corpus split: `SPLIT_SIZES[split]` byte documents, lengths uniform in
-  [minimum_length(), max_length], depths uniform in [0, 1].
+def load_documents(split: str, max_length: int, min_length: int = 0, spread: str = 'uniform',
+                   max_key: str = 'data.chunk_len') -> list[Document]:
+  """The `passkey` corpus split: `SPLIT_SIZES[split]` byte documents, depths uniform in
+  [0, 1], lengths in [max(min_length, minimum_length()), max_length]: uniform, or with
+  `spread='log_uniform'` log-uniform (as many documents per octave of length, so short
+  documents, dense in answers, and long ones, whose needle lies chunks back, both abound).
 
   Raises:
     ConfigError: unknown split ('eval.split'), or `max_length` below the
-      minimum ('data.chunk_len', which sets it).
+      minimum (`max_key`, the setting that gave it).
   """
   if split not in SPLITS:
     raise ConfigError('eval.split', f'unknown split {split!r} of the passkey corpus; '
                       f'expected one of {SPLITS}')
-  shortest = minimum_length()
+  shortest = max(minimum_length(), min_length)
   if max_length < shortest:
-    raise ConfigError('data.chunk_len', f'corpus passkey needs chunks of at least '
-                      f'{shortest + 1} tokens (a document of {shortest} plus BOS), got '
-                      f'{max_length + 1}')
+    raise ConfigError(max_key, f'corpus passkey needs documents of at least {shortest} '
+                      f'tokens (chunks of {shortest + 1} with BOS when '
+                      f'data.passkey_max_length is 0), got {max_length}')
   documents = []
   for index in range(SPLIT_SIZES[split]):
     rng = np.random.default_rng([SPLIT_SEEDS[split], index])
-    length = int(rng.integers(shortest, max_length + 1))
+    if spread == 'log_uniform':
+      length = int(round(np.exp(rng.uniform(np.log(shortest), np.log(max_length)))))
+    else:
+      length = int(rng.integers(shortest, max_length + 1))
     depth = float(rng.uniform(0.0, 1.0))
     document = passkey_document(length, depth, random_key(rng))
     documents.append(Document(name=f'passkey/{split}/{index}',

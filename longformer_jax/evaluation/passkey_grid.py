@@ -26,6 +26,10 @@ Settings (`;` separates them, `,` the values of one):
                        memory/policies.py (fifo, lru, lfu, lra, lra_last, lra_max, lra_sum, lfa,
                        sink); no Q memory (see below)
     knn                Memorizing Transformer's kNN memory of SIZE entries (FIFO, joint gate)
+    trained            the run's own memory as trained, for a model trained with its memory
+                       in the loop (configs/passkey_memory.py); `trained:SIZE` resizes it
+                       (evaluation/trained_memory.py: kNN memory_size, Attendre memory_size,
+                       sinks window, else mem_len)
 - `chunk`: the evaluation chunk (default `eval.chunk_len`, else the training one).
 - any other key is a setting of the memories' sections (memory_sweep's
   extra keys, e.g. `rope_max_distance=511`, `top_k=32`, `lfa_gamma=0.9`),
@@ -41,7 +45,14 @@ empty at BOS). A document counts as retrieved when the argmax of every answer
 token (the key's 5 digits with the byte tokenizer) is the key's token; with
 the true prefix, argmax equals greedy decoding of the digits. Each cell also
 reports `digit_accuracy` (answer tokens right) and `digit_loss` (nats per
-answer token).
+answer token), and what the memory cost (evaluation/passkey_scoring.py,
+memory_accounting.py): `memory_entries` (mean) and `memory_entries_max`, the
+valid entries the memory holds after the document, summed over layers;
+`memory_bytes`, the state's bytes per row; `seconds_per_1k_tokens`, the
+reading time (compilation excluded) per 1,000 tokens read (rows x chunks).
+Each memory's entry in the JSON carries its `peak_host_bytes` (the process's
+peak resident set while it read the grid), `seconds_per_1k_tokens` over all
+cells and `memory_bytes`.
 
 Output (`write_grid`): `passkey_grid.json` with the axes, one entry per
 memory and one cell per (memory, length, depth); and `passkey_grid_<memory>.png`
@@ -51,31 +62,26 @@ the left), colour the accuracy (evaluation/heatmap_png.py: red 0, yellow
 """
 
 import dataclasses
-import functools
 import glob
 import json
 import os
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-from longformer_jax.attention.core.context import MODEL_STATE
 from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.config.section import closest_name
 from longformer_jax.data import passkey
-from longformer_jax.evaluation import memory_sweep
+from longformer_jax.evaluation import memory_sweep, trained_memory
 from longformer_jax.evaluation.heatmap_png import write_heatmap
+from longformer_jax.evaluation.memory_accounting import PeakHostMemory
 from longformer_jax.evaluation.model_description import describe_model
+from longformer_jax.evaluation.passkey_scoring import PasskeyScorer
 from longformer_jax.evaluation.report_files import fresh_output_dir
 from longformer_jax.memory import policies
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.models.model_config import resolve_model
-from longformer_jax.parallel import sharding
-from longformer_jax.train import initialization
-from longformer_jax.train.lm_objective import chunk_context
 
 GRID_KEY = 'eval.passkey_grid'
 GRID_SETTINGS = ('lengths', 'max_length', 'depths', 'documents', 'seed', 'memories',
@@ -85,6 +91,7 @@ FIRST_LENGTH = 256
 MEMORY_KINDS = {'none': ('vanilla', 'fifo'), 'xl': ('vanilla', 'fifo'),
                 'sinks': ('streaming_sinks', 'sink'), 'knn': ('memorizing', 'fifo')}
 MEMORY_KINDS.update({f'attendre_{p}': ('attendre', p) for p in policies.POLICY_CHOICES})
+TRAINED = 'trained'              # the run's own memory (evaluation/trained_memory.py)
 AXES = {'rows': 'depth of the needle in percent of the filler (0: first); heat map: top to bottom',
         'columns': 'document length in tokens; heat map: left to right',
         'colour': 'accuracy (all answer tokens right): red 0, yellow 0.5, green 1; '
@@ -93,11 +100,20 @@ AXES = {'rows': 'depth of the needle in percent of the filler (0: first); heat m
 
 @dataclasses.dataclass(frozen=True)
 class GridMemory:
-  """One memory of the grid: its label and the memory-sweep point that builds it."""
-  label: str                     # 'none', 'xl:256', 'attendre_lra_max:256'
-  point: memory_sweep.SweepPoint
+  """One memory of the grid: its label and the memory-sweep point that builds it, or (`point`
+  None) the run's own memory, resized to `trained_size` unless 0."""
+  label: str                     # 'none', 'xl:256', 'attendre_lra_max:256', 'trained:4096'
+  point: memory_sweep.SweepPoint | None
+  trained_size: int = 0
 
-  def describe(self) -> dict:
+  def describe(self, trained_model=None) -> dict:
+    if self.point is None:
+      described = dict(memory=self.label, variant=TRAINED)
+      if trained_model is not None:
+        described.update(size_key=trained_memory.size_key(trained_model),
+                         memory_size=self.trained_size or trained_memory.trained_size(
+                             trained_model))
+      return described
     described = dict(memory=self.label, **self.point.describe())
     del described['q_memory_size']
     return described
@@ -125,8 +141,13 @@ def _ints(settings: dict, key: str, default: list) -> list:
 
 def _memory(item: str, size: int, chunk: int, extras: dict) -> GridMemory:
   name, _, given = item.partition(':')
+  if name == TRAINED:
+    require(not given or given.isdigit() and int(given) > 0, GRID_KEY,
+            f'memory {item!r}: the size after ":" must be an integer > 0')
+    return GridMemory(item, None, int(given or 0))
+  names = tuple(MEMORY_KINDS) + (TRAINED,)
   require(name in MEMORY_KINDS, GRID_KEY, f'unknown memory {name!r}; choose from '
-          f'{", ".join(MEMORY_KINDS)}{closest_name(name, tuple(MEMORY_KINDS))}')
+          f'{", ".join(names)}{closest_name(name, names)}')
   if given:
     require(given.isdigit(), GRID_KEY, f'memory {item!r}: the size after ":" must be an integer')
     size = int(given)
@@ -167,7 +188,7 @@ def parse_grid(spec: str, default_chunk: int) -> PasskeyGrid:
   for key, values in settings.items():
     require(len(values) == 1, GRID_KEY, f'{key} takes one value (one grid per memory setting)')
   memories = [_memory(item, size, chunk, extras) for item in names]
-  kinds = {(m.point.variant, m.point.policy) for m in memories}
+  kinds = {(m.point.variant, m.point.policy) for m in memories if m.point is not None}
   for key in extras:
     valid = sorted({k for variant, _ in kinds for k in memory_sweep.section_keys(variant)})
     require(any(memory_sweep.reads(v, p, key) for v, p in kinds), GRID_KEY,
@@ -182,87 +203,16 @@ def parse_grid(spec: str, default_chunk: int) -> PasskeyGrid:
 
 def memory_model_config(trained_model, vocab_size: int, memory: GridMemory):
   """The eval-time model of `memory` (the trained model with the memory's overrides), checked."""
-  config = lm_model_config(trained_model, vocab_size,
-                           **memory_sweep.model_overrides(memory.point, trained_model))
+  if memory.point is None:
+    overrides = trained_memory.model_overrides(trained_model, memory.trained_size)
+  else:
+    overrides = memory_sweep.model_overrides(memory.point, trained_model)
+  config = lm_model_config(trained_model, vocab_size, **overrides)
   try:
     resolve_model({k: v for k, v in config.to_dict().items() if k != 'vocab_size'})
   except ConfigError as error:
     raise ConfigError(GRID_KEY, f'memory {memory.label}: {error}') from None
   return config
-
-
-def document_batch(documents: list, num_rows: int, chunk_len: int, bos_id: int,
-                   pad_id: int) -> dict:
-  """`[num_rows, n * chunk_len]` teacher-forcing arrays of `documents` (one per row, from
-  position 0; padded at the end), and `answer_mask` on the answer's targets. Rows past
-  `len(documents)` repeat the first document with no answer."""
-  longest = max(d.tokens.size for d in documents)
-  width = -(-longest // chunk_len) * chunk_len
-  inputs = np.full([num_rows, width], pad_id, np.int32)
-  targets = np.full([num_rows, width], pad_id, np.int32)
-  answer_mask = np.zeros([num_rows, width], bool)
-  for row in range(num_rows):
-    document = documents[row] if row < len(documents) else documents[0]
-    length = document.tokens.size
-    inputs[row, 0], inputs[row, 1:length] = bos_id, document.tokens[:-1]
-    targets[row, :length] = document.tokens
-    if row < len(documents):
-      answer_mask[row, document.answer_start:document.answer_start + document.answer_len] = True
-  positions = np.tile(np.arange(width, dtype=np.int32), (num_rows, 1))
-  return dict(inputs=inputs, targets=targets, positions=positions,
-              segment_ids=np.zeros_like(inputs), doc_start=positions == 0,
-              input_mask=inputs != pad_id, answer_mask=answer_mask)
-
-
-def answer_step(params, memory, chunk: dict, model_state, *, model: DecoderLM):
-  """One chunk: `(memory, {'correct', 'nll'})`, per row `[batch]`: answer tokens whose argmax
-  is the target, and their summed negative log-likelihood (nats)."""
-  variables = {'params': params, MODEL_STATE: model_state} if model_state else {'params': params}
-  logits, memory, _ = model.apply(variables, chunk['inputs'], memory,
-                                  chunk_context(chunk, deterministic=True))
-  answer = chunk['answer_mask']
-  hits = (jnp.argmax(logits, axis=-1) == chunk['targets']) & answer
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
-                                                        chunk['targets'])
-  return memory, {'correct': jnp.sum(hits, axis=1).astype(jnp.int32),
-                  'nll': jnp.sum(jnp.where(answer, nll, 0.0), axis=1)}
-
-
-class PasskeyScorer:
-  """Scores documents with one eval-time model, chunk by chunk (compiled once per model)."""
-
-  def __init__(self, model_config, *, batch_size: int, chunk_len: int, mesh, rules,
-               param_shardings):
-    self.model_config, self.batch_size, self.chunk_len = model_config, batch_size, chunk_len
-    self.mesh, self.rules = mesh, rules
-    self._batch_sharding = sharding.batch_sharding(mesh, rules)
-    memory_shardings = initialization.memory_shardings(model_config, batch_size, mesh, rules)
-    replicated = sharding.replicated(mesh)
-    self._step = jax.jit(functools.partial(answer_step, model=DecoderLM(model_config)),
-                         in_shardings=(param_shardings, memory_shardings, self._batch_sharding,
-                                       replicated),
-                         out_shardings=(memory_shardings, replicated), donate_argnums=1)
-    self._fresh_memory = jax.jit(lambda: DecoderLM.init_state(model_config, batch_size),
-                                 out_shardings=memory_shardings)
-
-  def score(self, params, documents: list, bos_id: int, pad_id: int, model_state=None) -> dict:
-    """`{'correct', 'nll'}`: numpy `[len(documents)]`, per document (see `answer_step`)."""
-    totals = {'correct': [], 'nll': []}
-    with sharding.activation_sharding(self.mesh, self.rules):
-      for start in range(0, len(documents), self.batch_size):
-        group = documents[start:start + self.batch_size]
-        arrays = document_batch(group, self.batch_size, self.chunk_len, bos_id, pad_id)
-        memory = self._fresh_memory()
-        sums = {'correct': np.zeros(self.batch_size, np.int64), 'nll': np.zeros(self.batch_size)}
-        for begin in range(0, arrays['inputs'].shape[1], self.chunk_len):
-          chunk = {k: v[:, begin:begin + self.chunk_len] for k, v in arrays.items()}
-          chunk = sharding.to_global_batch(chunk, self._batch_sharding)
-          memory, out = self._step(params, memory, chunk, model_state or {})
-          for key in sums:
-            sums[key] = sums[key] + np.asarray(out[key])
-        for key in totals:
-          totals[key].append(sums[key][:len(group)])
-    return {key: np.concatenate(parts) for key, parts in totals.items()}
 
 
 def grid_documents(grid: PasskeyGrid, encode) -> list:
@@ -280,34 +230,53 @@ def grid_documents(grid: PasskeyGrid, encode) -> list:
 
 
 def cell_rows(memory: GridMemory, documents: list, scores: dict) -> list[dict]:
-  """One row per (length, depth) of `memory`: accuracy, digit accuracy and loss, n."""
+  """One row per (length, depth) of `memory`: accuracy, digit accuracy and loss, n; with the
+  scorer's accounting (`passkey_scoring.PasskeyScorer.score`) also the entries the memory held
+  after each document (mean, max), the state's bytes per row and the seconds per 1,000 tokens."""
   groups = {}
-  for (length, depth, document), correct, nll in zip(documents, scores['correct'], scores['nll']):
-    groups.setdefault((length, depth), []).append((int(correct), float(nll), document.answer_len))
+  for i, (length, depth, document) in enumerate(documents):
+    groups.setdefault((length, depth), []).append(i)
   rows = []
-  for (length, depth), results in groups.items():
-    tokens = sum(n for _, _, n in results)
-    rows.append(dict(memory=memory.label, length=length, depth=depth,
-                     accuracy=float(np.mean([c == n for c, _, n in results])),
-                     digit_accuracy=sum(c for c, _, _ in results) / tokens,
-                     digit_loss=sum(x for _, x, _ in results) / tokens, n=len(results)))
+  for (length, depth), members in groups.items():
+    correct = [int(scores['correct'][i]) for i in members]
+    answer = [documents[i][2].answer_len for i in members]
+    tokens = sum(answer)
+    row = dict(memory=memory.label, length=length, depth=depth,
+               accuracy=float(np.mean([c == n for c, n in zip(correct, answer)])),
+               digit_accuracy=sum(correct) / tokens,
+               digit_loss=float(sum(scores['nll'][i] for i in members)) / tokens, n=len(members))
+    if 'entries' in scores:
+      held = np.asarray([scores['entries'][i] for i in members])
+      row.update(memory_entries=float(held.mean()), memory_entries_max=int(held.max()),
+                 memory_bytes=int(scores['state_bytes']),
+                 seconds_per_1k_tokens=1000.0 * float(sum(scores['seconds'][i] for i in members))
+                 / float(sum(scores['tokens'][i] for i in members)))
+    rows.append(row)
   return rows
 
 
 def evaluate_grid(grid: PasskeyGrid, trained_model, tokenizer, params, *, batch_size: int,
-                  mesh, rules, param_shardings, model_state=None) -> list[dict]:
-  """Every cell of every memory of `grid` (`cell_rows`), memory by memory."""
+                  mesh, rules, param_shardings, model_state=None) -> tuple[list, dict]:
+  """Every cell of every memory of `grid` (`cell_rows`), memory by memory, and per memory
+  label its cost: `peak_host_bytes` (the process's peak resident set while it read every
+  document, `peak_host_exact` False where only the lifetime peak is known),
+  `seconds_per_1k_tokens` (all cells), `memory_bytes` (state bytes per row)."""
   documents = grid_documents(grid, tokenizer.encode)
-  cells = []
+  cells, costs = [], {}
   for memory in grid.memories:
     model_config = memory_model_config(trained_model, tokenizer.vocab_size, memory)
     jax.eval_shape(lambda config=model_config: DecoderLM.init_state(config, 1))
-    scorer = PasskeyScorer(model_config, batch_size=batch_size, chunk_len=grid.chunk, mesh=mesh,
-                           rules=rules, param_shardings=param_shardings)
-    scores = scorer.score(params, [d for _, _, d in documents], tokenizer.bos_id,
-                          tokenizer.pad_id, model_state)
+    with PeakHostMemory() as peak:
+      scorer = PasskeyScorer(model_config, batch_size=batch_size, chunk_len=grid.chunk,
+                             mesh=mesh, rules=rules, param_shardings=param_shardings)
+      scores = scorer.score(params, [d for _, _, d in documents], tokenizer.bos_id,
+                            tokenizer.pad_id, model_state)
     cells.extend(cell_rows(memory, documents, scores))
-  return cells
+    costs[memory.label] = dict(
+        peak_host_bytes=peak.bytes, peak_host_exact=peak.exact,
+        seconds_per_1k_tokens=1000.0 * float(scores['seconds'].sum() / scores['tokens'].sum()),
+        memory_bytes=int(scores['state_bytes']))
+  return cells, costs
 
 
 def accuracy_table(grid: PasskeyGrid, cells: list[dict], label: str) -> np.ndarray:
@@ -324,9 +293,11 @@ def png_name(label: str) -> str:
   return 'passkey_grid_' + re.sub(r'[^A-Za-z0-9_]+', '_', label) + '.png'
 
 
-def write_grid(grid: PasskeyGrid, cells: list[dict], out_dir: str, header: dict) -> dict:
+def write_grid(grid: PasskeyGrid, cells: list[dict], out_dir: str, header: dict,
+               costs: dict | None = None, trained_model=None) -> dict:
   """Writes `passkey_grid.json` and one heat map per memory (module docstring), after removing
-  the grid files of an earlier evaluation; returns what the JSON holds."""
+  the grid files of an earlier evaluation; returns what the JSON holds. `costs` (per memory
+  label, from `evaluate_grid`) go into each memory's entry."""
   os.makedirs(out_dir, exist_ok=True)
   for old in glob.glob(os.path.join(out_dir, 'passkey_grid*')):
     os.remove(old)
@@ -334,7 +305,8 @@ def write_grid(grid: PasskeyGrid, cells: list[dict], out_dir: str, header: dict)
   for memory in grid.memories:
     name = png_name(memory.label)
     write_heatmap(os.path.join(out_dir, name), accuracy_table(grid, cells, memory.label))
-    memories.append(dict(memory.describe(), heatmap=name))
+    memories.append(dict(memory.describe(trained_model), heatmap=name,
+                         **(costs or {}).get(memory.label, {})))
   axes = dict(AXES, depths=list(grid.depths), lengths=list(grid.lengths))
   result = dict(header, documents_per_cell=grid.documents, seed=grid.seed, chunk=grid.chunk,
                 axes=axes, memories=memories, cells=cells)
@@ -343,13 +315,21 @@ def write_grid(grid: PasskeyGrid, cells: list[dict], out_dir: str, header: dict)
   return result
 
 
-def markdown_table(grid: PasskeyGrid, cells: list[dict]) -> str:
-  """Accuracy per memory and length, averaged over depths."""
-  lines = ['| memory | ' + ' | '.join(str(n) for n in grid.lengths) + ' |',
-           '|---|' + '---:|' * len(grid.lengths)]
+def markdown_table(grid: PasskeyGrid, cells: list[dict], costs: dict | None = None) -> str:
+  """Accuracy per memory and length, averaged over depths; with `costs`, also the entries held
+  after the shortest and the longest documents, seconds per 1k tokens and the peak host MiB."""
+  extra = ['entries held (shortest / longest)', 's / 1k tokens', 'peak host MiB'] if costs else []
+  lines = ['| memory | ' + ' | '.join([str(n) for n in grid.lengths] + extra) + ' |',
+           '|---|' + '---:|' * (len(grid.lengths) + len(extra))]
   for memory in grid.memories:
     table = accuracy_table(grid, cells, memory.label)
-    lines.append(f'| {memory.label} | ' + ' | '.join(f'{v:.2f}' for v in table.mean(0)) + ' |')
+    values = [f'{v:.2f}' for v in table.mean(0)]
+    if costs:
+      held = {c['length']: c['memory_entries'] for c in cells if c['memory'] == memory.label}
+      cost = costs[memory.label]
+      values += [f'{held[grid.lengths[0]]:.0f} / {held[grid.lengths[-1]]:.0f}',
+                 f'{cost["seconds_per_1k_tokens"]:.3f}', f'{cost["peak_host_bytes"] / 2**20:.0f}']
+    lines.append(f'| {memory.label} | ' + ' | '.join(values) + ' |')
   return '\n'.join(lines)
 
 
@@ -357,16 +337,16 @@ def evaluate_run_grid(config, workdir: str, tokenizer, mesh, rules, params, para
                       step: int, model_state=None) -> dict:
   """eval.py's `eval.passkey_grid`: the grid of the run's checkpoint, written to DIR/eval."""
   grid = parse_grid(config.eval.passkey_grid, config.eval.chunk_len or config.data.chunk_len)
-  cells = evaluate_grid(grid, config.model, tokenizer, params,
-                        batch_size=config.data.eval_batch_size, mesh=mesh, rules=rules,
-                        param_shardings=param_shardings, model_state=model_state)
+  cells, costs = evaluate_grid(grid, config.model, tokenizer, params,
+                               batch_size=config.data.eval_batch_size, mesh=mesh, rules=rules,
+                               param_shardings=param_shardings, model_state=model_state)
   header = dict(checkpoint_step=step, trained_attention=config.model.attention,
                 trained_model=describe_model(config.model), trained_chunk=config.data.chunk_len,
                 corpus=config.data.corpus, tokenizer=config.data.tokenizer)
   if jax.process_index() != 0:
     return dict(header, cells=cells)
-  result = write_grid(grid, cells, fresh_output_dir(workdir), header)
+  result = write_grid(grid, cells, fresh_output_dir(workdir), header, costs, config.model)
   print(f'checkpoint step {step}, passkey accuracy (mean over depths {list(grid.depths)}%, '
         f'{grid.documents} documents per cell, chunk {grid.chunk}):')
-  print(markdown_table(grid, cells))
+  print(markdown_table(grid, cells, costs))
   return result

@@ -1,0 +1,80 @@
+"""Passkey retrieval trained with the memory in the loop (docs/passkey.md).
+
+configs/passkey.py trains without memory and adds one only at evaluation;
+here each memory family is trained with its memory: passkey documents of
+105 to 2,048 bytes (log-uniform lengths, so about as many documents per
+octave; `data.passkey_*`, data/passkey.py), the needle at a uniform random
+depth, read in 128-token chunks with the memory carried from chunk to chunk
+by the training streams (reset at each document's BOS). Most documents span
+several chunks, so the digits can only be predicted from the memory.
+
+One config file, the memory after the colon:
+
+  python train.py --config=configs/passkey_memory.py:knn --workdir=workdirs/passkey_knn
+  python eval.py --config=configs/passkey_memory.py:knn --workdir=workdirs/passkey_knn \\
+      --config.eval.passkey_grid='max_length=65536;documents=16;memories=trained'
+
+| choice | the memory trained with | reach (tokens back from the chunk) |
+|---|---|---|
+| none | no memory: each chunk alone (vanilla RoPE) | 0 |
+| xl | Transformer-XL cache of 128 hidden states per layer | 128 |
+| compressive | XL cache 128 + 128 compressed slots at rate 4 | 128 + 4 x 128 |
+| knn | layer 2 of 2 a Memorizing layer: kNN memory of 2,048 (key, value) pairs, top 32 | 2,048 |
+| attendre_lra_max / attendre_lfa | Attendre K/V memory of 128 entries, evicting by attention | what the policy keeps |
+| attendre_fifo | the same memory evicting first-in first-out (the control) | 128 |
+| expire_span | Expire-Span: capacity 1,024, spans up to 4,096 learnt per token | learnt |
+| adaptive_span | Adaptive-Span over an XL memory of 1,024, spans learnt per head | learnt, <= 1,024 |
+| sinks | StreamingLLM: 4 sink tokens + a window of 128 | 124 |
+
+The model is configs/passkey.py's (byte level, 2 layers, d_model 128, 4 heads
+of 32), with relative positions where the variant has them (xl, compressive,
+expire_span, adaptive_span) and RoPE otherwise.
+"""
+
+from configs import passkey
+from longformer_jax.config.errors import require
+from longformer_jax.config.overrides import merged
+
+CHUNK = 128
+MEMORIES = {
+    'none': {'attention': 'vanilla', 'mem_len': 0},
+    'xl': {'attention': 'xl', 'mem_len': 128},
+    'compressive': {'attention': 'compressive', 'mem_len': 128,
+                    'compressive': {'compressed_mem_len': 128, 'rate': 4},
+                    'aux_loss_weights': {'reconstruction_loss': 1.0}},
+    # The kNN memory in the top layer (the paper puts it near the top); the local
+    # attention of both layers is the chunk alone, so beyond the chunk only the kNN
+    # memory can supply the needle.
+    'knn': {'attention': 'vanilla', 'mem_len': 0,
+            'layer_schedule': {'attention': 'vanilla,memorizing'},
+            'memorizing': {'memory_size': 2048, 'top_k': 32, 'normalize_qk': True}},
+    'attendre_lra_max': {'attention': 'attendre', 'mem_len': 0,
+                         'attendre': {'memory_size': 128, 'policy': 'lra_max'}},
+    'attendre_lfa': {'attention': 'attendre', 'mem_len': 0,
+                     'attendre': {'memory_size': 128, 'policy': 'lfa'}},
+    'attendre_fifo': {'attention': 'attendre', 'mem_len': 0,
+                      'attendre': {'memory_size': 128, 'policy': 'fifo'}},
+    'expire_span': {'attention': 'expire_span', 'mem_len': 1024,
+                    'expire_span': {'max_span': 4096},
+                    'aux_loss_weights': {'expire_span_loss': 1e-6}},
+    'adaptive_span': {'attention': 'adaptive_span', 'mem_len': 1024,
+                      'adaptive_span': {'max_span': 1024, 'init': 0.0},
+                      'aux_loss_weights': {'span_loss': 1e-5}},
+    'sinks': {'attention': 'streaming_sinks', 'mem_len': 0,
+              'streaming_sinks': {'num_sinks': 4, 'window': CHUNK}},
+}
+
+
+def get_config(arg: str = 'knn') -> dict:
+  require(arg in MEMORIES, '--config', f'passkey_memory.py:{arg}: unknown memory; use one of '
+          f'{", ".join(MEMORIES)}')
+  return merged(passkey.get_config(), {
+      'model': MEMORIES[arg],
+      'data': {'chunk_len': CHUNK,
+               'passkey_max_length': 2048,
+               'passkey_lengths': 'log_uniform',
+               'batch_size': 16},
+      'train': {'num_steps': 3000, 'eval_every': 1000, 'checkpoint_every': 500,
+                'eval_max_tokens': 65536},
+      'eval': {'split': 'test', 'chunk_len': CHUNK},
+  })
