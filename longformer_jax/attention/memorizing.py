@@ -174,6 +174,9 @@ class MemorizingAttention(nn.Module):
                                recall_target=self.recall_target)
     mask = found.valid & (found.segment_ids == ctx.segment_ids[:, :, None, None])
     mask &= found.positions <= ctx.positions[:, :, None, None]
+    # What each query retrieved (-1: nothing), for probes (evaluation/knn_probe.py); kept
+    # only when the caller makes 'intermediates' mutable.
+    self.sow('intermediates', 'knn_retrieved', jnp.where(mask, found.positions, -1))
     return found.keys, found.values, jnp.moveaxis(mask, 2, 1)
 
   @nn.compact

@@ -69,6 +69,7 @@ class PasskeyDocument:
     needle_start: index in `tokens` of the needle's first token.
     answer_start: index in `tokens` of the answer's (the final key's) first token.
     answer_len: tokens of the answer (5 with the byte tokenizer).
+    needle_len: tokens of the needle sentence.
   """
   tokens: np.ndarray
   key: str
@@ -76,6 +77,7 @@ class PasskeyDocument:
   needle_start: int
   answer_start: int
   answer_len: int
+  needle_len: int = 0
 
   @property
   def answer(self) -> np.ndarray:
@@ -125,7 +127,7 @@ def passkey_document(length: int, depth: float, key: str,
   tokens = np.concatenate([filler[:before], needle, filler[before:], question, answer, end])
   return PasskeyDocument(tokens=tokens.astype(np.int32), key=key, depth=float(depth),
                          needle_start=before, answer_start=length - end.size - answer.size,
-                         answer_len=answer.size)
+                         answer_len=answer.size, needle_len=needle.size)
 
 
 def seeded_document(seed: int, length: int, depth: float, index: int,

@@ -49,7 +49,9 @@ answer token), and what the memory cost (evaluation/passkey_scoring.py,
 memory_accounting.py): `memory_entries` (mean) and `memory_entries_max`, the
 valid entries the memory holds after the document, summed over layers;
 `memory_bytes`, the state's bytes per row; `seconds_per_1k_tokens`, the
-reading time (compilation excluded) per 1,000 tokens read (rows x chunks).
+reading time (compilation excluded) per 1,000 tokens read (rows x chunks);
+with a kNN layer, `needle_in_top_k`: the fraction of answer tokens whose
+query retrieved an entry of the needle sentence (any layer or head).
 Each memory's entry in the JSON carries its `peak_host_bytes` (the process's
 peak resident set while it read the grid), `seconds_per_1k_tokens` over all
 cells and `memory_bytes`.
@@ -251,6 +253,8 @@ def cell_rows(memory: GridMemory, documents: list, scores: dict) -> list[dict]:
                  memory_bytes=int(scores['state_bytes']),
                  seconds_per_1k_tokens=1000.0 * float(sum(scores['seconds'][i] for i in members))
                  / float(sum(scores['tokens'][i] for i in members)))
+    if 'needle_retrieved' in scores:         # a kNN layer: did the answer's queries find it?
+      row['needle_in_top_k'] = float(sum(scores['needle_retrieved'][i] for i in members)) / tokens
     rows.append(row)
   return rows
 

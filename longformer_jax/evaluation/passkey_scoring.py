@@ -35,6 +35,7 @@ def document_batch(documents: list, num_rows: int, chunk_len: int, bos_id: int,
   inputs = np.full([num_rows, width], pad_id, np.int32)
   targets = np.full([num_rows, width], pad_id, np.int32)
   answer_mask = np.zeros([num_rows, width], bool)
+  needle = np.full([num_rows, 2, width], -2, np.int32)    # [first, end) input positions, per row
   for row in range(num_rows):
     if not documents:           # a blank batch: BOS then padding (compiles the step)
       inputs[row, 0] = bos_id
@@ -45,24 +46,45 @@ def document_batch(documents: list, num_rows: int, chunk_len: int, bos_id: int,
     targets[row, :length] = document.tokens
     if row < len(documents):
       answer_mask[row, document.answer_start:document.answer_start + document.answer_len] = True
+      needle[row, 0] = document.needle_start + 1          # inputs are shifted by the BOS
+      needle[row, 1] = document.needle_start + 1 + document.needle_len
   positions = np.tile(np.arange(width, dtype=np.int32), (num_rows, 1))
   return dict(inputs=inputs, targets=targets, positions=positions,
               segment_ids=np.zeros_like(inputs), doc_start=positions == 0,
-              input_mask=inputs != pad_id, answer_mask=answer_mask)
+              input_mask=inputs != pad_id, answer_mask=answer_mask,
+              needle_span=np.moveaxis(needle, 1, 2))
+
+
+def _retrieved_positions(intermediates) -> list:
+  """The `knn_retrieved` arrays `[b, c, h, k]` that Memorizing layers sowed (one per layer)."""
+  leaves = jax.tree_util.tree_flatten_with_path(intermediates)[0]
+  return [leaf for path, leaf in leaves
+          if any(getattr(key, 'key', None) == 'knn_retrieved' for key in path)]
 
 
 def answer_step(params, memory, chunk: dict, model_state, *, model: DecoderLM):
-  """One chunk: `(memory, {'correct', 'nll'})`, per row `[batch]`: answer tokens whose argmax
-  is the target, and their summed negative log-likelihood (nats)."""
+  """One chunk: `(memory, {'correct', 'nll', 'needle_retrieved'})`, per row `[batch]`: answer
+  tokens whose argmax is the target, their summed negative log-likelihood (nats), and answer
+  tokens whose query retrieved (any kNN layer, any head, among its top-k) an entry of the
+  needle sentence (0 for a model without a kNN layer)."""
   variables = {'params': params, MODEL_STATE: model_state} if model_state else {'params': params}
-  logits, memory, _ = model.apply(variables, chunk['inputs'], memory,
-                                  chunk_context(chunk, deterministic=True))
+  (logits, memory, _), sown = model.apply(variables, chunk['inputs'], memory,
+                                          chunk_context(chunk, deterministic=True),
+                                          mutable=['intermediates'])
   answer = chunk['answer_mask']
   hits = (jnp.argmax(logits, axis=-1) == chunk['targets']) & answer
   nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
                                                         chunk['targets'])
+  first, end = chunk['needle_span'][:, 0, 0], chunk['needle_span'][:, 0, 1]
+  found = jnp.zeros(answer.shape, bool)
+  for retrieved in _retrieved_positions(sown.get('intermediates', {})):
+    in_needle = (retrieved >= first[:, None, None, None]) & (retrieved < end[:, None, None, None])
+    found |= jnp.any(in_needle, axis=(2, 3))
   return memory, {'correct': jnp.sum(hits, axis=1).astype(jnp.int32),
-                  'nll': jnp.sum(jnp.where(answer, nll, 0.0), axis=1)}
+                  'nll': jnp.sum(jnp.where(answer, nll, 0.0), axis=1),
+                  'needle_retrieved': jnp.sum(found & answer, axis=1).astype(jnp.int32),
+                  'has_knn': jnp.asarray(bool(_retrieved_positions(sown.get('intermediates',
+                                                                                {}))))}
 
 
 class PasskeyScorer:
@@ -99,7 +121,9 @@ class PasskeyScorer:
     `entries` (held after the document); per document too, `seconds`: the wall time of its
     group of rows divided among the group, and `tokens`: the tokens the group's step read
     (rows x chunks x chunk) divided the same way; `state_bytes`: the memory's bytes per row."""
-    totals = {'correct': [], 'nll': [], 'entries': [], 'seconds': [], 'tokens': []}
+    totals = {'correct': [], 'nll': [], 'needle_retrieved': [], 'entries': [], 'seconds': [],
+              'tokens': []}
+    has_knn = False
     state_bytes = 0
     with sharding.activation_sharding(self.mesh, self.rules):
       self._warm_up(params, model_state, bos_id, pad_id)
@@ -108,7 +132,8 @@ class PasskeyScorer:
         arrays = document_batch(group, self.batch_size, self.chunk_len, bos_id, pad_id)
         began = time.perf_counter()
         memory = self._fresh_memory()
-        sums = {'correct': np.zeros(self.batch_size, np.int64), 'nll': np.zeros(self.batch_size)}
+        sums = {'correct': np.zeros(self.batch_size, np.int64), 'nll': np.zeros(self.batch_size),
+                'needle_retrieved': np.zeros(self.batch_size, np.int64)}
         # Each row's memory is counted after the chunk that holds its document's last token.
         last_chunk = (np.asarray([d.tokens.size for d in group]) - 1) // self.chunk_len
         entries = np.zeros(self.batch_size, np.int64)
@@ -118,6 +143,7 @@ class PasskeyScorer:
           memory, out = self._step(params, memory, chunk, model_state or {})
           for key in sums:
             sums[key] = sums[key] + np.asarray(out[key])
+          has_knn = has_knn or bool(out['has_knn'])
           ending = np.flatnonzero(last_chunk == index)
           if ending.size:
             entries[ending] = memory_accounting.held_entries(memory, self.batch_size)[ending]
@@ -130,5 +156,7 @@ class PasskeyScorer:
         totals['tokens'].append(np.full(len(group), arrays['inputs'].size / len(group)))
     scores = {key: np.concatenate(parts) for key, parts in totals.items()}
     scores['state_bytes'] = state_bytes
+    if not has_knn:
+      del scores['needle_retrieved']
     return scores
 
