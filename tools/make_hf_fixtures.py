@@ -13,7 +13,9 @@ layers and a perturbed `final_logits_bias`; t5, `T5ForConditionalGeneration`
 v1.0 with a ReLU feed-forward, a tied output and 8 relative position buckets
 up to distance 20, so that 12 tokens reach the logarithmic buckets; t5_v11,
 v1.1 with a gated-GELU feed-forward, an untied `lm_head` and an inner width
-heads * d_kv = 64 != d_model) it writes `<out>/<name>/`
+heads * d_kv = 64 != d_model; mistral_window and qwen2_window, sliding windows of
+8 tokens, Mistral's in both layers and Qwen2's from `max_window_layers` = 1 on,
+on inputs of 19 tokens, row 1 right-padded from position 15) it writes `<out>/<name>/`
 holding the Hugging Face directory (`config.json`, `model.safetensors`), a
 word-level `tokenizer.json` over the model's vocabulary, `input_ids.npy` and
 `attention_mask.npy` `[2, 12]` (row 1 right-padded; for longformer and led
@@ -33,6 +35,9 @@ import transformers
 
 VOCAB = 96
 LENGTH = 12
+WINDOW = 8
+WINDOW_FAMILIES = ('mistral_window', 'qwen2_window')
+WINDOW_LENGTH = 19        # longer than the window; row 1 right-padded from position 15
 
 
 def family_configs() -> dict:
@@ -58,6 +63,17 @@ def family_configs() -> dict:
           hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
           num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
           rope_theta=1000000.0, vocab_size=VOCAB, tie_word_embeddings=True),
+      # Sliding windows of 8 tokens, shorter than the 19 of the inputs: Mistral's in every
+      # layer, Qwen2's from layer max_window_layers = 1 on (layer 0 attends to everything).
+      'mistral_window': transformers.MistralConfig(
+          hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+          num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+          rope_theta=10000.0, sliding_window=WINDOW, **common),
+      'qwen2_window': transformers.Qwen2Config(
+          hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+          num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+          rope_theta=1000000.0, vocab_size=VOCAB, tie_word_embeddings=True,
+          use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
       # RoBERTa's special-token order (<s>=0, <pad>=1): positions start at pad + 1 = 2.
       'longformer': transformers.LongformerConfig(
           vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -96,6 +112,8 @@ def model_class(name: str):
   return {'gpt2': transformers.GPT2LMHeadModel, 'llama': transformers.LlamaForCausalLM,
           'mistral': transformers.MistralForCausalLM,
           'qwen2': transformers.Qwen2ForCausalLM,
+          'mistral_window': transformers.MistralForCausalLM,
+          'qwen2_window': transformers.Qwen2ForCausalLM,
           'longformer': transformers.LongformerForMaskedLM,
           'led': transformers.LEDForConditionalGeneration,
           't5': transformers.T5ForConditionalGeneration,
@@ -130,6 +148,11 @@ def model_inputs(name: str) -> dict:
   token (2) then words, row 1 right-padded from position 5.
   """
   rng = np.random.default_rng(1)
+  if name in WINDOW_FAMILIES:
+    mask = np.ones((2, WINDOW_LENGTH), np.int64)
+    mask[1, 15:] = 0
+    return dict(input_ids=rng.integers(0, VOCAB, size=(2, WINDOW_LENGTH)).astype(np.int64),
+                attention_mask=mask)
   mask = np.ones((2, LENGTH), np.int64)
   mask[1, 8:] = 0
   if name in T5_FAMILIES:
@@ -209,7 +232,7 @@ def build(name: str, config, out: str) -> None:
   inputs = model_inputs(name)
   with torch.no_grad():
     logits = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits
-  if name in T5_FAMILIES:  # the saved directory must mean the same model to transformers
+  if name in T5_FAMILIES + WINDOW_FAMILIES:  # the saved directory means the same model
     reloaded = model_class(name).from_pretrained(directory).eval()
     with torch.no_grad():
       again = reloaded(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits

@@ -18,9 +18,19 @@ each is transposed, then split into heads):
   model.norm.weight                           final_norm/scale
 
 RoPE: `rope_theta` and `rope_scaling` (types default, linear, llama3), read
-from `rope_parameters` (newer files) or `rope_theta`/`rope_scaling`. Mistral's
-and Qwen2's sliding window is not applied (every layer attends to the whole
-chunk and its memory): exact up to the window length.
+from `rope_parameters` (newer files) or `rope_theta`/`rope_scaling`.
+
+Sliding window (`window_settings`): Mistral's `sliding_window` (every layer)
+and Qwen2's (`use_sliding_window`; the layers `layer_types` names
+`sliding_attention`, else those from `max_window_layers` on): a query at
+position i attends to keys j with 0 <= i - j < sliding_window, as transformers
+masks them. Those layers use the project's rolling-window attention,
+`streaming_sinks` with no sinks (attention/streaming_sinks.py): a FIFO of the
+window's earlier keys and values carried from chunk to chunk, RoPE at the text
+positions, the checkpoint's grouped heads, biases and RoPE settings
+(core/checkpoint_heads.py); the parameters are vanilla's. A window at least
+`max_position_embeddings` long never binds within the positions the
+checkpoint was trained for, and the import keeps the vanilla attention.
 """
 
 from longformer_jax.convert.hf_config import required, unsupported
@@ -58,8 +68,9 @@ def model_settings(hf: dict) -> dict:
   theta, scaling = rope_settings(hf)
   attention_bias = bool(hf.get('attention_bias', False))
   qwen2 = hf['model_type'] == 'qwen2'
+  num_layers = required(hf, 'num_hidden_layers')
   return dict(
-      attention='vanilla', num_layers=required(hf, 'num_hidden_layers'), d_model=d_model,
+      **window_settings(hf, num_layers), num_layers=required(hf, 'num_hidden_layers'), d_model=d_model,
       num_heads=heads, head_dim=hf.get('head_dim') or d_model // heads,
       num_kv_heads=hf.get('num_key_value_heads') or heads,
       d_ff=required(hf, 'intermediate_size'), dropout_rate=0.0,
@@ -68,6 +79,44 @@ def model_settings(hf: dict) -> dict:
       qkv_bias=qwen2 or attention_bias, out_bias=attention_bias,
       ff_activation='swiglu', ff_bias=bool(hf.get('mlp_bias', False)), norm='rms_norm',
       norm_epsilon=float(hf.get('rms_norm_eps', 1e-6)))
+
+
+SLIDING, FULL = 'sliding_attention', 'full_attention'
+
+
+def windowed_layers(hf: dict, num_layers: int) -> list[bool]:
+  """Which layers attend through the sliding window (transformers' rule for the family)."""
+  if hf['model_type'] == 'mistral':     # every layer (MistralConfig ignores layer_types)
+    return [True] * num_layers
+  types = hf.get('layer_types')
+  if types is None:
+    first = hf.get('max_window_layers', 28)
+    types = [SLIDING if i >= first else FULL for i in range(num_layers)]
+  if len(types) != num_layers or any(t not in (SLIDING, FULL) for t in types):
+    raise unsupported(hf, 'layer_types', types, f'one of {FULL!r}, {SLIDING!r} per layer')
+  return [t == SLIDING for t in types]
+
+
+def window_settings(hf: dict, num_layers: int) -> dict:
+  """`attention` (and `layer_schedule`, `streaming_sinks`) of the checkpoint's sliding window."""
+  vanilla = {'attention': 'vanilla'}
+  window = hf.get('sliding_window')
+  if hf['model_type'] == 'llama' or window is None:
+    return vanilla
+  if hf['model_type'] == 'qwen2' and not hf.get('use_sliding_window', False):
+    return vanilla                       # transformers drops the window then
+  if not isinstance(window, int) or window < 1:
+    raise unsupported(hf, 'sliding_window', window, 'a positive number of tokens')
+  if window >= (hf.get('max_position_embeddings') or window + 1):
+    return vanilla                       # never shorter than an input the checkpoint takes
+  windowed = windowed_layers(hf, num_layers)
+  if not any(windowed):
+    return vanilla
+  section = {'streaming_sinks': {'num_sinks': 0, 'window': window, 'positions': 'original'}}
+  if all(windowed):
+    return {'attention': 'streaming_sinks', **section}
+  schedule = ','.join('streaming_sinks' if w else 'vanilla' for w in windowed)
+  return {**vanilla, 'layer_schedule': {'attention': schedule}, **section}
 
 
 def convert_params(source: TensorSource, settings: dict, vocab_size: int, hf: dict) -> dict:
