@@ -10,17 +10,32 @@ attention is computed in O(n) by associativity (sec. 2.2, eq. for Att):
 the sums over the keys j that query i may attend to under the causal,
 document and padding rule of `masking.py`. A query with no such key gives 0.
 
-Numerical shifts (softmax kernel). Features are exponentials; each is
-computed as exp(logit - shift) with stop-gradient shifts that cancel exactly
-in the ratio above. Keys: one shift per (row, head, feature), s_m, the
-running max over the keys summed so far of their m-th log-feature (carried
-with the sums), so every feature's sum z_m holds a term of about 1. Queries:
-log phi(q)_m + s_m, shifted by its max over m (the key shifts move into the
-query, where they cancel per query). A query's normaliser then has a term
-near 1 and does not underflow, however far the features of different keys
-lie apart (one shared key shift made it underflow late in training, and its
-gradient overflow). The constant factors 1/sqrt(m) and exp(-|q|^2 / 2)
-cancel the same way and are left out.
+Numerical shifts (softmax kernel). Features are exponentials; every product
+phi(q_i)_m phi(k_j)_m = exp(a_im + b_jm) (a, b the log-features; the factors
+1/sqrt(m) and exp(-|q|^2 / 2) cancel in the ratio and are left out) is
+computed as exp(a_im - c_i + g) exp(b_jm - g) with stop-gradient shifts that
+cancel exactly. c_i = max_m (a_im + r_im), r_im the largest m-th log-feature
+of the keys query i sees (its document's, at or before it when causal), is
+the log of the largest term of the query's normaliser: that term is exactly 1
+and every other at most 1, so the normaliser does not underflow and its
+gradient does not overflow (one key shift shared by all features made it
+underflow late in training; one shared by a whole block or by all documents
+of a chunk did once visible keys lay ~88 nats below keys the query cannot
+see). The key shifts g:
+- bidirectional: per (document, head, feature), the max over the document's
+  keys in the chunk; exact for any spread of log-features.
+- causal, the carry: per (row, head, feature), the running max over the
+  summed keys of the carry's document (it restarts with each document).
+- causal, inside a block: per (document, head, feature), the midpoint of the
+  range [lo, hi] of r over the document's queries in the block (r counts the
+  carry). Both factors of every term within 17 nats of the largest (all that
+  float32 resolves) then lie in [exp(-87), exp(70)], normal floats, while
+  hi - lo <= IN_BLOCK_SPREAD = 140 nats. hi - lo is at most the spread (max -
+  min, per feature) of the log-features of one document's keys in one block
+  together with the carried max when the document continues the carry: exact
+  for such spreads up to 140 nats. Beyond it the block's part is not exact
+  (terms may underflow; factors are clamped at exp(72)) but finite. Across
+  blocks and chunks, and with `block_len = 1`, there is no such limit.
 
 Causal (`model.causal`): prefix sums. A `lax.scan` runs over blocks of
 `block_len` positions; inside a block the exact masked part phi(Q) phi(K)^T
@@ -37,7 +52,7 @@ an RNN; with `carry_state` (default) the carry is the variant's state
 `reset`, after a feature redraw, and unseen by queries of another document.
 Bidirectional attention is stateless: a forward scan (keys at or before the
 query) plus a backward scan (keys after it) of the same blocks, so documents
-inside a chunk stay apart; one key shift per (row, head) over the chunk.
+inside a chunk stay apart.
 
 Features come from an explicit key: `fold_in(PRNGKey(seed), crc32(module
 path))`, fixed per layer, identical in training and evaluation (under
@@ -125,6 +140,46 @@ def empty_state(batch: int, heads: int, num_features: int, head_dim: int) -> Per
       period=jnp.zeros((batch,), jnp.int32))
 
 
+IN_BLOCK_SPREAD = 140.0   # nats: causal blocks are exact for spreads up to this (docstring)
+EXP_LIMIT = 72.0          # in-block features are exp(min(x, EXP_LIMIT)): finite, >= SPREAD / 2
+
+
+def _shifted_features(queries, keys, carry_shift, sees_carry, segments, valid, joins):
+  """The stabilised features of one causal block (module docstring, "Numerical shifts").
+
+  Args:
+    queries, keys: log-features `[b, L, h, m]`; carry_shift `[b, h, m]`;
+    sees_carry, segments, valid, joins (valid keys of the last document) `[b, L]`.
+  Returns:
+    phi_q, phi_k `[b, L, h, m]` for the in-block products (same-document pairs
+    give exp(a_i + b_j - c_i)); phi_q_carry `[b, L, h, m]` for the carried sums;
+    the new carry shift `[b, h, m]` and phi_k_carry `[b, L, h, m]`, the last
+    document's keys shifted by it.
+  """
+  logits = jnp.where(valid[:, :, None, None], keys, -jnp.inf)
+  carried = jnp.where(sees_carry[:, :, None, None], carry_shift[:, None], -jnp.inf)
+  # r: max log-feature of the keys each query sees (carried, or at or before it in the block).
+  seen = jax.lax.stop_gradient(
+      jnp.maximum(carried, random_features.segmented_cummax(logits, segments)))
+  top = jnp.max(queries + seen, axis=-1, keepdims=True)      # log of the largest term, c
+  top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
+  # One shift g per (document, feature) in the block, midway through its range of r, so both
+  # factors of a term within 17 nats of the largest stay normal floats while hi - lo <= 140.
+  finite = jnp.isfinite(seen)
+  hi = random_features.segment_max(seen, segments)
+  lo = -random_features.segment_max(jnp.where(finite, -seen, -jnp.inf), segments)
+  middle = jnp.where(jnp.isfinite(hi), 0.5 * (hi + jnp.where(jnp.isfinite(lo), lo, hi)), 0.0)
+  phi_q = jnp.exp(jnp.minimum(queries - top + middle, EXP_LIMIT))
+  phi_k = jnp.exp(jnp.minimum(logits - middle, EXP_LIMIT))
+  phi_q_carry = jnp.exp(jnp.where(sees_carry[:, :, None, None],
+                                  queries - top + carry_shift[:, None], -jnp.inf))
+  new_shift = seen[:, -1]                                    # the last document's r
+  new_shift = jnp.where(jnp.isfinite(new_shift), new_shift, 0.0)
+  phi_k_carry = jnp.exp(jnp.where(joins[:, :, None, None], logits - new_shift[:, None],
+                                  -jnp.inf))
+  return phi_q, phi_k, phi_q_carry, new_shift, phi_k_carry
+
+
 def _block_step(carry: PerformerState, block, *, shifted: bool, inclusive: bool):
   """One block: the carry's part, the exact in-block part, then the carry update.
 
@@ -134,44 +189,39 @@ def _block_step(carry: PerformerState, block, *, shifted: bool, inclusive: bool)
   denominator `[b, L, h]`).
   """
   queries, keys, v, positions, segments, valid = block
-  has = carry.valid
-  key_valid = valid[:, :, None, None]
-  if shifted:   # per-feature key shifts, moved into the queries (module docstring)
-    logits = jnp.where(key_valid, keys, -jnp.inf)
-    shift = jnp.maximum(jnp.where(has[:, None, None], carry.shift, -jnp.inf),
-                        jnp.max(logits, axis=1))                           # [b, h, m]
-    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
-    scale = jnp.where(has[:, None, None], jnp.exp(jnp.minimum(carry.shift - shift, 0.0)), 0.0)
-    phi_k = jnp.exp(logits - shift[:, None])
-    phi_q = shifted_query_features(queries, shift[:, None])
-  else:
-    shift = carry.shift
-    scale = jnp.broadcast_to(has[:, None, None], shift.shape).astype(jnp.float32)
-    phi_k = jnp.where(key_valid, keys, 0.0)
-    phi_q = queries
-  sums = carry.sums * scale[..., None]
-  normaliser = carry.normaliser * scale
-
   # Earlier blocks (and chunks): only queries of the carry's document see them.
-  sees_carry = (has[:, None] & (segments == carry.segment_ids[:, None])).astype(jnp.float32)
-  num = jnp.einsum('blhm,bhmd->blhd', phi_q, sums) * sees_carry[..., None, None]
-  den = jnp.einsum('blhm,bhm->blh', phi_q, normaliser) * sees_carry[..., None]
+  sees_carry = carry.valid[:, None] & (segments == carry.segment_ids[:, None])     # [b, L]
+  # The carry keeps the keys of the block's last document (with the old sums if it is theirs).
+  last = segments[:, -1]
+  keep = carry.valid & (carry.segment_ids == last)                                # [b]
+  joins = valid & (segments == last[:, None])                                     # [b, L]
+  if shifted:
+    assert inclusive, 'the shifted (softmax-kernel) scan is causal: keys at or before'
+    phi_q, phi_k, phi_q_carry, shift, phi_k_carry = _shifted_features(
+        queries, keys, carry.shift, sees_carry, segments, valid, joins)
+    scale = jnp.where(keep[:, None, None], jnp.exp(jnp.minimum(carry.shift - shift, 0.0)), 0.0)
+  else:
+    phi_q = phi_q_carry = queries
+    phi_k = phi_k_carry = jnp.where(valid[:, :, None, None], keys, 0.0)
+    shift = carry.shift
+    scale = jnp.broadcast_to(keep[:, None, None], shift.shape).astype(jnp.float32)
+
+  on_carry = sees_carry.astype(jnp.float32)
+  num = jnp.einsum('blhm,bhmd->blhd', phi_q_carry, carry.sums) * on_carry[..., None, None]
+  den = jnp.einsum('blhm,bhm->blh', phi_q_carry, carry.normaliser) * on_carry[..., None]
   # The block itself, exactly: keys at (or, not `inclusive`, strictly before) the query.
+  # Masked by `where`: pairs of different documents may overflow (their shifts differ).
   allowed = causal_document_mask(positions if inclusive else positions - 1, segments,
                                  positions, segments, valid)              # [b, L, L]
-  weights = jnp.einsum('bqhm,bkhm->bhqk', phi_q, phi_k) * allowed[:, None].astype(jnp.float32)
+  weights = jnp.where(allowed[:, None], jnp.einsum('bqhm,bkhm->bhqk', phi_q, phi_k), 0.0)
   num = num + jnp.einsum('bhqk,bkhd->bqhd', weights, v)
   den = den + jnp.swapaxes(jnp.sum(weights, axis=-1), 1, 2)
 
-  # The carry keeps the keys of the block's last document (with the old sums if it is theirs).
-  last = segments[:, -1]
-  keep = (has & (carry.segment_ids == last)).astype(jnp.float32)
-  joins = (valid & (segments == last[:, None])).astype(jnp.float32)
-  kept = phi_k * joins[:, :, None, None]
+  kept = phi_k_carry * joins[:, :, None, None].astype(jnp.float32)
   new = PerformerState(
-      sums=sums * keep[:, None, None, None] + jnp.einsum('bkhm,bkhd->bhmd', kept, v),
-      normaliser=normaliser * keep[:, None, None] + jnp.sum(kept, axis=1),
-      shift=shift, segment_ids=last, valid=(keep > 0) | jnp.any(joins > 0, axis=1),
+      sums=carry.sums * scale[..., None] + jnp.einsum('bkhm,bkhd->bhmd', kept, v),
+      normaliser=carry.normaliser * scale + jnp.sum(kept, axis=1),
+      shift=shift, segment_ids=last, valid=keep | jnp.any(joins, axis=1),
       period=carry.period)
   return new, (num, den)
 
@@ -248,10 +298,10 @@ def bidirectional_performer_attention(q, k, v, positions, segment_ids, valid, fe
   """Bidirectional FAVOR+ within each document of the chunk: `[b, n, h, d]` float32."""
   if kernel == 'relu':
     phi_q, phi_k = (random_features.relu_features(x, features, relu_eps) for x in (q, k))
-  else:   # one key shift per (row, head, feature) over the chunk, moved into the queries
+  else:   # one key shift per (document, head, feature) over the chunk, moved into the queries
     logits = jnp.where(valid[:, :, None, None], random_features.softmax_logits(k, features),
                        -jnp.inf)
-    shift = jnp.max(logits, axis=1, keepdims=True)                         # [b, 1, h, m]
+    shift = random_features.segment_max(logits, segment_ids)               # [b, n, h, m]
     shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
     phi_k = jnp.exp(logits - shift)
     phi_q = shifted_query_features(random_features.softmax_logits(q, features), shift)

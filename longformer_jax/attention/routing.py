@@ -103,9 +103,11 @@ def routing_attention(q: jax.Array, k: jax.Array, v: jax.Array, clusters: jax.Ar
   positions, segments, valid = per_head(positions), per_head(segment_ids), per_head(valid)
   clusters = to_heads_major(clusters)                                    # [bh, n]
   # Sort by (cluster, slot); padding last. A cluster's tokens are then contiguous, in order.
+  # Padding takes cluster id k (none of the real ones), so that no real token shares it.
   num_clusters = jnp.max(clusters) + 1
+  clusters = jnp.where(valid, clusters, num_clusters)
   slots = jnp.arange(n, dtype=jnp.int32)[None]
-  order = jnp.argsort(jnp.where(valid, clusters, num_clusters) * n + slots, axis=1)
+  order = jnp.argsort(clusters * n + slots, axis=1)
   inverse = jnp.argsort(order, axis=1)
   take = lambda a: jnp.take_along_axis(a, order.reshape(order.shape + (1,) * (a.ndim - 2)), axis=1)
   q_s, k_s, v_s = take(to_heads_major(q)), take(to_heads_major(k)), take(to_heads_major(v))
@@ -122,7 +124,8 @@ def routing_attention(q: jax.Array, k: jax.Array, v: jax.Array, clusters: jax.Ar
   mq = {name: blocks(a)[..., :, None] for name, a in meta.items()}
   mk = {name: keys(a, False if name == 'valid' else 0)[..., None, :] for name, a in meta.items()}
   distance = mq['slot'] - mk['slot']
-  allowed = (mk['valid'] & (mq['cluster'] == mk['cluster']) & (mq['segment'] == mk['segment'])
+  allowed = (mq['valid'] & mk['valid'] & (mq['cluster'] == mk['cluster'])
+             & (mq['segment'] == mk['segment'])
              & (distance != 0) & (jnp.abs(distance) <= window))
   if causal:
     allowed &= mk['position'] <= mq['position']

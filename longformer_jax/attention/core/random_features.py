@@ -96,3 +96,25 @@ def relu_features(x: jax.Array, features: jax.Array, eps: float) -> jax.Array:
   """phi(x) = relu(W x) / sqrt(m) + eps: `[..., d]` -> `[..., m]` float32."""
   projected = jnp.einsum('...d,md->...m', x.astype(jnp.float32), features)
   return jax.nn.relu(projected) / math.sqrt(features.shape[0]) + eps
+
+
+def segmented_cummax(x: jax.Array, segments: jax.Array, reverse: bool = False) -> jax.Array:
+  """Running max of x `[b, L, ...]` along axis 1, restarting where `segments [b, L]` changes.
+
+  Segments must be contiguous along the row (non-decreasing, or non-increasing):
+  an element (s, v) is the max v over the trailing run of segment s, and the
+  combination is then associative. `reverse`: the max over the later
+  positions of the same segment.
+  """
+  segments = segments.reshape(segments.shape + (1,) * (x.ndim - 2))
+
+  def combine(left, right):
+    (left_seg, left_max), (right_seg, right_max) = left, right
+    return right_seg, jnp.where(left_seg == right_seg, jnp.maximum(left_max, right_max),
+                                right_max)
+  return jax.lax.associative_scan(combine, (segments, x), reverse=reverse, axis=1)[1]
+
+
+def segment_max(x: jax.Array, segments: jax.Array) -> jax.Array:
+  """Max of x `[b, L, ...]` over each contiguous segment, at every position: `[b, L, ...]`."""
+  return segmented_cummax(segmented_cummax(x, segments), segments, reverse=True)
