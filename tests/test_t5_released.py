@@ -96,11 +96,11 @@ def spiece_import(tmp_path_factory):
   hf_dir = released_t5(base / 'hf')
   result = convert(hf_dir, str(base / 'out'), '--task=seq2seq')
   assert result.returncode == 0, result.stderr[-2000:]
-  return hf_dir, written_config(str(base / 'out'))
+  return hf_dir, written_config(str(base / 'out')), str(base / 'out')
 
 
 def test_cli_finds_spiece_model_and_needs_no_bos(spiece_import):
-  hf_dir, config = spiece_import
+  hf_dir, config, _ = spiece_import
   assert config.data.tokenizer == 'sentencepiece'
   assert config.data.sentencepiece_model == os.path.join(os.path.abspath(hf_dir), 'spiece.model')
   tokenizer = make_tokenizer(config.data, config.task)
@@ -110,7 +110,7 @@ def test_cli_finds_spiece_model_and_needs_no_bos(spiece_import):
 
 
 def test_the_imported_model_gives_transformers_logits(spiece_import):
-  hf_dir, config = spiece_import
+  hf_dir, config, _ = spiece_import
   tokenizer = make_tokenizer(config.data, config.task)
   _, model = encoder_models.task_model(config, tokenizer.vocab_size)
   _, params = hf.load(config.train.init_from_hf)
@@ -181,3 +181,23 @@ def test_missing_tokenizer_is_one_line(tmp_path, flag, words):
   assert result.returncode == 2 and 'Traceback' not in result.stderr
   lines = result.stderr.strip().splitlines()
   assert lines[-1].startswith('error: ') and words in lines[-1]
+
+
+@pytest.mark.slow
+def test_train_and_eval_fine_tune_it(spiece_import, tmp_path):
+  """train.py fine-tunes from the written config and eval.py scores the run: both read the
+  tokenizer for task seq2seq (no BOS needed)."""
+  config_file = os.path.join(spiece_import[2], 'import_config.py')
+  run_dir = str(tmp_path / 'run')
+  result = subprocess.run(
+      [sys.executable, 'train.py', f'--config={config_file}', f'--workdir={run_dir}',
+       '--config.train.num_steps=2', '--config.train.eval_every=0',
+       '--config.data.batch_size=8', '--config.data.eval_batch_size=8',
+       '--config.data.corpus=synthetic', '--config.data.max_examples=16',
+       '--config.data.seq_len=32', '--config.data.target_len=8'],
+      cwd=REPO, capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  result = subprocess.run([sys.executable, 'eval.py', f'--workdir={run_dir}'], cwd=REPO,
+                          capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert 'ROUGE-1' in result.stdout
