@@ -77,8 +77,9 @@ def user_errors() -> tuple:
   """The exception types reported in one line (bad input, not bugs)."""
   from longformer_jax.train.checkpointing import (  # pylint: disable=g-import-not-at-top
       CheckpointNotFoundError, CorruptCheckpointError)
+  from longformer_jax.train.resume_checks import CheckpointMismatchError  # pylint: disable=g-import-not-at-top
   return (ConfigError, UserError, FileNotFoundError, CheckpointNotFoundError,
-          CorruptCheckpointError, UnicodeDecodeError)
+          CorruptCheckpointError, CheckpointMismatchError, UnicodeDecodeError)
 
 
 def report_and_exit(error: BaseException, debug: bool) -> None:

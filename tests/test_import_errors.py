@@ -1,7 +1,7 @@
 """Broken inputs give one line naming the culprit: a truncated or corrupt `model.safetensors`,
 a shard of `model.safetensors.index.json` that is missing, an unreadable index (the importer,
 `python -m longformer_jax.convert.hf`), and a workdir whose `config.json` does not fit its
-checkpoint (generate.py). The command lines exit with status 2 and print no traceback."""
+checkpoint (generate.py, eval.py). The command lines exit with status 2 and print no traceback."""
 
 import json
 import os
@@ -111,8 +111,10 @@ def test_an_unreadable_index_is_named(tmp_path, index):
   assert_one_line_error(import_cli(hf_dir, tmp_path / 'out'), path, 'not a valid index')
 
 
-def test_generate_on_a_workdir_whose_config_does_not_fit_its_checkpoint(tmp_path):
-  workdir = str(tmp_path / 'run')
+@pytest.fixture(scope='module')
+def edited_workdir(tmp_path_factory) -> str:
+  """An imported llama workdir whose config.json asks for twice the feed-forward width."""
+  workdir = str(tmp_path_factory.mktemp('edited') / 'run')
   result = import_cli(LLAMA, workdir)
   assert result.returncode == 0, result.stderr[-2000:]
   path = os.path.join(workdir, 'config.json')
@@ -121,6 +123,19 @@ def test_generate_on_a_workdir_whose_config_does_not_fit_its_checkpoint(tmp_path
   config['model']['d_ff'] *= 2
   with open(path, 'w') as f:
     json.dump(config, f)
-  result = run('generate.py', f'--workdir={workdir}', '--prompt=w5 w6', '--max_new_tokens=2')
-  line = assert_one_line_error(result, path, 'does not fit the checkpoint')
+  return workdir
+
+
+def test_generate_on_a_workdir_whose_config_does_not_fit_its_checkpoint(edited_workdir):
+  result = run('generate.py', f'--workdir={edited_workdir}', '--prompt=w5 w6',
+               '--max_new_tokens=2')
+  line = assert_one_line_error(result, os.path.join(edited_workdir, 'config.json'),
+                               'does not fit the checkpoint')
   assert 'feed_forward/wi/kernel: saved (32, 64), now (32, 128)' in line
+
+
+def test_eval_on_a_workdir_whose_config_does_not_fit_its_checkpoint(edited_workdir):
+  """eval.py reports the mismatch in one line too (command_line.user_errors)."""
+  result = run('eval.py', f'--workdir={edited_workdir}', '--config.eval.max_tokens=64')
+  assert_one_line_error(result, os.path.join(edited_workdir, 'checkpoints'),
+                        'feed_forward/wi/kernel: saved (32, 64), now (32, 128)')
