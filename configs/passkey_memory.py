@@ -1,12 +1,15 @@
 """Passkey retrieval trained with the memory in the loop (docs/passkey.md).
 
 configs/passkey.py trains without memory and adds one only at evaluation;
-here each memory family is trained with its memory: passkey documents of
-105 to 2,048 bytes (log-uniform lengths, so about as many documents per
-octave; `data.passkey_*`, data/passkey.py), the needle at a uniform random
-depth, read in 128-token chunks with the memory carried from chunk to chunk
-by the training streams (reset at each document's BOS). Most documents span
-several chunks, so the digits can only be predicted from the memory.
+here each memory family is trained with its memory, after a length
+curriculum: 1,000 steps of documents of one chunk at most (105-127 bytes),
+where the model learns to copy the key from its local context, then 2,000
+steps of documents of 105 to 2,048 bytes (log-uniform lengths, so about as
+many documents per octave; `data.passkey_*`, data/passkey.py,
+data/curriculum_streams.py), the needle at a uniform random depth, read in
+128-token chunks with the memory carried from chunk to chunk by the
+training streams (reset at each document's BOS). Most long documents span
+several chunks, so their digits can only be predicted from the memory.
 
 One config file, the memory after the colon:
 
@@ -73,6 +76,7 @@ def get_config(arg: str = 'knn') -> dict:
       'data': {'chunk_len': CHUNK,
                'passkey_max_length': 2048,
                'passkey_lengths': 'log_uniform',
+               'passkey_curriculum_steps': 1000,
                'batch_size': 16},
       'train': {'num_steps': 3000, 'eval_every': 1000, 'checkpoint_every': 500,
                 'eval_max_tokens': 65536},

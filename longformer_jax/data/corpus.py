@@ -49,6 +49,12 @@ def load_corpus(data_config: ml_collections.ConfigDict,
                     f'directory or glob of text files with a / in it (./{name})')
 
 
+def curriculum_documents(data_config: ml_collections.ConfigDict) -> list[Document]:
+  """The first stage of corpus passkey's length curriculum (`data.passkey_curriculum_steps`):
+  training documents of one chunk at most (up to `data.chunk_len - 1` tokens, uniform)."""
+  return passkey.load_documents('train', data_config.chunk_len - 1)
+
+
 def tokenize_documents(tokenizer: Tokenizer, documents: Sequence[Document],
                        skip_undecodable: bool = False) -> list[np.ndarray]:
   """Encodes each document (no BOS; the stream batcher adds it).

@@ -16,7 +16,8 @@ from longformer_jax.config.section import Section
 
 TOKENIZERS = ('byte', 'sentencepiece', 'hf')
 PASSKEY_LENGTHS = ('uniform', 'log_uniform')
-PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths')
+PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths',
+                'passkey_curriculum_steps')
 
 # Settings only some tasks read -> those tasks.
 TASK_KEYS = {
@@ -54,6 +55,9 @@ class DataConfig(Section):
   passkey_min_length: int = 0
   passkey_max_length: int = 0
   passkey_lengths: str = 'uniform'   # uniform | log_uniform (as many documents per octave)
+  # Length curriculum (data/curriculum_streams.py): the first N training steps (units of
+  # phase 0's step) read documents of one chunk at most, then the passkey_* lengths. 0: off.
+  passkey_curriculum_steps: int = 0
 
   def validate(self, env) -> None:
     del env
@@ -72,6 +76,8 @@ class DataConfig(Section):
                  f'must be one of {PASSKEY_LENGTHS}')
     self.require(self.passkey_min_length >= 0 and self.passkey_max_length >= 0,
                  'passkey_max_length', 'passkey lengths must be >= 0 (0: the default)')
+    self.require(self.passkey_curriculum_steps >= 0, 'passkey_curriculum_steps',
+                 'must be >= 0 (0: off)')
     if self.corpus != 'passkey':
       for name in PASSKEY_KEYS:
         self.require(getattr(self, name) == getattr(self.defaults(), name), name,

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 
 from longformer_jax.data.stream_batch import StreamBatch
+from longformer_jax.data.curriculum_streams import CurriculumStreams
 from longformer_jax.data.train_streams import TrainStreams
 
 
@@ -27,7 +28,7 @@ def glue_batches(batches: list[StreamBatch]) -> StreamBatch:
 class PhasedStreams:
   """`next_batch(units)`: the next `units * T0` tokens of every row."""
 
-  def __init__(self, unit_streams: TrainStreams):
+  def __init__(self, unit_streams: TrainStreams | CurriculumStreams):
     self.units = unit_streams
 
   def next_batch(self, units: int) -> StreamBatch:

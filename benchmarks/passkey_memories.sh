@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Passkey retrieval trained with each memory in the loop (docs/passkey.md).
+#
+#   bash benchmarks/passkey_memories.sh MEMORY [MEMORY ...]
+#
+# For each MEMORY of configs/passkey_memory.py: trains it into workdirs/passkey_MEMORY
+# (skipped when the run has finished), evaluates its passkey grid, and copies the grid's
+# JSON to benchmarks/results/passkey/trained_MEMORY.json. `eval_time` instead evaluates the
+# model trained without memory (`none`) with the eval-time memories of evaluation/memory_sweep.py
+# and writes benchmarks/results/passkey/eval_time.json. The heat maps stay in
+# workdirs/passkey_MEMORY/eval/. GRID_DOCUMENTS (default 16) and MAX_LENGTH (default 65536)
+# shrink the grids for a quick look.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DOCS=${GRID_DOCUMENTS:-16}
+MAX=${MAX_LENGTH:-65536}
+OUT=benchmarks/results/passkey
+mkdir -p "$OUT"
+
+grid_for() {   # the memories each model is scored with
+  case "$1" in
+    knn) echo "trained:$MAX,trained" ;;        # the whole document; FIFO of 2,048 as trained
+    eval_time) echo "none,xl:128,sinks:128,attendre_fifo:128,attendre_lra_max:128,attendre_lfa:128,knn:2048" ;;
+    *) echo "trained" ;;
+  esac
+}
+
+for memory in "$@"; do
+  model=$memory
+  [[ $memory == eval_time ]] && model=none
+  workdir=workdirs/passkey_$model
+  if [[ ! -f $workdir/metrics.jsonl ]] || ! grep -q '"step": 3000' "$workdir/metrics.jsonl"; then
+    /usr/bin/time -f "train $model: wall %e s, peak RSS %M KiB" \
+        python train.py --config=configs/passkey_memory.py:$model --workdir="$workdir"
+  fi
+  python eval.py --config=configs/passkey_memory.py:$model --workdir="$workdir" \
+      --config.eval.passkey_grid="max_length=$MAX;documents=$DOCS;memories=$(grid_for "$memory")"
+  if [[ $memory == eval_time ]]; then
+    cp "$workdir/eval/passkey_grid.json" "$OUT/eval_time.json"
+  else
+    cp "$workdir/eval/passkey_grid.json" "$OUT/trained_$memory.json"
+  fi
+done
