@@ -125,40 +125,32 @@ def test_no_limit_across_blocks(block_len):
 
 
 def spread_keys():
-  """Six keys `[1, 6, 1, 2]`, far to near, whose log-features under W = 2 I (m = 2) spread over
-  just under 140 nats per feature, with random queries and values."""
-  radius = np.array([15.8, 15.6, 15.2, 9.0, 2.0, 0.3])
-  angle = np.array([0.3, 2.0, 4.0, 1.0, 5.0, 3.0])
+  """Seven keys `[1, 7, 1, 2]`: far (log-features ~ -450 under W = 2 I, m = 2), middle
+  (~ -110) and near (~ 0), in that order but the last; random queries and values."""
+  radius = np.array([30.0, 29.8, 29.4, 15.0, 14.8, 0.3, 2.0])
+  angle = np.array([0.3, 2.0, 4.0, 1.0, 5.0, 3.0, 2.5])
   x = np.stack([radius * np.cos(angle), radius * np.sin(angle)], -1)   # x' = k / d^(1/4)
   k = jnp.asarray(x[None, :, None] * 2 ** 0.25, jnp.float32)
-  q = jax.random.normal(jax.random.PRNGKey(1), (1, 6, 1, 2))
-  v = jax.random.normal(jax.random.PRNGKey(2), (1, 6, 1, 2))
+  q = jax.random.normal(jax.random.PRNGKey(1), (1, 7, 1, 2))
+  v = jax.random.normal(jax.random.PRNGKey(2), (1, 7, 1, 2))
   return q, k, v, 2.0 * jnp.eye(2)
 
 
-def test_causal_blocks_are_exact_up_to_the_stated_in_block_spread():
-  """One document in one block (block_len 6 and 64): per-feature spread of the keys' log-
-  features in (130, 140] nats (IN_BLOCK_SPREAD); every query equals the float64 reference."""
+@pytest.mark.parametrize('segments', [[0] * 7, [0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1]])
+def test_causal_blocks_are_exact_at_any_spread_of_log_features(segments):
+  """One block (block_len 7, 8, 64) or two (block_len 4) holding keys whose log-features
+  spread over more than 440 nats, in one document or split in two: every query equals the
+  float64 reference; gradients finite."""
   q, k, v, w = spread_keys()
   x = np.asarray(k, np.float64)[0, :, 0] * 2 ** -0.25
   logs = x @ np.asarray(w, np.float64).T - 0.5 * np.sum(x * x, -1, keepdims=True)
-  spread = logs.max(0) - logs.min(0)
-  assert 130.0 < spread.max() <= performer.IN_BLOCK_SPREAD, spread
-  for block_len in (6, 64):
-    out = attend(q, k, v, *facts(6), w, causal=True, block_len=block_len)
-    want = expected(q, k, v, w, *facts(6), True)
-    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=2e-5)
-  assert_finite_gradients(q, k, v, *facts(6), w, True, 64)
-
-
-def test_beyond_the_in_block_spread_outputs_and_gradients_stay_finite():
-  """Log-features [-400, -398, 0] in one block: not exact there, but never NaN or inf."""
-  k = keys_with_log_features([-400.0, -398.0, 0.0])
-  q = jax.random.normal(jax.random.PRNGKey(3), (1, 3, 1, 2))
-  v = jax.random.normal(jax.random.PRNGKey(4), (1, 3, 1, 2))
-  out = attend(q, k, v, *facts(3), W1, causal=True, block_len=64)
-  assert np.isfinite(np.asarray(out)).all()
-  assert_finite_gradients(q, k, v, *facts(3), W1, True, 64)
+  assert (logs.max(0) - logs.min(0) > 440).all()
+  for block_len in (4, 7, 8, 64):
+    out = attend(q, k, v, *facts(7, segments), w, causal=True, block_len=block_len)
+    want = expected(q, k, v, w, *facts(7, segments), True)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=2e-5,
+                               err_msg=f'block_len {block_len}')
+  assert_finite_gradients(q, k, v, *facts(7, segments), w, True, 64)
 
 
 # -------------------------------------------------------------------- Routing

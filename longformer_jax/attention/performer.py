@@ -10,36 +10,26 @@ attention is computed in O(n) by associativity (sec. 2.2, eq. for Att):
 the sums over the keys j that query i may attend to under the causal,
 document and padding rule of `masking.py`. A query with no such key gives 0.
 
-Numerical shifts (softmax kernel). Features are exponentials; every product
-phi(q_i)_m phi(k_j)_m = exp(a_im + b_jm) (a, b the log-features; the factors
-1/sqrt(m) and exp(-|q|^2 / 2) cancel in the ratio and are left out) is
-computed as exp(a_im - c_i + g) exp(b_jm - g) with stop-gradient shifts that
-cancel exactly. c_i = max_m (a_im + r_im), r_im the largest m-th log-feature
-of the keys query i sees (its document's, at or before it when causal), is
-the log of the largest term of the query's normaliser: that term is exactly 1
-and every other at most 1, so the normaliser does not underflow and its
-gradient does not overflow (one key shift shared by all features made it
-underflow late in training; one shared by a whole block or by all documents
-of a chunk did once visible keys lay ~88 nats below keys the query cannot
-see). The key shifts g:
-- bidirectional: per (document, head, feature), the max over the document's
-  keys in the chunk; exact for any spread of log-features.
-- causal, the carry: per (row, head, feature), the running max over the
-  summed keys of the carry's document (it restarts with each document).
-- causal, inside a block: per (document, head, feature), the midpoint of the
-  range [lo, hi] of r over the document's queries in the block (r counts the
-  carry). Both factors of every term within 17 nats of the largest (all that
-  float32 resolves) then lie in [exp(-87), exp(70)], normal floats, while
-  hi - lo <= IN_BLOCK_SPREAD = 140 nats. hi - lo is at most the spread (max -
-  min, per feature) of the log-features of one document's keys in one block
-  together with the carried max when the document continues the carry: exact
-  for such spreads up to 140 nats. Beyond it the block's part is not exact
-  (terms may underflow; factors are clamped at exp(72)) but finite. Across
-  blocks and chunks, and with `block_len = 1`, there is no such limit.
+Numerical shifts (softmax kernel). Every product phi(q_i)_m phi(k_j)_m =
+exp(a_im + b_jm) (log-features a, b; 1/sqrt(m) and exp(-|q|^2 / 2) cancel in
+the ratio and are left out) is computed as exp(a_im - c_i + g) exp(b_jm - g),
+stop-gradient shifts that cancel exactly. r_im is the largest m-th log-feature
+of the keys query i sees and c_i = max_m (a_im + r_im), so the largest term of
+the query's normaliser is exactly 1. Each key shift g is at most the r of
+every query it serves and at least every key it shifts, so both factors are <=
+1 and only terms far below the largest can underflow (shared shifts made the
+normaliser underflow: one for all features, late in training; one per block or
+per chunk, once the keys a query sees lay ~88 nats below keys it cannot see).
+g is: bidirectional, per (document, head, feature) the max over the document's
+keys in the chunk; causal, for the carry the running max per (row, head,
+feature) over its document's keys (restarting with each document), and inside
+a block, per rectangle of later queries x earlier keys (`_causal_in_block`),
+the r of its last key slot. Exact for any spread of log-features
+(tests/test_adversarial_performer_routing.py).
 
 Causal (`model.causal`): prefix sums. A `lax.scan` runs over blocks of
-`block_len` positions; inside a block the exact masked part phi(Q) phi(K)^T
-(`[block, block]`), across blocks a carried S = sum phi(k) v^T
+`block_len` positions; inside a block the exact part (`[block, block]` at
+most), across blocks a carried S = sum phi(k) v^T
 `[heads, m, head_dim]` and z = sum phi(k) `[heads, m]` that hold only keys of
 one document: at a block's end the carry becomes its old value plus the
 block's keys if the block's last token is of the carry's document, else only
@@ -140,44 +130,50 @@ def empty_state(batch: int, heads: int, num_features: int, head_dim: int) -> Per
       period=jnp.zeros((batch,), jnp.int32))
 
 
-IN_BLOCK_SPREAD = 140.0   # nats: causal blocks are exact for spreads up to this (docstring)
-EXP_LIMIT = 72.0          # in-block features are exp(min(x, EXP_LIMIT)): finite, >= SPREAD / 2
-
-
-def _shifted_features(queries, keys, carry_shift, sees_carry, segments, valid, joins):
-  """The stabilised features of one causal block (module docstring, "Numerical shifts").
+def _causal_in_block(relative, logits, seen, v, segments, valid):
+  """Causal softmax-kernel attention inside a block, exact at any spread, by halving.
 
   Args:
-    queries, keys: log-features `[b, L, h, m]`; carry_shift `[b, h, m]`;
-    sees_carry, segments, valid, joins (valid keys of the last document) `[b, L]`.
+    relative: a_i - c_i `[b, L, h, m]`; logits: the keys' log-features b_j,
+      -inf at padding; seen: r `[b, L, h, m]` (module docstring).
+    v: `[b, L, h, d]`; segments, valid: `[b, L]`.
   Returns:
-    phi_q, phi_k `[b, L, h, m]` for the in-block products (same-document pairs
-    give exp(a_i + b_j - c_i)); phi_q_carry `[b, L, h, m]` for the carried sums;
-    the new carry shift `[b, h, m]` and phi_k_carry `[b, L, h, m]`, the last
-    document's keys shifted by it.
+    (numerator `[b, L, h, d]`, denominator `[b, L, h]`) over the block's keys at
+    or before each query, of its document.
+
+  A query meets its own key on the diagonal (exp(a_i - c_i + b_i) <= 1) and
+  each earlier key in exactly one rectangle: the second half of a span of
+  2, 4, ... slots against its first half, shifted by the r of the first
+  half's last slot (module docstring). The same FLOPs as half the masked
+  L x L product; L is padded to a power of two.
   """
-  logits = jnp.where(valid[:, :, None, None], keys, -jnp.inf)
-  carried = jnp.where(sees_carry[:, :, None, None], carry_shift[:, None], -jnp.inf)
-  # r: max log-feature of the keys each query sees (carried, or at or before it in the block).
-  seen = jax.lax.stop_gradient(
-      jnp.maximum(carried, random_features.segmented_cummax(logits, segments)))
-  top = jnp.max(queries + seen, axis=-1, keepdims=True)      # log of the largest term, c
-  top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
-  # One shift g per (document, feature) in the block, midway through its range of r, so both
-  # factors of a term within 17 nats of the largest stay normal floats while hi - lo <= 140.
-  finite = jnp.isfinite(seen)
-  hi = random_features.segment_max(seen, segments)
-  lo = -random_features.segment_max(jnp.where(finite, -seen, -jnp.inf), segments)
-  middle = jnp.where(jnp.isfinite(hi), 0.5 * (hi + jnp.where(jnp.isfinite(lo), lo, hi)), 0.0)
-  phi_q = jnp.exp(jnp.minimum(queries - top + middle, EXP_LIMIT))
-  phi_k = jnp.exp(jnp.minimum(logits - middle, EXP_LIMIT))
-  phi_q_carry = jnp.exp(jnp.where(sees_carry[:, :, None, None],
-                                  queries - top + carry_shift[:, None], -jnp.inf))
-  new_shift = seen[:, -1]                                    # the last document's r
-  new_shift = jnp.where(jnp.isfinite(new_shift), new_shift, 0.0)
-  phi_k_carry = jnp.exp(jnp.where(joins[:, :, None, None], logits - new_shift[:, None],
-                                  -jnp.inf))
-  return phi_q, phi_k, phi_q_carry, new_shift, phi_k_carry
+  length = relative.shape[1]
+  size = 1 << (length - 1).bit_length()
+  widths = lambda a: [(0, 0), (0, size - length)] + [(0, 0)] * (a.ndim - 2)  # noqa: E731
+  relative, logits, v, valid = (jnp.pad(a, widths(a), constant_values=fill) for a, fill in
+                                ((relative, 0.0), (logits, -jnp.inf), (v, 0.0), (valid, False)))
+  seen, segments = (jnp.pad(a, widths(a), mode='edge') for a in (seen, segments))
+  weight = jnp.sum(jnp.exp(relative + logits), axis=-1)                   # [b, size, h]
+  num, den = weight[..., None] * v, weight
+  half = 1
+  while half < size:
+    split = lambda a: a.reshape(a.shape[0], size // (2 * half), 2, half,  # noqa: E731
+                                *a.shape[2:])                            # [b, spans, 2, half, ..]
+    later = lambda a: jnp.stack([jnp.zeros_like(a), a], axis=2).reshape(  # noqa: E731
+        a.shape[0], size, *a.shape[3:])                                  # second halves
+    end_seg = split(segments)[:, :, 0, -1, None]                           # [b, spans, 1]
+    shift = split(seen)[:, :, 0, -1, None]                                 # [b, spans, 1, h, m]
+    keys_in = split(valid)[:, :, 0] & (split(segments)[:, :, 0] == end_seg)
+    queries_in = split(segments)[:, :, 1] == end_seg                       # [b, spans, half]
+    usable = lambda seen_by: seen_by[..., None, None] & jnp.isfinite(shift)  # noqa: E731
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)
+    phi_k = jnp.exp(jnp.where(usable(keys_in), split(logits)[:, :, 0] - shift, -jnp.inf))
+    phi_q = jnp.exp(jnp.where(usable(queries_in), split(relative)[:, :, 1] + shift, -jnp.inf))
+    w = jnp.einsum('bpqhm,bpkhm->bphqk', phi_q, phi_k)
+    num = num + later(jnp.einsum('bphqk,bpkhd->bpqhd', w, split(v)[:, :, 0]))
+    den = den + later(jnp.swapaxes(jnp.sum(w, axis=-1), 2, 3))
+    half *= 2
+  return num[:, :length], den[:, :length]
 
 
 def _block_step(carry: PerformerState, block, *, shifted: bool, inclusive: bool):
@@ -195,28 +191,36 @@ def _block_step(carry: PerformerState, block, *, shifted: bool, inclusive: bool)
   last = segments[:, -1]
   keep = carry.valid & (carry.segment_ids == last)                                # [b]
   joins = valid & (segments == last[:, None])                                     # [b, L]
-  if shifted:
-    assert inclusive, 'the shifted (softmax-kernel) scan is causal: keys at or before'
-    phi_q, phi_k, phi_q_carry, shift, phi_k_carry = _shifted_features(
-        queries, keys, carry.shift, sees_carry, segments, valid, joins)
+  if shifted:   # the shifts of the module docstring; the carry's keys are all <= its shift
+    assert inclusive, 'the softmax-kernel scan is causal: keys at or before the query'
+    logits = jnp.where(valid[:, :, None, None], keys, -jnp.inf)
+    carried = jnp.where(sees_carry[:, :, None, None], carry.shift[:, None], -jnp.inf)
+    seen = jax.lax.stop_gradient(   # r: the max log-feature of the keys each query sees
+        jnp.maximum(carried, random_features.segmented_cummax(logits, segments)))
+    top = jnp.max(queries + seen, axis=-1, keepdims=True)                  # c [b, L, h, 1]
+    relative = queries - jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
+    phi_q_carry = jnp.exp(jnp.where(sees_carry[:, :, None, None],
+                                    relative + carry.shift[:, None], -jnp.inf))
+    num, den = _causal_in_block(relative, logits, seen, v, segments, valid)
+    shift = jnp.where(jnp.isfinite(seen[:, -1]), seen[:, -1], 0.0)         # the last document's r
+    phi_k_carry = jnp.exp(jnp.where(joins[:, :, None, None], logits - shift[:, None], -jnp.inf))
     scale = jnp.where(keep[:, None, None], jnp.exp(jnp.minimum(carry.shift - shift, 0.0)), 0.0)
   else:
-    phi_q = phi_q_carry = queries
-    phi_k = phi_k_carry = jnp.where(valid[:, :, None, None], keys, 0.0)
+    phi_q_carry = queries
+    phi_k_carry = phi_k = jnp.where(valid[:, :, None, None], keys, 0.0)
     shift = carry.shift
     scale = jnp.broadcast_to(keep[:, None, None], shift.shape).astype(jnp.float32)
+    # The block itself, exactly: keys at (or, not `inclusive`, strictly before) the query.
+    allowed = causal_document_mask(positions if inclusive else positions - 1, segments,
+                                   positions, segments, valid)            # [b, L, L]
+    weights = jnp.einsum('bqhm,bkhm->bhqk', queries, phi_k) * allowed[:, None].astype(
+        jnp.float32)
+    num = jnp.einsum('bhqk,bkhd->bqhd', weights, v)
+    den = jnp.swapaxes(jnp.sum(weights, axis=-1), 1, 2)
 
   on_carry = sees_carry.astype(jnp.float32)
-  num = jnp.einsum('blhm,bhmd->blhd', phi_q_carry, carry.sums) * on_carry[..., None, None]
-  den = jnp.einsum('blhm,bhm->blh', phi_q_carry, carry.normaliser) * on_carry[..., None]
-  # The block itself, exactly: keys at (or, not `inclusive`, strictly before) the query.
-  # Masked by `where`: pairs of different documents may overflow (their shifts differ).
-  allowed = causal_document_mask(positions if inclusive else positions - 1, segments,
-                                 positions, segments, valid)              # [b, L, L]
-  weights = jnp.where(allowed[:, None], jnp.einsum('bqhm,bkhm->bhqk', phi_q, phi_k), 0.0)
-  num = num + jnp.einsum('bhqk,bkhd->bqhd', weights, v)
-  den = den + jnp.swapaxes(jnp.sum(weights, axis=-1), 1, 2)
-
+  num = num + jnp.einsum('blhm,bhmd->blhd', phi_q_carry, carry.sums) * on_carry[..., None, None]
+  den = den + jnp.einsum('blhm,bhm->blh', phi_q_carry, carry.normaliser) * on_carry[..., None]
   kept = phi_k_carry * joins[:, :, None, None].astype(jnp.float32)
   new = PerformerState(
       sums=carry.sums * scale[..., None] + jnp.einsum('bkhm,bkhd->bhmd', kept, v),
