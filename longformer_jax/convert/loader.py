@@ -8,6 +8,7 @@ and its parts.
 from longformer_jax.convert import gpt2, led, llama, longformer, t5
 from longformer_jax.convert.errors import ConversionError
 from longformer_jax.convert.hf_config import read_hf_config, required
+from longformer_jax.convert.hf_fields import check_fields
 from longformer_jax.convert.safetensors_reader import DTYPES, TensorSource, read_tensors
 
 FAMILIES = {name: module for module in (gpt2, llama, longformer, led, t5)
@@ -41,7 +42,9 @@ def vocab_multiple(model_vocab: int, tokenizer_vocab: int | None = None) -> int:
 def model_settings(hf_dir: str) -> tuple:
   """`(hf_config, settings)`: the checkpoint's config.json and its `config.model` settings."""
   hf = read_hf_config(hf_dir)
-  return hf, family(hf).model_settings(hf)
+  module = family(hf)
+  check_fields(hf)
+  return hf, module.model_settings(hf)
 
 
 def load_params(hf_dir: str, hf: dict, settings: dict, dtype: str = 'float32') -> dict:
