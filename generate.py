@@ -2,7 +2,7 @@
 
   python generate.py --workdir=DIR --prompt='def main(' [--max_new_tokens=256] \
       [--temperature=0.8] [--top_k=40] [--top_p=0.95] [--seed=0] [--stop='\n\n' ...] \
-      [--prompt_file=PATH] [--step=N] [--kv_cache=M]
+      [--prompt_file=PATH] [--prompt_ids=1,2,3 | --prompt_ids_file=PATH] [--step=N] [--kv_cache=M]
 
 The model, tokenizer and chunk length come from the run's `DIR/config.json`
 (written by train.py; a phased run uses the phase of the checkpoint), the
@@ -13,7 +13,12 @@ so a prompt far longer than the chunk costs constant memory; each new token
 re-runs the current chunk (docs/generation.md: exactness, cost, and which
 models cannot generate). `--kv_cache=M` (vanilla models, imported ones
 included) decodes one token per step with a cache of the last M tokens' keys
-and values per layer instead (generation/kv_cache.py). The continuation is printed to stdout as it is
+and values per layer instead (generation/kv_cache.py). An imported checkpoint
+(its workdir holds hf_import.json) decodes by default exactly as the original
+within its context, and says on stderr when the text passes it
+(generation/context.py). `--prompt_ids` (or a file of ids) continues the ids
+as given (no BOS added) and prints the chosen ids, comma-separated, for exact
+comparisons with the original model. The continuation is printed to stdout as it is
 produced; generation ends after `--max_new_tokens` tokens, at the first
 `--stop` string (not printed) or when the model ends the document.
 
@@ -41,6 +46,7 @@ from longformer_jax.command_line import UserError
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.experiment_config import validate_config
 from longformer_jax.generation.chunk_window_decoder import ChunkWindowDecoder
+from longformer_jax.generation.context import NoticeAtContext, exact_decoding, read_import
 from longformer_jax.generation.kv_cache import kv_cache_model_config
 from longformer_jax.generation.generation_checks import check_can_generate
 from longformer_jax.generation.sampling import SamplingError, SamplingSettings
@@ -58,6 +64,10 @@ def define_flags() -> None:
   flags.DEFINE_string('workdir', command_line.DEFAULT_WORKDIR, 'The training run to generate from.')
   flags.DEFINE_string('prompt', None, 'The text to continue.')
   flags.DEFINE_string('prompt_file', None, 'A UTF-8 file holding the text to continue.')
+  flags.DEFINE_string('prompt_ids', None, 'Token ids to continue, comma-separated, read as '
+                      'given (no BOS added); prints the chosen ids.')
+  flags.DEFINE_string('prompt_ids_file', None, 'A file of token ids (comma- or '
+                      'whitespace-separated), as --prompt_ids.')
   flags.DEFINE_integer('max_new_tokens', 256, 'Most tokens to generate.')
   flags.DEFINE_float('temperature', 1.0, 'Sampling temperature; 0 is greedy decoding.')
   flags.DEFINE_integer('top_k', 0, 'Sample among the k most likely tokens (0: off).')
@@ -65,9 +75,9 @@ def define_flags() -> None:
   flags.DEFINE_integer('seed', 0, 'Seed of the sampling keys.')
   flags.DEFINE_multi_string('stop', [], 'A string that ends generation (not printed); repeatable.')
   flags.DEFINE_integer('step', -1, 'Checkpoint step to read (-1: the latest).')
-  flags.DEFINE_integer('kv_cache', 0, 'Decode one token per step with a key/value cache of '
+  flags.DEFINE_integer('kv_cache', -1, 'Decode one token per step with a key/value cache of '
                        'this many tokens per layer (vanilla models; 0: the chunk-window '
-                       'decoder).')
+                       'decoder; -1: exact within an imported checkpoint\'s context, else 0).')
   flags.DEFINE_bool('debug', False, 'Show the traceback of input errors.')
 
 
@@ -90,6 +100,27 @@ def read_prompt(prompt, prompt_file) -> str:
     raise UserError(f'--{"prompt_file" if prompt_file is not None else "prompt"}: the prompt is '
                     'empty; give some text to continue')
   return prompt
+
+
+def read_prompt_ids(prompt_ids, prompt_ids_file) -> list:
+  """The ids of `--prompt_ids` or `--prompt_ids_file` (exactly one; non-negative integers)."""
+  if (prompt_ids is None) == (prompt_ids_file is None):
+    raise UserError('--prompt_ids: give --prompt_ids=1,2,3 or --prompt_ids_file=PATH '
+                    '(exactly one of them)')
+  name, text = '--prompt_ids', prompt_ids
+  if prompt_ids_file is not None:
+    name = '--prompt_ids_file'
+    if not os.path.isfile(prompt_ids_file):
+      raise UserError(f'--prompt_ids_file: no such file {prompt_ids_file!r}')
+    with open(prompt_ids_file, encoding='utf-8', errors='replace') as f:
+      text = f.read()
+  words = text.replace(',', ' ').split()
+  if not words:
+    raise UserError(f'{name}: no ids; give at least one token id')
+  for word in words:
+    if not word.isdigit():
+      raise UserError(f'{name}: {word!r} is not a token id (a non-negative integer)')
+  return [int(word) for word in words]
 
 
 def sampling_settings(temperature: float, top_k: int, top_p: float) -> SamplingSettings:
@@ -131,10 +162,12 @@ def config_mismatch_message(workdir: str, error: CheckpointMismatchError) -> str
           f'beside it (was it edited?): {listed}')
 
 
-def load_decoder(workdir: str, step: int = -1, kv_cache: int = 0):
+def load_decoder(workdir: str, step: int = -1, kv_cache: int = -1):
   """`(decoder, tokenizer, checkpoint step)` of the run in `workdir`; refuses models that
   cannot generate (`generation_checks.py`). `kv_cache` > 0: a key/value cache of that many
-  tokens per layer, one token per step (generation/kv_cache.py)."""
+  tokens per layer, one token per step (generation/kv_cache.py); 0: the chunk-window decoder
+  of the run's chunks; -1: for an imported checkpoint, exact within its context
+  (generation/context.py), else 0."""
   import eval as eval_script  # pylint: disable=g-import-not-at-top
   config = run_config(workdir, step)
   validate_config(config, jax.device_count())     # completes old configs in place
@@ -150,11 +183,16 @@ def load_decoder(workdir: str, step: int = -1, kv_cache: int = 0):
   params, model_state = jax.device_put(jax.device_get((params, model_state)), device)
   model_config = lm_model_config(config.model, tokenizer.vocab_size)
   chunk_len = config.data.chunk_len
-  if kv_cache:
+  imported, notice = read_import(workdir), ''
+  if imported and kv_cache < 0:        # exact within the checkpoint's context
+    kv_cache, chunk_len, notice = exact_decoding(config.model, imported['context_len'])
+  if kv_cache > 0 or kv_cache < -1:
     model_config = kv_cache_model_config(config.model, tokenizer.vocab_size, kv_cache)
     chunk_len = 1
   decoder = ChunkWindowDecoder(model_config, params, chunk_len=chunk_len,
                                pad_id=tokenizer.pad_id, model_state=model_state)
+  if notice:
+    decoder = NoticeAtContext(decoder, imported['context_len'], notice)
   return decoder, tokenizer, restored_step
 
 
@@ -170,13 +208,26 @@ def main(argv):
   if overrides:
     raise UserError(f'{overrides[0].split("=")[0]}: generate.py reads the model from the '
                     "run's config.json and takes no --config settings")
-  prompt = read_prompt(FLAGS.prompt, FLAGS.prompt_file)
+  ids_given = FLAGS.prompt_ids is not None or FLAGS.prompt_ids_file is not None
+  if ids_given:
+    if FLAGS.prompt is not None or FLAGS.prompt_file is not None:
+      raise UserError('--prompt_ids: give either text (--prompt, --prompt_file) or ids '
+                      '(--prompt_ids, --prompt_ids_file), not both')
+    prompt = read_prompt_ids(FLAGS.prompt_ids, FLAGS.prompt_ids_file)
+  else:
+    prompt = read_prompt(FLAGS.prompt, FLAGS.prompt_file)
   settings = sampling_settings(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
   check_generation_flags(FLAGS.max_new_tokens, FLAGS.stop)
   decoder, tokenizer, _ = load_decoder(FLAGS.workdir, FLAGS.step, FLAGS.kv_cache)
-  generate_text(decoder, tokenizer, prompt, settings=settings,
-                max_new_tokens=FLAGS.max_new_tokens, seed=FLAGS.seed, stops=FLAGS.stop,
-                write=print_now)
+  if ids_given:
+    vocab = decoder.model_config.vocab_size
+    bad = [i for i in prompt if i >= vocab]
+    if bad:
+      raise UserError(f'--prompt_ids: id {bad[0]} is not below the vocabulary size {vocab}')
+  result = generate_text(decoder, tokenizer, prompt, settings=settings,
+                         max_new_tokens=FLAGS.max_new_tokens, seed=FLAGS.seed, stops=FLAGS.stop,
+                         write=(lambda piece: None) if ids_given else print_now)
+  print_now(','.join(map(str, result.token_ids)) if ids_given else '')
   print_now('\n')
 
 

@@ -205,7 +205,7 @@ def test_generate_with_a_kv_cache_gives_the_chunk_window_text(llama_workdir):
   """generate.py on the imported workdir, greedy: the key/value cache (one token per step)
   and the chunk-window decoder write the same text while it fits in both."""
   outputs = []
-  for extra in ([], ['--kv_cache=64']):
+  for extra in (['--kv_cache=0'], ['--kv_cache=64']):
     result = subprocess.run(
         [sys.executable, 'generate.py', f'--workdir={llama_workdir}', '--prompt=w5 w6 w7',
          '--max_new_tokens=8', '--temperature=0'] + extra,

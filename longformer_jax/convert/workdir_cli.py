@@ -63,6 +63,7 @@ def get_config():
 '''
 
 
+IMPORT_FILE = 'hf_import.json'  # the checkpoint's context and config.json (generation/context.py)
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer.model', 'spiece.model')  # spiece: T5's
 
 
@@ -153,8 +154,10 @@ def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
   model_values = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
   if settings.get('position_embedding') == 'learned':  # chunks within the learned table
     data['chunk_len'] = min(DEFAULT_CHUNK_LEN, settings['max_positions'])
-  config = ml_collections.ConfigDict(resolve_config({'task': 'lm', 'model': model_values,
-                                                     'data': data}))
+  context = context_len(hf_config)
+  # eval.py scores in chunks of the whole context: exact for documents up to it.
+  values = {'task': 'lm', 'model': model_values, 'data': data, 'eval': {'chunk_len': context}}
+  config = ml_collections.ConfigDict(resolve_config(values))
   validate_config(config, jax.device_count())
   params = hf.load_params(hf_dir, hf_config, settings, dtype)
   params = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), params)
@@ -182,6 +185,19 @@ def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
   run_directory.write_config(config, workdir)
   with open(os.path.join(workdir, TRAIN_CONFIG_FILE), 'w') as f:
     f.write(TRAIN_CONFIG_SOURCE)
+  with open(os.path.join(workdir, IMPORT_FILE), 'w') as f:
+    json.dump({'model_type': hf_config['model_type'], 'context_len': context,
+               'hf_dir': os.path.abspath(hf_dir), 'dtype': dtype, 'hf_config': hf_config}, f,
+              indent=2, sort_keys=True)
+
+
+def context_len(hf_config: dict) -> int:
+  """The checkpoint's context: `max_position_embeddings` (GPT-2: `n_positions`)."""
+  key = 'n_positions' if hf_config['model_type'] == 'gpt2' else 'max_position_embeddings'
+  value = hf_config.get(key)
+  if not isinstance(value, int) or value < 1:
+    raise ConversionError(f'config.json: {key}={value!r} is not a positive number of tokens')
+  return value
 
 
 def define_flags() -> None:

@@ -1,6 +1,6 @@
 """The generation loop: prompt text in, sampled continuation out, printed as it comes.
 
-`generate_text` reads `[BOS] + encode(prompt)` with the chunk-window decoder,
+`generate_text` reads `[BOS] + encode(prompt)` (or a prompt of token ids as given) with the chunk-window decoder,
 then repeats: choose the next token from the logits (`sampling.py`, step i
 with `step_key(seed, i)`), hand it to `StreamingText` (whose printable text
 goes to `write` at once), read it. It ends after `max_new_tokens` tokens, at
@@ -57,7 +57,7 @@ def make_chooser(allowed: np.ndarray, settings: SamplingSettings) -> Callable:
   return jax.jit(choose)
 
 
-def generate_text(decoder: ChunkWindowDecoder, tokenizer, prompt: str, *,
+def generate_text(decoder: ChunkWindowDecoder, tokenizer, prompt: str | Sequence[int], *,
                   settings: SamplingSettings, max_new_tokens: int, seed: int = 0,
                   stops: Sequence[str] = (), write: Callable[[str], None] = lambda s: None
                   ) -> GenerationResult:
@@ -65,7 +65,10 @@ def generate_text(decoder: ChunkWindowDecoder, tokenizer, prompt: str, *,
   choose = make_chooser(allowed_tokens(tokenizer, decoder.model_config.vocab_size), settings)
   ends = end_tokens(tokenizer)
   text = StreamingText(tokenizer, stops)
-  prompt_ids = np.concatenate([[tokenizer.bos_id], tokenizer.encode(prompt)]).astype(np.int32)
+  if isinstance(prompt, str):
+    prompt_ids = np.concatenate([[tokenizer.bos_id], tokenizer.encode(prompt)]).astype(np.int32)
+  else:                                # token ids, read as given
+    prompt_ids = np.asarray(prompt, np.int32).reshape(-1)
   state = decoder.start(prompt_ids)
   chosen, reason = [], MAX_NEW_TOKENS
   for step in range(max_new_tokens):
