@@ -1,12 +1,13 @@
 """An imported decoder generates exactly as the original within its context, by default.
 
-Copies of the llama and gpt2 fixtures with a context longer than 256 tokens
-(llama: max_position_embeddings=320; gpt2: n_positions=300, the position
-table extended): greedy decoding of a 262-token prompt through generate.py's
-default decoder equals greedy decoding by full recomputes (one chunk holding
-the whole text, the original model's function, which test_hf_import.py holds
-to transformers' logits); the first step's logits too. Past the context, one
-notice line names the memory that takes over.
+The llama_long and gpt2_long fixtures (contexts of 320 and 300 tokens) hold
+transformers' greedy tokens and logits after a 262-token prompt: generate.py's
+default decoder gives them (in Python and through --prompt_ids). Copies of the
+llama and gpt2 fixtures with such contexts (llama: max_position_embeddings=320;
+gpt2: n_positions=300, the position table extended): greedy decoding of another
+262-token prompt equals greedy decoding by full recomputes (one chunk holding
+the whole text). Past the context, one notice line names the memory that takes
+over.
 """
 
 import json
@@ -83,6 +84,25 @@ def test_default_generation_past_256_tokens_equals_the_full_model(name, tmp_path
   assert result.token_ids == expected
 
 
+@pytest.mark.parametrize('name', ['llama_long', 'gpt2_long'])
+def test_default_decoding_gives_transformers_greedy_logits(name, tmp_path):
+  """Fixtures with contexts of 320 / 300 tokens: after the fixture's 262-token prompt, each
+  step's logits are transformers' (to 1e-4) and their argmax its greedy tokens."""
+  directory = os.path.join(DATA, name)
+  workdir = str(tmp_path / 'run')
+  convert_to_workdir(directory, workdir)
+  decoder, _, _ = generate.load_decoder(workdir)
+  prompt = np.load(os.path.join(directory, 'long_prompt_ids.npy'))
+  greedy = np.load(os.path.join(directory, 'greedy_ids.npy'))
+  reference = np.load(os.path.join(directory, 'greedy_logits.npy'))
+  state = decoder.start(prompt)
+  for step, token in enumerate(greedy):
+    logits = np.asarray(state.logits)[:reference.shape[1]]
+    np.testing.assert_allclose(logits, reference[step], rtol=1e-4, atol=1e-4)
+    assert int(np.argmax(logits)) == token
+    state = decoder.append(state, int(token))
+
+
 def test_eval_scores_in_chunks_of_the_context(tmp_path):
   _, workdir = imported('llama', tmp_path)
   with open(os.path.join(workdir, 'config.json')) as f:
@@ -102,16 +122,18 @@ def test_past_the_context_one_notice_names_the_memory(name, which, tmp_path, cap
   assert len(lines) == 1 and which in lines[0] and f'({context} tokens)' in lines[0], lines
 
 
-def test_cli_prompt_ids_prints_the_greedy_ids(tmp_path):
-  hf_dir, workdir = imported('llama', tmp_path)
-  prompt = prompt_ids(PROMPT_LEN)
-  expected, _ = full_recompute_greedy(hf_dir, prompt, NEW)
+def test_cli_prompt_ids_prints_transformers_greedy_ids(tmp_path):
+  directory = os.path.join(DATA, 'llama_long')
+  workdir = str(tmp_path / 'run')
+  convert_to_workdir(directory, workdir)
+  prompt = np.load(os.path.join(directory, 'long_prompt_ids.npy')).tolist()
+  expected = np.load(os.path.join(directory, 'greedy_ids.npy')).tolist()
   ids_file = tmp_path / 'ids.txt'
   ids_file.write_text(' '.join(map(str, prompt)))
   for source in (f'--prompt_ids={",".join(map(str, prompt))}', f'--prompt_ids_file={ids_file}'):
     result = subprocess.run(
         [sys.executable, 'generate.py', f'--workdir={workdir}', source, '--temperature=0',
-         f'--max_new_tokens={NEW}'], cwd=REPO, capture_output=True, text=True, check=False,
+         f'--max_new_tokens={len(expected)}'], cwd=REPO, capture_output=True, text=True, check=False,
         env=dict(os.environ, JAX_PLATFORMS='cpu'))
     assert result.returncode == 0, result.stderr[-500:]
     assert result.stdout.strip() == ','.join(map(str, expected))

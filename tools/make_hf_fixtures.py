@@ -15,7 +15,10 @@ up to distance 20, so that 12 tokens reach the logarithmic buckets; t5_v11,
 v1.1 with a gated-GELU feed-forward, an untied `lm_head` and an inner width
 heads * d_kv = 64 != d_model; mistral_window and qwen2_window, sliding windows of
 8 tokens, Mistral's in both layers and Qwen2's from `max_window_layers` = 1 on,
-on inputs of 19 tokens, row 1 right-padded from position 15) it writes `<out>/<name>/`
+on inputs of 19 tokens, row 1 right-padded from position 15; llama_long and
+gpt2_long, llama and gpt2 with contexts of 320 and 300 tokens, which also hold
+`long_prompt_ids.npy`, a 262-token prompt, `greedy_ids.npy`, transformers'
+8 greedy tokens after it, and `greedy_logits.npy`, their logits) it writes `<out>/<name>/`
 holding the Hugging Face directory (`config.json`, `model.safetensors`), a
 word-level `tokenizer.json` over the model's vocabulary, `input_ids.npy` and
 `attention_mask.npy` `[2, 12]` (row 1 right-padded; for longformer and led
@@ -42,6 +45,15 @@ WINDOW_LENGTH = 19        # longer than the window; row 1 right-padded from posi
 
 def family_configs() -> dict:
   common = dict(vocab_size=VOCAB, tie_word_embeddings=False)
+  configs = base_configs(common)
+  # Contexts longer than 256 tokens, for greedy decoding of a long prompt.
+  configs['llama_long'] = transformers.LlamaConfig(
+      **dict(configs['llama'].to_dict(), max_position_embeddings=320))
+  configs['gpt2_long'] = transformers.GPT2Config(**dict(configs['gpt2'].to_dict(), n_positions=300))
+  return configs
+
+
+def base_configs(common: dict) -> dict:
   return {
       'gpt2': transformers.GPT2Config(
           vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
@@ -110,6 +122,8 @@ def family_configs() -> dict:
 
 def model_class(name: str):
   return {'gpt2': transformers.GPT2LMHeadModel, 'llama': transformers.LlamaForCausalLM,
+          'gpt2_long': transformers.GPT2LMHeadModel,
+          'llama_long': transformers.LlamaForCausalLM,
           'mistral': transformers.MistralForCausalLM,
           'qwen2': transformers.Qwen2ForCausalLM,
           'mistral_window': transformers.MistralForCausalLM,
@@ -125,6 +139,26 @@ ROBERTA_SPECIAL_TOKENS = ('<s>', '<pad>', '</s>', '<unk>')
 ROBERTA_FAMILIES = ('longformer', 'led')
 T5_FAMILIES = ('t5', 't5_v11')
 DECODER_LENGTH = 7
+LONG_FAMILIES = ('llama_long', 'gpt2_long')
+LONG_PROMPT, GREEDY_NEW = 262, 8
+
+
+def write_greedy(model, directory: str) -> None:
+  """`long_prompt_ids.npy` [LONG_PROMPT] (BOS 1, then words) and `greedy_ids.npy`
+  [GREEDY_NEW]: transformers' greedy continuation (argmax over the whole vocabulary, the
+  whole text re-run at each step, no end token), and `greedy_logits.npy` [GREEDY_NEW, vocab],
+  the logits each token was chosen from."""
+  rng = np.random.default_rng(2)
+  prompt = np.concatenate([[1], rng.integers(4, VOCAB, LONG_PROMPT - 1)]).astype(np.int64)
+  ids, steps = torch.from_numpy(prompt)[None, :], []
+  with torch.no_grad():
+    for _ in range(GREEDY_NEW):
+      steps.append(model(input_ids=ids).logits[0, -1].float().numpy())
+      ids = torch.cat([ids, torch.tensor([[int(steps[-1].argmax())]])], dim=1)
+  np.save(os.path.join(directory, 'long_prompt_ids.npy'), prompt.astype(np.int32))
+  np.save(os.path.join(directory, 'greedy_ids.npy'),
+          ids[0, LONG_PROMPT:].numpy().astype(np.int32))
+  np.save(os.path.join(directory, 'greedy_logits.npy'), np.stack(steps).astype(np.float32))
 
 
 def word_level_tokenizer(path: str, special_tokens: tuple = SPECIAL_TOKENS) -> None:
@@ -240,6 +274,8 @@ def build(name: str, config, out: str) -> None:
   for key, value in inputs.items():
     np.save(os.path.join(directory, f'{key}.npy'), value.astype(np.int32))
   np.save(os.path.join(directory, 'logits.npy'), logits.float().numpy().astype(np.float32))
+  if name in LONG_FAMILIES:
+    write_greedy(model, directory)
   word_level_tokenizer(os.path.join(directory, 'tokenizer.json'),
                        ROBERTA_SPECIAL_TOKENS if name in ROBERTA_FAMILIES else SPECIAL_TOKENS)
   for extra in ('generation_config.json',):
