@@ -2,7 +2,6 @@
 any other field, and a function-changing value the importer does not implement, is refused in
 one line naming it."""
 
-import json
 import os
 import subprocess
 import sys

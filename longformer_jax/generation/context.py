@@ -14,7 +14,7 @@ original model's logits:
     layers): the chunk-window decoder with chunks of `context_len` tokens;
     past the context the run's configured memory takes over (`model.mem_len`
     and the attention's own state; none for a plain import: each chunk of
-    `context_len` tokens starts afresh).
+    `context_len` tokens starts afresh; a rolling window carries on).
 
 When the text first passes the context, one line on stderr says which.
 """
@@ -54,10 +54,27 @@ def exact_decoding(model: ml_collections.ConfigDict, context_len: int) -> tuple:
   if not kv_cache_refusal(model):
     return context_len, 1, (passed + f'from here the key/value cache keeps the last '
                             f'{context_len} tokens (a sliding window)')
-  memory = (f'model.mem_len={model.get("mem_len", 0)}' if model.get('mem_len', 0)
-            else f'model.mem_len=0: no cache; each {context_len}-token chunk starts afresh')
-  return 0, context_len, (passed + f'from here the configured memory takes over '
-                          f'(model.attention={model.attention!r}, {memory})')
+  return 0, context_len, (passed + 'from here the configured memory takes over ('
+                          + configured_memory(model, context_len) + ')')
+
+
+def configured_memory(model: ml_collections.ConfigDict, context_len: int) -> str:
+  """What carries from one `context_len`-token chunk to the next, in words."""
+  schedule = dict(model.get('layer_schedule', {}) or {}).get('attention', '')
+  kinds = sorted(set(schedule.split(','))) if schedule else [model.attention]
+  mem_len = model.get('mem_len', 0)
+  parts = []
+  for kind in kinds:
+    if kind == 'vanilla':
+      parts.append(f'vanilla layers: model.mem_len={mem_len}' + (
+          '' if mem_len else f', no cache, each {context_len}-token chunk starts afresh'))
+    elif kind == 'streaming_sinks':
+      sinks = model.get('streaming_sinks', {}) or {}
+      parts.append(f'streaming_sinks layers: their rolling window of {sinks.get("window")} '
+                   f'tokens ({sinks.get("num_sinks", 0)} sinks) carries on')
+    else:
+      parts.append(f'{kind} layers: their own memory (model.mem_len={mem_len})')
+  return '; '.join(parts)
 
 
 class NoticeAtContext:
