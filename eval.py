@@ -61,6 +61,7 @@ import ml_collections
 from longformer_jax import command_line
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import parse_int_list, validate_config
+from longformer_jax.generation.context import read_import
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
 from longformer_jax.data.tokenizers import make_tokenizer
@@ -84,7 +85,8 @@ from longformer_jax.train.quiet_logs import show_own_info_only
 
 def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
   """The run's saved config with the command line's `eval` and `parallel` sections
-  (`eval.batch_size > 0` replaces the run's `data.eval_batch_size`)."""
+  (`eval.batch_size > 0` replaces the run's `data.eval_batch_size`; for an imported
+  checkpoint, `eval.chunk_len = 0` means its context, generation/context.py)."""
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     raise FileNotFoundError(f'{path} not found: is {workdir!r} a train.py workdir?')
@@ -93,6 +95,9 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
   config = ml_collections.ConfigDict(saved)
   config.eval = cli_config.eval
   config.parallel = cli_config.parallel
+  imported = read_import(workdir)
+  if imported and not config.eval.chunk_len:   # an imported checkpoint: exact within its context
+    config.eval.chunk_len = imported['context_len']
   if config.eval.batch_size:
     config.data.eval_batch_size = config.eval.batch_size
   return config

@@ -104,11 +104,18 @@ def test_default_decoding_gives_transformers_greedy_logits(name, tmp_path):
 
 
 def test_eval_scores_in_chunks_of_the_context(tmp_path):
-  _, workdir = imported('llama', tmp_path)
-  with open(os.path.join(workdir, 'config.json')) as f:
-    assert json.load(f)['eval']['chunk_len'] == 320
+  workdir = str(tmp_path / 'run')
+  convert_to_workdir(os.path.join(DATA, 'llama_long'), workdir)
   with open(os.path.join(workdir, 'hf_import.json')) as f:
     assert json.load(f)['context_len'] == 320
+  for extra, chunk in (([], 320), (['--config.eval.chunk_len=64'], 64)):
+    result = subprocess.run(
+        [sys.executable, 'eval.py', f'--workdir={workdir}', '--config.eval.max_tokens=700',
+         *extra], cwd=REPO, capture_output=True, text=True, check=False,
+        env=dict(os.environ, JAX_PLATFORMS='cpu'))
+    assert result.returncode == 0, result.stderr[-1000:]
+    with open(os.path.join(workdir, 'eval', 'metrics.json')) as f:
+      assert json.load(f)['chunk_len'] == chunk
 
 
 @pytest.mark.parametrize('name,which', [('llama', 'key/value cache keeps the last 64 tokens'),
