@@ -13,7 +13,7 @@ window of 16 beat FIFO and sinks of the same size at 512 entries on the
 validation split in two runs, and close 56% / 84% of the gap to FIFO 2,048;
 at 128-256 entries the two runs disagree. On the finished run, step 10,000,
 only LFA-0 still beats FIFO and sinks there, at 512 entries, and the scored
-rows lose at 128-256: benchmarks/results/eval_time_memory.md, section 0.) On
+rows lose at 128-256: docs/eval_time_memory.md, section 0.) On
 two CPU cores it takes 3-5.5 hours (1.2-2 s per step);
 `train.stop_after_steps` splits it:
 

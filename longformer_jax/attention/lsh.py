@@ -23,7 +23,7 @@ i.e. a softmax over the multiset union of the rounds' key sets (a key that
 shares a bucket with the query in several rounds counts once per round).
 Work and memory are O(n * num_hashes * chunk_len), never n x n.
 
-Implementation (docs/lsh_benchmark_draft.md has the timings):
+Implementation (timings: docs/benchmarks.md, "Reformer LSH: scan over chunks"):
   * hashing `HASH_BLOCK` tokens at a time (`lax.map`), the argmax taken as
     max/min of xR without concatenating [xR; -xR];
   * one sort of one int32 key per head, bucket * n + rank, with tokens ranked

@@ -21,7 +21,7 @@ Fields are plain values (int, float, bool, str, tuples of them) or nested
 sections; a field typed `dict` holds a free mapping that its section checks.
 Old flat names (`legacy_names`, e.g. `{'lsh_num_buckets': 'num_buckets'}`)
 let a `config.json` written before the sections existed still load
-(`longformer_jax/config/legacy.py`).
+(`migrate_flat_model` in `longformer_jax/models/model_config.py`).
 """
 
 import ast

@@ -85,7 +85,7 @@ Admission (`admission`), for the scored policies:
   in two runs at step 5,527; on the finished run (step 10,000) only LFA-0
   still does, at M = 512, and every scored row loses on the all-target
   average (docs/results.md, "Eval-time memories and eviction
-  policies"; benchmarks/results/eval_time_memory.md).
+  policies"; docs/eval_time_memory.md).
 FIFO and sinks rank by position alone, so admission changes nothing for them.
 
 Per-head scores (`per_head=True`): the memory has one row per (batch, head)
