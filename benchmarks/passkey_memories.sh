@@ -4,7 +4,7 @@
 #   bash benchmarks/passkey_memories.sh MEMORY [MEMORY ...]
 #
 # For each MEMORY of configs/passkey_memory.py: trains it into workdirs/passkey_MEMORY
-# (skipped when the run has finished), evaluates its passkey grid, and copies the grid's
+# (skipped when its last checkpoint, step 3000, exists), evaluates its passkey grid, and copies the grid's
 # JSON to benchmarks/results/passkey/trained_MEMORY.json. `eval_time` instead evaluates the
 # model trained without memory (`none`) with the eval-time memories of evaluation/memory_sweep.py
 # and writes benchmarks/results/passkey/eval_time.json. The heat maps stay in
@@ -20,6 +20,8 @@ mkdir -p "$OUT"
 grid_for() {   # the memories each model is scored with
   case "$1" in
     knn) echo "trained:$MAX,trained" ;;        # the whole document; FIFO of 2,048 as trained
+    # LRA-max as trained, and the same weights evicting FIFO or LFA (the eviction alone differs)
+    attendre_lra_max) echo "trained,attendre_fifo:128,attendre_lfa:128" ;;
     eval_time) echo "none,xl:128,sinks:128,attendre_fifo:128,attendre_lra_max:128,attendre_lfa:128,knn:2048" ;;
     *) echo "trained" ;;
   esac
@@ -29,7 +31,7 @@ for memory in "$@"; do
   model=$memory
   [[ $memory == eval_time ]] && model=none
   workdir=workdirs/passkey_$model
-  if [[ ! -f $workdir/metrics.jsonl ]] || ! grep -q '"step": 3000' "$workdir/metrics.jsonl"; then
+  if [[ ! -d $workdir/checkpoints/3000 ]]; then      # the config's last step: not yet trained
     /usr/bin/time -f "train $model: wall %e s, peak RSS %M KiB" \
         python train.py --config=configs/passkey_memory.py:$model --workdir="$workdir"
   fi
