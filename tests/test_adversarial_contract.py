@@ -9,7 +9,7 @@ causal block. Padded slots carry real-looking positions and document ids.
 Checked, each by a comparison that an underflow or a leak would break:
 
 - outputs and gradients are finite (`NON_FINITE_GRADIENTS`: known defects,
-  asserted to be still there);
+  asserted to be still there; empty now);
 - every valid output is nonzero (a query sees at least itself: 0 is an
   underflow);
 - valid outputs do not depend on the tokens of the document before them in
@@ -55,13 +55,7 @@ def scaled(seed: int, scales=SCALES) -> jnp.ndarray:
 
 
 # Known defects, each reported with its cause; the test asserts they are still there.
-NON_FINITE_GRADIENTS = {
-    # core/dot_product.soft_masked_softmax multiplies normalised softmax weights by the soft
-    # span mask: when every key inside the span lies ~88+ nats below a key outside it, the
-    # kept weights underflow and renormalising divides by ~0. softmax(logits + log(mask))
-    # gives finite gradients here.
-    'adaptive_span',
-}
+NON_FINITE_GRADIENTS: set = set()   # none left (adaptive_span's fixed in core/dot_product)
 
 
 def run_checked(h, xs, ctx, what: str):

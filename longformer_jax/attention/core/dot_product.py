@@ -32,13 +32,44 @@ def attend(logits: jax.Array, mask: jax.Array, values: jax.Array) -> jax.Array:
   return jnp.einsum('bhqk,bkhd->bqhd', weights.astype(values.dtype), values)
 
 
-def soft_masked_softmax(logits: jax.Array, mask: jax.Array, soft_mask: jax.Array) -> jax.Array:
-  """Softmax weights multiplied by a soft mask in [0, 1], then renormalised.
+# Logits more than this many nats above the shift of `soft_masked_softmax` are capped.
+SOFT_MASK_CAP = 60.0
 
-  a_ij = m_ij exp(s_ij) / sum_k m_ik exp(s_ik) (Sukhbaatar et al., 2019,
-  eq. 3; Expire-Span uses the same form). `soft_mask` broadcasts against
-  `logits [b, h, q, k]`; rows whose soft-masked weights are all 0 give 0.
+
+def soft_masked_softmax(logits: jax.Array, mask: jax.Array, soft_mask: jax.Array) -> jax.Array:
+  """Softmax weights multiplied by a soft mask in [0, 1], renormalised, in float32.
+
+  a_ij = m_ij exp(s_ij) / sum_k m_ik exp(s_ik) over the keys allowed by `mask`
+  (Sukhbaatar et al., 2019, eq. 3; Expire-Span uses the same form), computed
+  as e_ij = m_ij exp(min(s_ij - c_i, CAP)) / sum_k e_ik with the constant
+  shift c_i = max of s_ik + log m_ik over allowed keys with m_ik > 0 and
+  CAP = `SOFT_MASK_CAP` (60). The kept key at c_i gives e = 1, so the sum is
+  at least 1: nothing is renormalised from an underflow, whatever the spread.
+
+  Exact (weights and their gradients with respect to logits and to m, the
+  m = 0 corner keys included) for every row in which no allowed key's logit
+  lies more than CAP nats above c_i. Beyond that, the keys above the cap get
+  weight and m-gradient as if they lay CAP above c_i (their logit gradient is
+  0): bounded and finite. Rows with no allowed key, or whose allowed keys all
+  have m = 0, give 0 (finite gradients).
+
+  Args:
+    logits: `[b, h, q, k]` any float dtype.
+    mask: `[b, q, k]` or `[b, h, q, k]` bool, the keys allowed.
+    soft_mask: m in [0, 1], broadcasting against `[b, h, q, k]`.
+  Returns:
+    float32 weights `[b, h, q, k]`.
   """
-  weights = masked_softmax(logits, mask) * soft_mask.astype(jnp.float32)
+  if mask.ndim == logits.ndim - 1:
+    mask = mask[:, None]
+  logits = logits.astype(jnp.float32)
+  soft = jnp.broadcast_to(soft_mask.astype(jnp.float32), logits.shape)
+  mask = jnp.broadcast_to(mask, logits.shape)
+  kept = mask & (soft > 0)
+  shift = jnp.max(jnp.where(kept, logits + jnp.log(jnp.where(kept, soft, 1.0)), -jnp.inf),
+                  axis=-1, keepdims=True)
+  shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
+  exponent = jnp.minimum(jnp.where(mask, logits - shift, -jnp.inf), SOFT_MASK_CAP)
+  weights = soft * jnp.exp(exponent)
   total = jnp.sum(weights, axis=-1, keepdims=True)
   return weights / jnp.where(total > 0, total, 1.0)
