@@ -60,7 +60,7 @@ def test_trained_memory_names_the_setting_it_resizes():
   assert trained_memory.trained_size(knn) == 2048
   resized = lm_model_config(knn, VOCAB, **trained_memory.model_overrides(knn, 65536))
   assert resized.memorizing.memory_size == 65536
-  assert resized.memorizing.top_k == knn.memorizing.top_k and resized.mem_len == 0
+  assert resized.memorizing.top_k == knn.memorizing.top_k and resized.mem_len == knn.mem_len == 128
   assert trained_memory.model_overrides(knn, 0) == {}
   expected = {'xl': 'mem_len', 'attendre_lfa': 'attendre.memory_size',
               'sinks': 'streaming_sinks.window', 'expire_span': 'mem_len'}
