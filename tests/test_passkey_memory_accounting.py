@@ -103,29 +103,35 @@ def one_layer_model():
   return config.model, init(jax.random.PRNGKey(0)), mesh, config.parallel.logical_axis_rules
 
 
+def _score_grid(one_layer_model, spec: str):
+  """`(grid, documents, scores)`: the grid of `spec` (one memory) scored on the random model."""
+  trained, params, mesh, rules = one_layer_model
+  grid = passkey_grid.parse_grid(spec, default_chunk=CHUNK)
+  documents = passkey_grid.grid_documents(grid, passkey.byte_encode)
+  model_config = passkey_grid.memory_model_config(trained, VOCAB, grid.memories[0])
+  scorer = PasskeyScorer(model_config, batch_size=8, chunk_len=CHUNK, mesh=mesh, rules=rules,
+                         param_shardings=sharding.replicated(mesh))
+  return grid, documents, scorer.score(params, [d for _, _, d in documents], BOS, PAD)
+
+
 @pytest.mark.parametrize('label, per_layer', [('xl:40', 40), ('attendre_fifo:40', 40),
                                               ('trained:40', 40), ('knn:96', None)])
 def test_memory_held_is_the_configured_size_at_every_length(one_layer_model, label, per_layer):
   """Documents of 128, 256 and 512 tokens (whole chunks with BOS): a FIFO of 40 holds 40
   whatever the length; the kNN memory of 96 holds min(tokens read, 96)
   after the document; the state's bytes do not change with the length."""
-  trained, params, mesh, rules = one_layer_model
-  grid = passkey_grid.parse_grid(f'lengths=128,256,512;depths=0,100;documents=2;'
-                                 f'memories={label}', default_chunk=CHUNK)
-  documents = passkey_grid.grid_documents(grid, passkey.byte_encode)
-  model_config = passkey_grid.memory_model_config(trained, VOCAB, grid.memories[0])
-  scorer = PasskeyScorer(model_config, batch_size=8, chunk_len=CHUNK, mesh=mesh, rules=rules,
-                         param_shardings=sharding.replicated(mesh))
-  scores = scorer.score(params, [d for _, _, d in documents], BOS, PAD)
+  grid, documents, scores = _score_grid(
+      one_layer_model, f'lengths=128,256,512;depths=0,100;documents=2;memories={label}')
   cells = passkey_grid.cell_rows(grid.memories[0], documents, scores)
   for cell in cells:
     want = per_layer if per_layer is not None else min(cell['length'], 96)
     assert cell['memory_entries'] == want == cell['memory_entries_max'], cell
     assert cell['seconds_per_1k_tokens'] > 0
   assert len({c['memory_bytes'] for c in cells}) == 1
+  model_config = passkey_grid.memory_model_config(one_layer_model[0], VOCAB, grid.memories[0])
   shapes = jax.eval_shape(lambda: DecoderLM.init_state(model_config, 8))
   by_hand = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
-  assert cells[0]["memory_bytes"] == by_hand // 8
+  assert cells[0]['memory_bytes'] == by_hand // 8
 
 
 @pytest.mark.parametrize('memories, want', [('knn:4096;top_k=4096', 1.0), ('knn:96', 0.0)])
@@ -134,26 +140,14 @@ def test_needle_in_top_k_counts_answer_queries_that_retrieve_the_needle(one_laye
   """Needle at depth 0 of 512 tokens, chunk 64: a kNN memory of the whole document returning
   every entry (top_k >= entries) hands every answer query the needle; a FIFO of 96 entries
   has evicted it long before the question, whatever the random model's scores."""
-  trained, params, mesh, rules = one_layer_model
-  grid = passkey_grid.parse_grid(f'lengths=512;depths=0;documents=2;memories={memories}',
-                                 default_chunk=CHUNK)
-  documents = passkey_grid.grid_documents(grid, passkey.byte_encode)
-  model_config = passkey_grid.memory_model_config(trained, VOCAB, grid.memories[0])
-  scorer = PasskeyScorer(model_config, batch_size=8, chunk_len=CHUNK, mesh=mesh, rules=rules,
-                         param_shardings=sharding.replicated(mesh))
-  scores = scorer.score(params, [d for _, _, d in documents], BOS, PAD)
+  grid, documents, scores = _score_grid(
+      one_layer_model, f'lengths=512;depths=0;documents=2;memories={memories}')
   (cell,) = passkey_grid.cell_rows(grid.memories[0], documents, scores)
   assert cell['needle_in_top_k'] == want
 
 
 def test_no_needle_count_without_a_knn_layer(one_layer_model):
-  trained, params, mesh, rules = one_layer_model
-  grid = passkey_grid.parse_grid('lengths=128;depths=0;documents=1;memories=xl:40',
-                                 default_chunk=CHUNK)
-  documents = passkey_grid.grid_documents(grid, passkey.byte_encode)
-  model_config = passkey_grid.memory_model_config(trained, VOCAB, grid.memories[0])
-  scorer = PasskeyScorer(model_config, batch_size=8, chunk_len=CHUNK, mesh=mesh, rules=rules,
-                         param_shardings=sharding.replicated(mesh))
-  scores = scorer.score(params, [d for _, _, d in documents], BOS, PAD)
+  grid, documents, scores = _score_grid(
+      one_layer_model, 'lengths=128;depths=0;documents=1;memories=xl:40')
   assert 'needle_retrieved' not in scores
   assert 'needle_in_top_k' not in passkey_grid.cell_rows(grid.memories[0], documents, scores)[0]

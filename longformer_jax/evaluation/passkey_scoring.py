@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 from longformer_jax.attention.core.context import MODEL_STATE
-from longformer_jax.evaluation import memory_accounting
+from longformer_jax.evaluation import memory_accounting, trained_memory
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.parallel import sharding
 from longformer_jax.train import initialization
@@ -77,14 +77,12 @@ def answer_step(params, memory, chunk: dict, model_state, *, model: DecoderLM):
                                                         chunk['targets'])
   first, end = chunk['needle_span'][:, 0, 0], chunk['needle_span'][:, 0, 1]
   found = jnp.zeros(answer.shape, bool)
-  for retrieved in _retrieved_positions(sown.get('intermediates', {})):
+  for retrieved in _retrieved_positions(sown.get('intermediates', {})):   # one per kNN layer
     in_needle = (retrieved >= first[:, None, None, None]) & (retrieved < end[:, None, None, None])
     found |= jnp.any(in_needle, axis=(2, 3))
   return memory, {'correct': jnp.sum(hits, axis=1).astype(jnp.int32),
                   'nll': jnp.sum(jnp.where(answer, nll, 0.0), axis=1),
-                  'needle_retrieved': jnp.sum(found & answer, axis=1).astype(jnp.int32),
-                  'has_knn': jnp.asarray(bool(_retrieved_positions(sown.get('intermediates',
-                                                                                {}))))}
+                  'needle_retrieved': jnp.sum(found & answer, axis=1).astype(jnp.int32)}
 
 
 class PasskeyScorer:
@@ -123,7 +121,6 @@ class PasskeyScorer:
     (rows x chunks x chunk) divided the same way; `state_bytes`: the memory's bytes per row."""
     totals = {'correct': [], 'nll': [], 'needle_retrieved': [], 'entries': [], 'seconds': [],
               'tokens': []}
-    has_knn = False
     state_bytes = 0
     with sharding.activation_sharding(self.mesh, self.rules):
       self._warm_up(params, model_state, bos_id, pad_id)
@@ -143,7 +140,6 @@ class PasskeyScorer:
           memory, out = self._step(params, memory, chunk, model_state or {})
           for key in sums:
             sums[key] = sums[key] + np.asarray(out[key])
-          has_knn = has_knn or bool(out['has_knn'])
           ending = np.flatnonzero(last_chunk == index)
           if ending.size:
             entries[ending] = memory_accounting.held_entries(memory, self.batch_size)[ending]
@@ -156,7 +152,7 @@ class PasskeyScorer:
         totals['tokens'].append(np.full(len(group), arrays['inputs'].size / len(group)))
     scores = {key: np.concatenate(parts) for key, parts in totals.items()}
     scores['state_bytes'] = state_bytes
-    if not has_knn:
+    if trained_memory.memory_kind(self.model_config) != 'memorizing':   # no kNN layer
       del scores['needle_retrieved']
     return scores
 
