@@ -8,6 +8,15 @@ Cases (bfloat16 q, k, v `[1, n, 8, 64]`, through `jax.nn.dot_product_attention`)
 - `cudnn_window`: cuDNN with a causal sliding window
   (`local_window_size=(512, 0)`: the query and the 512 keys before it, the
   pairs of `longformer_blocked` in longformer_cases.py).
+- `longformer_cudnn_window`: the same window as the Longformer layer runs it
+  on a GPU (`attention/core/cudnn_window.py`: positions, documents and
+  padding checked and packed, the blocked XLA kernel compiled beside it for
+  inputs that do not pack): one document.
+- `longformer_cudnn_window_docs`: the same over 8 documents of n / 8 tokens
+  (cuDNN's packed segments).
+- `longformer_cudnn_window_lse`: one document, also returning the
+  log-sum-exp with its gradient (the path that merges global tokens);
+  forward `out + lse`.
 
 `flops(n)`: 4 * heads * head_dim per allowed (query, key) pair, as in
 longformer_cases.py. cuDNN runs only on a GPU: on any other backend this file
@@ -18,7 +27,9 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.attention_case import AttentionCase
-from longformer_jax.attention.core.sliding_window import band_pairs
+from longformer_jax.attention.core import cudnn_window
+from longformer_jax.attention.core.sliding_window import (auto_block_size, band_pairs,
+                                                          blocked_window_attention)
 
 HEADS, HEAD_DIM, WINDOW = 8, 64, 512
 
@@ -36,6 +47,22 @@ def dot_product(implementation: str, window=None):
   return forward
 
 
+def project_window(documents: int = 1, with_lse: bool = False):
+  def forward(q, k, v):
+    n = q.shape[1]
+    positions = jnp.arange(n, dtype=jnp.int32)[None]
+    segments = positions // (n // documents)
+    valid = jnp.ones((1, n), bool)
+    fallback = lambda q, k, v: blocked_window_attention(
+        q, k, v, positions, segments, positions, segments, valid, window=WINDOW,
+        block_size=auto_block_size(WINDOW), causal=True, scale=HEAD_DIM ** -0.5)
+    result = cudnn_window.window_attention(q, k, v, positions, segments, valid, window=WINDOW,
+                                           scale=HEAD_DIM ** -0.5, fallback=fallback,
+                                           with_lse=with_lse)
+    return result[0] + result[1][..., None] if with_lse else result
+  return forward
+
+
 def pair_flops(pairs: int) -> float:
   return 4.0 * HEADS * HEAD_DIM * pairs
 
@@ -46,5 +73,11 @@ CASES = [] if jax.default_backend() != 'gpu' else [
     AttentionCase('cudnn_causal', bf16_qkv_inputs, dot_product('cudnn'),
                   lambda n: pair_flops(n * (n + 1) // 2)),
     AttentionCase('cudnn_window', bf16_qkv_inputs, dot_product('cudnn', WINDOW),
+                  lambda n: pair_flops(band_pairs(n, WINDOW, True))),
+    AttentionCase('longformer_cudnn_window', bf16_qkv_inputs, project_window(),
+                  lambda n: pair_flops(band_pairs(n, WINDOW, True))),
+    AttentionCase('longformer_cudnn_window_docs', bf16_qkv_inputs, project_window(8),
+                  lambda n: pair_flops(band_pairs(n, WINDOW, True))),
+    AttentionCase('longformer_cudnn_window_lse', bf16_qkv_inputs, project_window(1, True),
                   lambda n: pair_flops(band_pairs(n, WINDOW, True))),
 ]

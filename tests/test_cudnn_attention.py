@@ -11,7 +11,13 @@ JAX_PLATFORMS=cpu unless it is already set, so run these with
   queries that have no key (0);
 - the vanilla layer with `attention_backend='cudnn'` equals `'xla'` (same
   parameters, bfloat16): outputs and parameter gradients, without and with
-  a cache (`mem_len > 0`).
+  a cache (`mem_len > 0`);
+- cuDNN's causal sliding window over packed documents
+  (`cudnn_window.window_attention`) equals the same description run by XLA:
+  outputs, log-sum-exp and gradients through both, for one document per row,
+  padding, and documents mid-row after an empty-cache prefix;
+- the causal Longformer layer (window cache, global tokens) with 'cudnn'
+  equals 'xla' in bfloat16 over two chunks.
 """
 
 import flax.linen as nn
@@ -118,6 +124,111 @@ def test_vanilla_layer_cudnn_equals_xla(mem_len):
 
   results = run(params)
   np.testing.assert_allclose(results['cudnn'][0], results['xla'][0], **TOLERANCE)
+  for got, want in zip(jax.tree_util.tree_leaves(nn.meta.unbox(results['cudnn'][1])),
+                       jax.tree_util.tree_leaves(nn.meta.unbox(results['xla'][1]))):
+    scale = float(jnp.max(jnp.abs(want.astype(jnp.float32)))) + 1e-6
+    np.testing.assert_allclose(np.asarray(got, np.float32) / scale,
+                               np.asarray(want, np.float32) / scale, atol=3e-2)
+
+
+# ---- the causal sliding window with packed documents (attention/core/cudnn_window.py) ----
+
+WN, WW = 320, 64        # slots (not a multiple of cuDNN's tiles) and the window
+
+
+def window_layout(kind: str):
+  """positions, segment_ids, valid `[B, WN]`: 'one' document per row (plain lengths),
+  'padding' after it, or 'documents' (an empty-cache prefix, documents mid-row, padding)."""
+  positions = np.tile(np.arange(4000, 4000 + WN, dtype=np.int32), (B, 1))
+  segments = np.full((B, WN), 5, np.int32)
+  valid = np.ones((B, WN), bool)
+  if kind == 'padding':
+    valid[0, 250:] = False
+  if kind == 'documents':
+    valid[0, :70] = False
+    segments[0, :70] = 4
+    segments[0, 200:] = 6
+    segments[1, 100:] = 6
+    segments[1, 130:] = 7
+    valid[1, 300:] = False
+  return tuple(jnp.asarray(a) for a in (positions, segments, valid))
+
+
+@pytest.mark.parametrize('kind', ['one', 'padding', 'documents'])
+@pytest.mark.parametrize('with_lse', [False, True])
+def test_cudnn_window_equals_its_xla_description(kind, with_lse):
+  """cuDNN's sliding window over packed segments equals the same description run by XLA
+  (which tests/test_cudnn_window.py holds to the dense rule on positions): outputs, the
+  log-sum-exp, and gradients through both."""
+  from longformer_jax.attention.core import cudnn_window
+  from longformer_jax.attention.core.sliding_window import blocked_window_attention
+  positions, segments, valid = window_layout(kind)
+  keys = jax.random.split(jax.random.PRNGKey(1), 5)
+  q, k, v = (jax.random.normal(key, (B, WN, H, HD)).astype(jnp.bfloat16) for key in keys[:3])
+  probe = jax.random.normal(keys[3], (B, WN, H, HD)) * valid[..., None, None]
+  lse_probe = jax.random.normal(keys[4], (B, WN, H)) * valid[..., None]
+  fallback = lambda q, k, v: blocked_window_attention(
+      q, k, v, positions, segments, positions, segments, valid, window=WW, block_size=64,
+      causal=True, scale=HD ** -0.5)
+
+  def objective(implementation):
+    def f(q, k, v):
+      result = cudnn_window.window_attention(
+          q, k, v, positions, segments, valid, window=WW, scale=HD ** -0.5,
+          fallback=fallback, with_lse=with_lse, implementation=implementation)
+      out, lse = result if with_lse else (result, jnp.zeros((B, WN, H)))
+      lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+      return jnp.sum(out * probe) + jnp.sum(lse * lse_probe), (out, lse)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))
+
+  (_, (out, lse)), grads = objective('cudnn')(q, k, v)
+  (_, (want_out, want_lse)), want_grads = objective('xla')(q, k, v)
+  rows = np.asarray(valid)
+  np.testing.assert_allclose(np.asarray(out)[rows], np.asarray(want_out, np.float32)[rows],
+                             **TOLERANCE)
+  np.testing.assert_allclose(np.asarray(lse)[rows], np.asarray(want_lse)[rows], atol=2e-2)
+  for got, want, what in zip(grads, want_grads, 'qkv'):
+    scale = float(jnp.max(jnp.abs(want.astype(jnp.float32)))) + 1e-6
+    np.testing.assert_allclose(np.asarray(got, np.float32) / scale,
+                               np.asarray(want, np.float32) / scale, atol=3e-2, err_msg=f'd{what}')
+
+
+@pytest.mark.parametrize('global_tokens', [0, 2])
+def test_longformer_layer_cudnn_equals_xla(global_tokens):
+  """The causal Longformer (window cache, documents, padding, global tokens) in bfloat16:
+  'cudnn' (auto's choice on a GPU) against 'xla', two chunks, outputs and gradients."""
+  from longformer_jax.attention.longformer import LongformerAttention
+  from tests.test_cudnn_window_layers import CHUNK, chunk_contexts
+  contexts = chunk_contexts(bool(global_tokens))
+  valid = jnp.concatenate([c.valid for c in contexts], axis=1)
+  x = jax.random.normal(jax.random.PRNGKey(3), (B, 2 * CHUNK, D))
+  probe = jax.random.normal(jax.random.PRNGKey(4), (B, 2 * CHUNK, D)) * valid[..., None]
+  make = lambda backend: LongformerAttention(
+      num_heads=H, head_dim=HD, d_model=D, window=6, head_dilations=(1, 1), causal=True,
+      global_tokens=global_tokens, attention_backend=backend, dtype=jnp.bfloat16)
+  state = fifo.create(B, 6, (D,))                 # the window cache: w hidden states
+  params = make('xla').init(jax.random.PRNGKey(0), x[:, :CHUNK], state, contexts[0])['params']
+
+  @jax.jit
+  def run(params):
+    results = {}
+    for backend in ('cudnn', 'xla'):
+      module = make(backend)
+
+      def two_chunks(p):
+        s, outs = state, []
+        for c, ctx in enumerate(contexts):
+          out, s, _ = module.apply({'params': p}, x[:, c * CHUNK:(c + 1) * CHUNK], s, ctx)
+          outs.append(out.astype(jnp.float32))
+        return jnp.concatenate(outs, axis=1)
+      out, pullback = jax.vjp(two_chunks, params)
+      results[backend] = (out, pullback(probe))
+    return results
+
+  results = run(params)
+  rows = np.asarray(valid)
+  np.testing.assert_allclose(np.asarray(results['cudnn'][0])[rows],
+                             np.asarray(results['xla'][0])[rows], **TOLERANCE)
   for got, want in zip(jax.tree_util.tree_leaves(nn.meta.unbox(results['cudnn'][1])),
                        jax.tree_util.tree_leaves(nn.meta.unbox(results['xla'][1]))):
     scale = float(jnp.max(jnp.abs(want.astype(jnp.float32)))) + 1e-6

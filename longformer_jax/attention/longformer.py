@@ -22,9 +22,11 @@ Kernels (`model.attention_backend`, attention/core/attention_backend.py): the
 sliding window without global tokens and without a window cache (two-sided
 layers, or `window_cache=False`) runs through the splash kernel on TPU: a
 `LocalMask` of the window for heads of dilation 1, a `DilatedWindow` rule per
-dilated head (splash_kernels.py), documents and padding as segment ids; everything else stays on the blocked XLA kernel. cuDNN is never used
-here: documents and padding would reach it as a dense mask, which this O(n·w)
-layer never builds (docs/kernels.md). On a mesh with a `sequence` axis > 1 the
+dilated head (splash_kernels.py), documents and padding as segment ids. On a
+GPU in bfloat16 the causal window of dilation 1 runs through cuDNN's sliding
+window (core/cudnn_window.py): documents and padding as packed segments, the
+window cache as extra slots, global tokens merged by log-sum-exp. Everything
+else stays on the blocked XLA kernel (docs/kernels.md). On a mesh with a `sequence` axis > 1 the
 same window (no cache or dilation; a window within one device's share of the
 chunk) is computed with the chunk split along its length, each device taking a
 halo of `window` tokens from its neighbours
@@ -42,7 +44,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
-from longformer_jax.attention.core import cached_context, global_tokens
+from longformer_jax.attention.core import cached_context, cudnn_window, global_tokens
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dilated_window import dilated_window_attention
 from longformer_jax.attention.core.masking import causal_document_mask
@@ -192,6 +194,36 @@ class LongformerAttention(nn.Module):
     return (jnp.concatenate(outs, axis=2)[:, :, inverse],
             jnp.concatenate(lses, axis=2)[:, :, inverse])
 
+  def _cudnn_window_part(self, q, k, v, context: fifo.FifoMemory, key_valid: jax.Array,
+                         key_offset: int) -> tuple[jax.Array, jax.Array]:
+    """The causal window through cuDNN over the `[cache; chunk]` slots -> `(out, lse)`.
+
+    The cache slots join the sequence as slots whose queries are zeros and
+    whose rows are dropped, so cuDNN's causal window over slots is the window
+    over positions (core/cudnn_window.py); inputs it cannot pack run the
+    blocked XLA kernel instead. The log-sum-exp (with its gradient) is made
+    only when global tokens are merged in.
+    """
+    scale = self.head_dim ** -0.5
+    block_size = self.block_size or auto_block_size(self.window)
+    pad_front = lambda a: jnp.pad(a, ((0, 0), (key_offset, 0)) + ((0, 0),) * (a.ndim - 2))
+
+    def fallback(q_slots, k_, v_):
+      out, lse = dilated_window_attention(
+          q_slots[:, key_offset:], k_, v_, context.positions[:, key_offset:],
+          context.segment_ids[:, key_offset:], context.positions, context.segment_ids,
+          key_valid, window=self.window, dilation=1, block_size=block_size, causal=True,
+          key_offset=key_offset, scale=scale)
+      return pad_front(out), jnp.pad(lse, ((0, 0), (key_offset, 0), (0, 0)),
+                                     constant_values=-jnp.inf)
+
+    with_lse = bool(self.global_tokens)
+    result = cudnn_window.window_attention(
+        pad_front(q), k, v, context.positions, context.segment_ids, key_valid,
+        window=self.window, scale=scale, fallback=fallback, with_lse=with_lse)
+    out, lse = result if with_lse else (result, None)
+    return out[:, key_offset:], None if lse is None else lse[:, key_offset:]
+
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
     context, new_state = cached_context.memory_and_chunk(state, x, ctx)
@@ -241,6 +273,8 @@ class LongformerAttention(nn.Module):
           q, k, v, ctx.positions, ctx.segment_ids, key_valid,
           mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
           scale=self.head_dim ** -0.5, block_size=self.block_size or None)
+    elif backend == 'cudnn':       # causal, dilation 1; cache and global tokens allowed
+      out, lse = self._cudnn_window_part(q, k, v, context, key_valid, key_offset)
     elif backend == 'splash':      # no cache, no global tokens (_pattern); per-head dilation
       out = splash_attention(q * jnp.asarray(self.head_dim ** -0.5, q.dtype), k, v,
                              ctx.segment_ids, key_valid,
@@ -318,12 +352,13 @@ def cache_length(window: int, head_dilations: tuple, window_cache: bool) -> int:
 
 def _pattern(window: int, head_dilations: tuple, causal: bool, num_global: int,
              in_chunk: bool) -> backends.KernelPattern:
-  """The window `-w..0` (causal) or `-w..w`, O(n·w): no dense mask for cuDNN. Dilated
+  """The window `-w..0` (causal) or `-w..w`, O(n·w): cuDNN's causal sliding window with
+  packed segments (core/cudnn_window.py; a cache and global tokens merged in). Dilated
   heads are splash rules (`DilatedWindow`), which cuDNN cannot express."""
   dilated = any(d != 1 for d in head_dilations)
   return backends.KernelPattern(
       left=window * max(head_dilations, default=1),
       right=0 if causal else window * max(head_dilations, default=1),
-      in_chunk=in_chunk, dense_mask_ok=False,
-      unsupported='global tokens' if num_global > 0 else '',
+      in_chunk=in_chunk, dense_mask_ok=False, cudnn_window=True,
+      cudnn_only='global tokens' if num_global > 0 else '',
       splash_only='dilated windows' if dilated else '')

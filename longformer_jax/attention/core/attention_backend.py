@@ -46,6 +46,12 @@ class KernelPattern:
     splash_only: a static mask on slots that the splash masks express and
       cuDNN does not ('' if none), e.g. the Sparse Transformer's strided
       pattern; `left, right` are then its envelope (causal: `right = 0`).
+    cudnn_window: the layer runs its causal window through
+      `cudnn_window.py` (documents and padding as packed segments, a memory
+      before the chunk as extra slots, other parts merged by log-sum-exp), so
+      cuDNN needs no dense mask and takes a memory.
+    cudnn_only: what the cuDNN window path computes and splash does not
+      ('' if none), e.g. the Longformer's global tokens.
   """
   left: Optional[int] = None
   right: Optional[int] = 0
@@ -53,6 +59,8 @@ class KernelPattern:
   dense_mask_ok: bool = True
   unsupported: str = ''
   splash_only: str = ''
+  cudnn_window: bool = False
+  cudnn_only: str = ''
 
   @property
   def causal(self) -> bool:
@@ -63,8 +71,8 @@ def splash_misfit(pattern: KernelPattern, platform: str) -> str:
   """Why splash cannot compute `pattern` on `platform` ('' if it can)."""
   if platform == 'gpu':
     return 'splash is a TPU kernel (it runs compiled on TPU, interpreted on CPU); on GPU use cudnn'
-  if pattern.unsupported:
-    return f'the splash masks cannot express {pattern.unsupported}'
+  if pattern.unsupported or pattern.cudnn_only:
+    return f'the splash masks cannot express {pattern.unsupported or pattern.cudnn_only}'
   if not pattern.in_chunk:
     return ('the keys include a memory before the chunk (its slots are not always full, so '
             'no static mask with an offset matches the positions)')
@@ -79,7 +87,9 @@ def cudnn_misfit(pattern: KernelPattern, platform: str, dtype: str, head_dim: in
     return f'cuDNN attention cannot express {pattern.unsupported}'
   if pattern.splash_only:
     return f'cuDNN attention cannot express {pattern.splash_only}'
-  if not pattern.dense_mask_ok:
+  if pattern.cudnn_window and not pattern.causal:
+    return 'cuDNN has no two-sided window (its sliding window is causal only)'
+  if not (pattern.dense_mask_ok or pattern.cudnn_window):
     return ('documents and padding reach cuDNN as a dense [batch, q, k] mask, which this '
             'O(n·w) layer never builds')
   if not (pattern.causal or (pattern.left is None and pattern.right is None)):

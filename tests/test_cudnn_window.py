@@ -1,0 +1,178 @@
+"""The cuDNN sliding-window path (attention/core/cudnn_window.py), checked on CPU.
+
+cuDNN itself runs only on a GPU (tests/test_cudnn_attention.py compares it
+there). Here the same function runs with `implementation='xla'`, which feeds
+the packed description (offsets, lengths) through the dense mask it stands
+for, so these tests hold to the dense float32 rule on positions (documents,
+padding, the window):
+
+- the packed segments describe exactly the rule wherever `fits` says so, and
+  `fits` refuses the inputs they cannot describe;
+- outputs and gradients of every branch (one document per row, packed
+  documents, the XLA fallback);
+- the log-sum-exp and its gradient (the custom VJP), alone and merged with a
+  second part of keys, against one softmax over the union.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from longformer_jax.attention.core import cudnn_window
+from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
+from longformer_jax.attention.core.sliding_window import blocked_window_attention
+
+B, N, H, HD, W = 2, 48, 2, 16, 7
+SCALE = HD ** -0.5
+
+
+def layout(kind: str):
+  """positions, segment_ids, valid [B, N] of a named case."""
+  positions = np.tile(np.arange(500, 500 + N, dtype=np.int32), (B, 1))
+  segments = np.full((B, N), 3, np.int32)
+  valid = np.ones((B, N), bool)
+  if kind == 'documents':          # row 0: a cache-like invalid prefix, then two documents;
+    valid[0, :5] = False           # row 1: three documents and trailing padding of its own id
+    segments[0, :5] = 2
+    segments[0, 20:] = 4
+    segments[1, 11:] = 4
+    segments[1, 30:] = 5
+    segments[1, 40:] = 6
+    valid[1, 40:] = False
+  elif kind == 'padding':          # one document per row, then padding
+    valid[0, 30:] = False
+    valid[1, 45:] = False
+  elif kind == 'hole':             # padding inside a document: not packable
+    valid[1, 10:12] = False
+  elif kind == 'jump':             # positions jump inside a document
+    positions[0, 20:] += 3
+  elif kind == 'many':             # more documents than max_segments=3
+    segments[0] = np.arange(N) // 8
+  elif kind == 'reopened':         # a document id comes back after another
+    segments[0, 10:20] = 4
+  return jnp.asarray(positions), jnp.asarray(segments), jnp.asarray(valid)
+
+
+def reference_mask(positions, segments, valid):
+  mask = causal_document_mask(positions, segments, positions, segments, valid, causal=True)
+  return mask & (positions[:, None, :] >= positions[:, :, None] - W) & valid[:, :, None]
+
+
+@pytest.mark.parametrize('kind', ['one', 'documents', 'padding'])
+def test_packed_segments_describe_the_position_rule(kind):
+  positions, segments, valid = layout(kind)
+  assert bool(cudnn_window.fits(positions, segments, valid))
+  offsets, lengths, _ = cudnn_window.packed_segments(segments, valid, cudnn_window.MAX_SEGMENTS)
+  np.testing.assert_array_equal(cudnn_window.packed_mask(offsets, lengths, N, W),
+                                reference_mask(positions, segments, valid))
+  assert bool(cudnn_window.single_prefix_run(segments, valid)) == (kind != 'documents')
+
+
+@pytest.mark.parametrize('kind', ['hole', 'jump', 'many', 'reopened'])
+def test_fits_refuses_what_packing_cannot_describe(kind):
+  positions, segments, valid = layout(kind)
+  assert not bool(cudnn_window.fits(positions, segments, valid, max_segments=3))
+
+
+def test_packed_segments_use_cudnn_conventions():
+  _, segments, valid = layout('documents')
+  offsets, lengths, runs = cudnn_window.packed_segments(segments, valid, 4)
+  np.testing.assert_array_equal(offsets, [[5, 20, -1, -1, -1], [0, 11, 30, -1, -1]])
+  np.testing.assert_array_equal(lengths, [[15, 28, -1, -1], [11, 19, 10, -1]])
+  np.testing.assert_array_equal(runs, [2, 3])
+
+
+def fallback(positions, segments, valid):
+  return lambda q, k, v: blocked_window_attention(
+      q, k, v, positions, segments, positions, segments, valid, window=W, block_size=16,
+      causal=True, scale=SCALE)
+
+
+def inputs(seed=0):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 6)
+  q, k, v = (jax.random.normal(key, (B, N, H, HD)).astype(jnp.bfloat16) for key in keys[:3])
+  return q, k, v, jax.random.normal(keys[3], (B, N, H, HD)), jax.random.normal(keys[4], (B, N, H))
+
+
+def dense(q, k, v, mask):
+  """float32 `(out, lse)` of the masked softmax on the same bfloat16-rounded inputs."""
+  q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
+  weights, lse = softmax_part(jnp.einsum('bqhd,bkhd->bhqk', q, k) * SCALE, mask[:, None])
+  return jnp.einsum('bhqk,bkhd->bqhd', weights, v), jnp.swapaxes(lse, 1, 2)
+
+
+def outputs_and_gradients(fn, q, k, v, probe, lse_probe):
+  def objective(q, k, v):
+    out, lse = fn(q, k, v)
+    return (jnp.sum(out * probe) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * lse_probe),
+            (out, lse))
+  (_, (out, lse)), grads = jax.value_and_grad(objective, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  return out, lse, grads
+
+
+@pytest.mark.parametrize('kind,max_segments', [('one', 16), ('documents', 16), ('padding', 16),
+                                               ('documents', 2), ('hole', 16)])
+@pytest.mark.parametrize('with_lse', [False, True])
+def test_window_attention_equals_dense_reference(kind, max_segments, with_lse):
+  """Branches: one document (0), packed documents (1), and the fallback for too many
+  runs or a hole (2); with the log-sum-exp, its gradient goes through the custom VJP."""
+  positions, segments, valid = layout(kind)
+  q, k, v, probe, lse_probe = inputs()
+
+  def fast(q, k, v):
+    result = cudnn_window.window_attention(
+        q, k, v, positions, segments, valid, window=W, scale=SCALE,
+        fallback=fallback(positions, segments, valid), with_lse=with_lse,
+        implementation='xla', max_segments=max_segments)
+    return result if with_lse else (result, jnp.zeros((B, N, H)))
+
+  def reference(q, k, v):
+    out, lse = dense(q, k, v, reference_mask(positions, segments, valid))
+    return out, lse if with_lse else jnp.zeros((B, N, H))
+
+  got, want = (outputs_and_gradients(fn, q, k, v, probe, lse_probe) for fn in (fast, reference))
+  rows = np.asarray(valid)
+  np.testing.assert_allclose(np.asarray(got[0])[rows], np.asarray(want[0])[rows],
+                             atol=2e-2, rtol=2e-2)
+  assert not np.any(np.asarray(got[0])[~rows])            # padding queries: 0
+  if with_lse:
+    np.testing.assert_allclose(np.asarray(got[1])[rows], np.asarray(want[1])[rows],
+                               atol=2e-2, rtol=1e-2)
+    assert np.all(np.isneginf(np.asarray(got[1])[~rows]))
+  for g, r in zip(got[2], want[2]):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r), atol=3e-2, rtol=3e-2)
+
+
+def test_log_sum_exp_gradient_merges_exactly_with_another_part():
+  """The window merged with extra keys outside it (e.g. global tokens) by log-sum-exp has the
+  gradients of one softmax over the union: wrong if the log-sum-exp's gradient is dropped."""
+  positions, segments, valid = layout('documents')
+  q, k, v, probe, _ = inputs(1)
+  extra_k, extra_v = (jax.random.normal(key, (B, 4, H, HD)).astype(jnp.bfloat16)
+                      for key in jax.random.split(jax.random.PRNGKey(7), 2))
+
+  def merged(q, k, v, extra_k, extra_v, window_lse=True):
+    out, lse = cudnn_window.window_attention(
+        q, k, v, positions, segments, valid, window=W, scale=SCALE,
+        fallback=fallback(positions, segments, valid), with_lse=True, implementation='xla')
+    if not window_lse:
+      lse = jax.lax.stop_gradient(lse)
+    logits = jnp.einsum('bqhd,bkhd->bhqk', q.astype(jnp.float32), extra_k.astype(jnp.float32))
+    weights, extra_lse = softmax_part(logits * SCALE, valid[:, None, :, None])
+    extra = jnp.einsum('bhqk,bkhd->bqhd', weights, extra_v.astype(jnp.float32))
+    return merge_parts([out, extra], [lse, jnp.swapaxes(extra_lse, 1, 2)])
+
+  def union(q, k, v, extra_k, extra_v):
+    window_mask = reference_mask(positions, segments, valid)
+    mask = jnp.concatenate([window_mask, jnp.broadcast_to(valid[:, :, None], (B, N, 4))], axis=2)
+    out, _ = dense(q, jnp.concatenate([k, extra_k], 1), jnp.concatenate([v, extra_v], 1), mask)
+    return out
+
+  args = (q, k, v, extra_k, extra_v)
+  grad = lambda fn: jax.grad(lambda *a: jnp.sum(fn(*a) * probe), argnums=(0, 1, 2, 3, 4))(*args)
+  for g, r in zip(grad(merged), grad(union)):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r), atol=3e-2, rtol=3e-2)
+  dropped = grad(lambda *a: merged(*a, window_lse=False))
+  assert np.max(np.abs(np.asarray(dropped[0], np.float32) - np.asarray(grad(union)[0]))) > 0.1

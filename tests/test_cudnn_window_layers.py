@@ -1,0 +1,121 @@
+"""The Longformer layer on its cuDNN window path equals its XLA path, checked on CPU.
+
+On a GPU in bfloat16, `attention_backend` 'auto' or 'cudnn' sends the causal
+window of dilation 1 through attention/core/cudnn_window.py, with the window
+cache as extra slots and global tokens merged by log-sum-exp. cuDNN itself
+runs only on a GPU (tests/test_cudnn_attention.py); here the layer is forced
+onto that path with the kernel call run by XLA (`implementation='xla'`, the
+same packed description as a dense mask, in float32), and held to the layer's own
+blocked XLA path with the same parameters: outputs, the carried cache, and
+gradients with respect to parameters and inputs, over two chunks (a stream
+start with an empty cache, then a full one), with documents starting
+mid-chunk, padding and global tokens (padding queries' rows, which no layer
+reads, are 0 on the cuDNN path and not compared). The backend rules for the layer on a
+GPU are checked without one.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from longformer_jax.attention import longformer
+from longformer_jax.attention.core import attention_backend as backends
+from longformer_jax.attention.core import cudnn_window
+from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.longformer import LongformerAttention
+from tests.test_attention_backends import assert_trees_close
+
+B, H, HD, D, CHUNK, WINDOW = 2, 2, 16, 32, 40, 6
+
+
+def chunk_contexts(global_tokens: bool):
+  """Two consecutive chunks. Row 0: one document, then a new one at slot 50 of the stream;
+  row 1: documents starting at 13 and 27, padding at the row's end. Global tokens (if any)
+  at the first two slots of each document start inside a chunk."""
+  positions = np.tile(np.arange(2 * CHUNK, dtype=np.int32), (B, 1))
+  segments = np.zeros((B, 2 * CHUNK), np.int32)
+  segments[0, 50:] = 1
+  segments[1, 13:] = 1
+  segments[1, 27:] = 2
+  valid = np.ones((B, 2 * CHUNK), bool)
+  valid[1, 70:] = False
+  flags = np.zeros((B, 2 * CHUNK), bool)
+  if global_tokens:
+    flags[0, 50:52] = flags[1, 13:15] = flags[1, 27:29] = True
+  piece = lambda a, c: jnp.asarray(a[:, c * CHUNK:(c + 1) * CHUNK])
+  return [AttentionContext(positions=piece(positions, c), segment_ids=piece(segments, c),
+                           reset=jnp.zeros((B,), bool), valid=piece(valid, c),
+                           global_flags=piece(flags, c) if global_tokens else None)
+          for c in range(2)]
+
+
+@pytest.fixture
+def on_cudnn_path(monkeypatch):
+  """Resolve the layer's backend to 'cudnn' and run that kernel call through XLA."""
+  monkeypatch.setattr(longformer.backends, 'resolve_backend',
+                      lambda requested, *a, **k: requested)
+  monkeypatch.setattr(cudnn_window, 'window_attention',
+                      functools.partial(cudnn_window.window_attention, implementation='xla'))
+
+
+@pytest.mark.parametrize('global_tokens', [0, 2])
+def test_longformer_cudnn_window_path_equals_xla(on_cudnn_path, global_tokens):
+  contexts = chunk_contexts(bool(global_tokens))
+  x = jax.random.normal(jax.random.PRNGKey(3), (B, 2 * CHUNK, D))
+  valid = jnp.concatenate([ctx.valid for ctx in contexts], axis=1)
+  # Padding queries give 0 on the cuDNN path (no packed run holds them) and are never read
+  # (padding keys are masked), so only real rows are compared and probed.
+  probe = jax.random.normal(jax.random.PRNGKey(4), (B, 2 * CHUNK, D)) * valid[..., None]
+  make = lambda backend: LongformerAttention(
+      num_heads=H, head_dim=HD, d_model=D, window=WINDOW, head_dilations=(1, 1), causal=True,
+      global_tokens=global_tokens, attention_backend=backend)
+  state = LongformerAttention.init_state(_config(global_tokens), B)
+  params = make('xla').init(jax.random.PRNGKey(0), x[:, :CHUNK], state, contexts[0])['params']
+
+  def run(backend):
+    module = make(backend)
+
+    def two_chunks(params, x):
+      s, outs = state, []
+      for c, ctx in enumerate(contexts):
+        out, s, _ = module.apply({'params': params}, x[:, c * CHUNK:(c + 1) * CHUNK], s, ctx)
+        outs.append(out)
+      return jnp.concatenate(outs, axis=1), s
+    (out, carried), pullback = jax.vjp(two_chunks, params, x)
+    return out, carried, pullback((probe, jax.tree_util.tree_map(jnp.zeros_like, carried)))
+
+  got, want = run('cudnn'), run('xla')
+  rows = np.asarray(valid)
+  np.testing.assert_allclose(np.asarray(got[0])[rows], np.asarray(want[0])[rows],
+                             atol=2e-5, rtol=1e-4)
+  assert_trees_close(got[1], want[1], atol=1e-6)
+  assert_trees_close(got[2], want[2], atol=2e-4)
+
+
+def _config(global_tokens):
+  import ml_collections
+  return ml_collections.ConfigDict(dict(
+      num_heads=H, head_dim=HD, d_model=D, causal=True,
+      longformer=dict(window=WINDOW, dilation=1, head_dilations='', block_size=0,
+                      global_tokens=global_tokens, global_projections=True, window_cache=True,
+                      rotary=True)))
+
+
+@pytest.mark.parametrize('causal, dilations, globals_, dtype, expected', [
+    (True, (1, 1), 0, 'bfloat16', 'cudnn'),
+    (True, (1, 1), 2, 'bfloat16', 'cudnn'),       # global tokens merged by log-sum-exp
+    (False, (1, 1), 0, 'bfloat16', 'xla'),        # cuDNN's window is causal only
+    (True, (1, 2), 0, 'bfloat16', 'xla'),         # dilated heads: splash rules only
+    (True, (1, 1), 0, 'float32', 'xla'),          # cuDNN takes bfloat16
+])
+def test_auto_on_a_gpu_picks_cudnn_for_causal_windows(causal, dilations, globals_, dtype,
+                                                      expected):
+  pattern = longformer._pattern(WINDOW, dilations, causal, globals_, in_chunk=False)
+  assert backends.resolve_backend('auto', pattern, dtype=dtype, head_dim=64,
+                                  platform='gpu') == expected
+  # On TPU, global tokens or a cache keep the layer on XLA.
+  assert backends.resolve_backend('auto', pattern, dtype=dtype, head_dim=64,
+                                  platform='tpu') == 'xla'
