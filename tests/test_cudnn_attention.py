@@ -16,8 +16,9 @@ JAX_PLATFORMS=cpu unless it is already set, so run these with
   (`cudnn_window.window_attention`) equals the same description run by XLA:
   outputs, log-sum-exp and gradients through both, for one document per row,
   padding, and documents mid-row after an empty-cache prefix;
-- the causal Longformer layer (window cache, global tokens) with 'cudnn'
-  equals 'xla' in bfloat16 over two chunks.
+- the causal Longformer layer (window cache, global tokens) and StreamingLLM's
+  layer without sinks (imported Mistral / Qwen2 windows) with 'cudnn' equal
+  'xla' in bfloat16 over two chunks.
 """
 
 import flax.linen as nn
@@ -234,3 +235,26 @@ def test_longformer_layer_cudnn_equals_xla(global_tokens):
     scale = float(jnp.max(jnp.abs(want.astype(jnp.float32)))) + 1e-6
     np.testing.assert_allclose(np.asarray(got, np.float32) / scale,
                                np.asarray(want, np.float32) / scale, atol=3e-2)
+
+
+def test_streaming_window_layer_cudnn_equals_xla():
+  """StreamingLLM's layer without sinks (imported Mistral / Qwen2 windows) in bfloat16:
+  'cudnn' against 'xla' over two chunks (window FIFO carried), outputs and gradients."""
+  from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
+  from tests.test_cudnn_window_layers import D as d, H as h, HD as hd, chunk_contexts, two_chunk_run
+  w = 7
+  make = lambda backend: StreamingSinkAttention(num_heads=h, head_dim=hd, d_model=d,
+                                                num_sinks=0, window=w, attention_backend=backend,
+                                                dtype=jnp.bfloat16)
+  state = {'sinks': fifo.create(B, 0, (h, 2 * hd)), 'window': fifo.create(B, w - 1, (h, 2 * hd)),
+           'doc_start': jnp.zeros((B,), jnp.int32), 'last_segment': jnp.full((B,), -1, jnp.int32)}
+  contexts = chunk_contexts(False)
+  params, *want = two_chunk_run(make, state, contexts, 'xla')
+  _, *got = two_chunk_run(make, state, contexts, 'cudnn', params)
+  np.testing.assert_allclose(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32),
+                             **TOLERANCE)
+  for g, r in zip(jax.tree_util.tree_leaves(nn.meta.unbox(got[2])),
+                  jax.tree_util.tree_leaves(nn.meta.unbox(want[2]))):
+    scale = float(jnp.max(jnp.abs(r.astype(jnp.float32)))) + 1e-6
+    np.testing.assert_allclose(np.asarray(g, np.float32) / scale, np.asarray(r, np.float32) / scale,
+                               atol=3e-2)

@@ -9,7 +9,8 @@ same packed description as a dense mask, in float32), and held to the layer's ow
 blocked XLA path with the same parameters: outputs, the carried cache, and
 gradients with respect to parameters and inputs, over two chunks (a stream
 start with an empty cache, then a full one), with documents starting
-mid-chunk, padding and global tokens (padding queries' rows, which no layer
+mid-chunk, padding and global tokens; the same for StreamingLLM's window
+without sinks (imported Mistral / Qwen2 windows). Padding queries' rows, which no layer
 reads, are 0 on the cuDNN path and not compared). The backend rules for the layer on a
 GPU are checked without one.
 """
@@ -26,6 +27,8 @@ from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cudnn_window
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.longformer import LongformerAttention
+from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
+from longformer_jax.memory import fifo
 from tests.test_attention_backends import assert_trees_close
 
 B, H, HD, D, CHUNK, WINDOW = 2, 2, 16, 32, 40, 6
@@ -95,6 +98,43 @@ def test_longformer_cudnn_window_path_equals_xla(on_cudnn_path, global_tokens):
   assert_trees_close(got[2], want[2], atol=2e-4)
 
 
+def two_chunk_run(make, init_state, contexts, backend, params=None):
+  """The layer over both chunks (state carried): `(params, out, state, grads)`; the probe
+  is 0 on padding rows (never read, 0 on the cuDNN path)."""
+  x = jax.random.normal(jax.random.PRNGKey(3), (B, 2 * CHUNK, D))
+  valid = jnp.concatenate([ctx.valid for ctx in contexts], axis=1)
+  probe = jax.random.normal(jax.random.PRNGKey(4), (B, 2 * CHUNK, D)) * valid[..., None]
+  module = make(backend)
+  if params is None:
+    params = module.init(jax.random.PRNGKey(0), x[:, :CHUNK], init_state, contexts[0])['params']
+
+  def two_chunks(params, x):
+    s, outs = init_state, []
+    for c, ctx in enumerate(contexts):
+      out, s, _ = module.apply({'params': params}, x[:, c * CHUNK:(c + 1) * CHUNK], s, ctx)
+      outs.append(out)
+    return jnp.concatenate(outs, axis=1), s
+  (out, carried), pullback = jax.vjp(two_chunks, params, x)
+  grads = pullback((probe, jax.tree_util.tree_map(jnp.zeros_like, carried)))
+  return params, np.where(np.asarray(valid)[..., None], out, 0.0), carried, grads
+
+
+def test_streaming_window_without_sinks_cudnn_path_equals_xla(on_cudnn_path):
+  """Imported Mistral / Qwen2 windows: StreamingLLM's layer with no sinks, the window of
+  w keys over the carried FIFO and the chunk."""
+  w = WINDOW + 1
+  make = lambda backend: StreamingSinkAttention(num_heads=H, head_dim=HD, d_model=D,
+                                                num_sinks=0, window=w, attention_backend=backend)
+  state = {'sinks': fifo.create(B, 0, (H, 2 * HD)), 'window': fifo.create(B, w - 1, (H, 2 * HD)),
+           'doc_start': jnp.zeros((B,), jnp.int32), 'last_segment': jnp.full((B,), -1, jnp.int32)}
+  contexts = chunk_contexts(False)
+  params, *want = two_chunk_run(make, state, contexts, 'xla')
+  _, *got = two_chunk_run(make, state, contexts, 'cudnn', params)
+  np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-4)
+  assert_trees_close(got[1], want[1], atol=1e-6)
+  assert_trees_close(got[2], want[2], atol=2e-4)
+
+
 def _config(global_tokens):
   import ml_collections
   return ml_collections.ConfigDict(dict(
@@ -119,3 +159,11 @@ def test_auto_on_a_gpu_picks_cudnn_for_causal_windows(causal, dilations, globals
   # On TPU, global tokens or a cache keep the layer on XLA.
   assert backends.resolve_backend('auto', pattern, dtype=dtype, head_dim=64,
                                   platform='tpu') == 'xla'
+
+
+@pytest.mark.parametrize('num_sinks, expected', [(0, 'cudnn'), (4, 'xla')])
+def test_auto_on_a_gpu_sends_windows_without_sinks_to_cudnn(num_sinks, expected):
+  from longformer_jax.attention import streaming_sinks
+  pattern = streaming_sinks._pattern(num_sinks, 64)
+  assert backends.resolve_backend('auto', pattern, dtype='bfloat16', head_dim=64,
+                                  platform='gpu') == expected

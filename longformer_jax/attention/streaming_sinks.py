@@ -42,10 +42,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import attention_backend as backends
+from longformer_jax.attention.core import cached_context, cudnn_window
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
+from longformer_jax.attention.core.sliding_window import auto_block_size, blocked_window_attention
 from longformer_jax.config.section import Section
 from longformer_jax.layers.capped_rotary import rotary_scores
 from longformer_jax.memory import fifo
@@ -123,6 +125,7 @@ class StreamingSinkAttention(nn.Module):
   window: int = 256
   sink_positions: str = 'cache'
   heads: CheckpointHeads = CheckpointHeads()   # imported checkpoints (core/checkpoint_heads.py)
+  attention_backend: str = 'auto'
   dtype: jnp.dtype = jnp.float32
 
   @classmethod
@@ -131,7 +134,11 @@ class StreamingSinkAttention(nn.Module):
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
                num_sinks=section.num_sinks, window=section.window,
                sink_positions=section.positions, heads=CheckpointHeads.from_config(config),
-               dtype=dtype, name=name)
+               attention_backend=config.get('attention_backend', 'auto'), dtype=dtype, name=name)
+
+  @staticmethod
+  def kernel_pattern(model, section) -> backends.KernelPattern:
+    return _pattern(section.num_sinks, section.window)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32) -> dict:
@@ -174,20 +181,19 @@ class StreamingSinkAttention(nn.Module):
     chunk = cached_context.chunk_entries(jnp.concatenate([k, v], axis=-1), ctx)
     keys = fifo.concat(fifo.concat(jax.lax.stop_gradient(sinks), jax.lax.stop_gradient(window)),
                        chunk)
-    allowed, far = self._mask_and_far(ctx, doc_start, keys, sinks.capacity + window.capacity)
     all_k, all_v = jnp.split(keys.values, 2, axis=-1)
 
     origin = ctx.positions[:, :1]
     k_rot = self.heads.rotate(all_k, keys.positions - origin)
-    logits = rotary_scores(self.heads.rotate(q, ctx.positions - origin), k_rot)
-    if self.sink_positions == 'cache' and self.heads.rotary:
-      # Sinks sit right before the window in the cache: the dropped tokens
-      # between them do not count (Xiao et al., 2023, section 3.2).
-      gap = jnp.maximum(0, ctx.positions - self.window + 1 - (doc_start + self.num_sinks))
-      sink_logits = rotary_scores(self.heads.rotate(q, ctx.positions - gap - origin), k_rot)
-      logits = jnp.where(far[:, None], sink_logits, logits)
-    logits = logits / jnp.sqrt(self.head_dim).astype(self.dtype)
-    out = attend(logits, allowed, all_v)
+    backend = backends.resolve_backend(
+        self.attention_backend, _pattern(self.num_sinks, self.window),
+        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+    if backend == 'cudnn':
+      out = self._cudnn_window(self.heads.rotate(q, ctx.positions - origin), k_rot, all_v,
+                               keys, ctx)
+    else:
+      out = self._dense(q, k_rot, all_v, keys, ctx, doc_start, sinks.capacity + window.capacity,
+                        origin)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
 
     stored = jax.lax.stop_gradient(chunk)
@@ -199,3 +205,46 @@ class StreamingSinkAttention(nn.Module):
         'last_segment': ctx.segment_ids[:, -1],
     }
     return self.heads.output(out, self.d_model, self.dtype), new_state, {}
+
+  def _dense(self, q, k_rot, all_v, keys: fifo.FifoMemory, ctx: AttentionContext, doc_start,
+             num_past: int, origin):
+    """Sinks and window, one dense masked softmax over `[sinks; window FIFO; chunk]`."""
+    allowed, far = self._mask_and_far(ctx, doc_start, keys, num_past)
+    logits = rotary_scores(self.heads.rotate(q, ctx.positions - origin), k_rot)
+    if self.sink_positions == 'cache' and self.heads.rotary:
+      # Sinks sit right before the window in the cache: the dropped tokens
+      # between them do not count (Xiao et al., 2023, section 3.2).
+      gap = jnp.maximum(0, ctx.positions - self.window + 1 - (doc_start + self.num_sinks))
+      sink_logits = rotary_scores(self.heads.rotate(q, ctx.positions - gap - origin), k_rot)
+      logits = jnp.where(far[:, None], sink_logits, logits)
+    logits = logits / jnp.sqrt(self.head_dim).astype(self.dtype)
+    return attend(logits, allowed, all_v)
+
+  def _cudnn_window(self, q_rot, k_rot, all_v, keys: fifo.FifoMemory, ctx: AttentionContext):
+    """No sinks: the window of `w` keys through cuDNN over the `[window FIFO; chunk]` slots
+    (core/cudnn_window.py; the FIFO's slots ask no query) -> `[b, c, h, d]`."""
+    past = keys.capacity - ctx.positions.shape[1]
+    scale = self.head_dim ** -0.5
+    pad_front = lambda a, value=0.0: jnp.pad(
+        a, ((0, 0), (past, 0)) + ((0, 0),) * (a.ndim - 2), constant_values=value)
+
+    def fallback(q_slots, k_, v_):
+      out, lse = blocked_window_attention(
+          q_slots[:, past:], k_, v_, ctx.positions, ctx.segment_ids, keys.positions,
+          keys.segment_ids, keys.valid, window=self.window - 1,
+          block_size=auto_block_size(max(self.window - 1, 1)), causal=True, key_offset=past,
+          scale=scale)
+      return pad_front(out), pad_front(lse, -jnp.inf)
+
+    out = cudnn_window.window_attention(
+        pad_front(q_rot), k_rot, all_v, keys.positions, keys.segment_ids, keys.valid,
+        window=self.window - 1, scale=scale, fallback=fallback)
+    return out[:, past:].astype(self.dtype)
+
+
+def _pattern(num_sinks: int, window: int) -> backends.KernelPattern:
+  """The window of `w` keys (`-(w - 1)..0`) alone goes to cuDNN's sliding window (imported
+  Mistral / Qwen2 windows); sinks add keys outside it at other rotary distances: xla."""
+  return backends.KernelPattern(left=window - 1, right=0, in_chunk=False, dense_mask_ok=False,
+                                cudnn_window=True,
+                                unsupported='attention sinks' if num_sinks else '')
