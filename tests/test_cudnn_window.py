@@ -176,3 +176,22 @@ def test_log_sum_exp_gradient_merges_exactly_with_another_part():
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r), atol=3e-2, rtol=3e-2)
   dropped = grad(lambda *a: merged(*a, window_lse=False))
   assert np.max(np.abs(np.asarray(dropped[0], np.float32) - np.asarray(grad(union)[0]))) > 0.1
+
+
+def test_packed_statistics_map_back_to_their_slots():
+  """cuDNN returns a packed call's log-sum-exp per segment (`[batch * M, heads, n]`, the
+  segments of all rows compacted in order, by offset within the segment): each slot reads
+  its own entry."""
+  _, segments, valid = layout('documents')
+  offsets, lengths, _ = cudnn_window.packed_segments(segments, valid, 4)
+  # Entry (segment g, head h, offset t) = 1000 g + 10 t + h/10: decodable.
+  g, h, t = np.meshgrid(np.arange(B * 4), np.arange(H), np.arange(N), indexing='ij')
+  stats = jnp.asarray(1000.0 * g + 10.0 * t + h / 10.0)
+  lse = np.asarray(cudnn_window.token_lse_from_packed_stats(stats, offsets, lengths))
+  # Row 0: segments 0 (slots 5..19) and 1 (20..47); row 1: segments 2 (0..10), 3, 4.
+  expected_segment = {(0, 5): 0, (0, 19): 0, (0, 20): 1, (0, 47): 1, (1, 0): 2, (1, 10): 2,
+                      (1, 11): 3, (1, 30): 4, (1, 39): 4}
+  starts = {0: 5, 1: 20, 2: 0, 3: 11, 4: 30}
+  for (row, slot), segment in expected_segment.items():
+    np.testing.assert_allclose(lse[row, slot], 1000.0 * segment + 10.0 * (slot - starts[segment])
+                               + np.arange(H) / 10.0)

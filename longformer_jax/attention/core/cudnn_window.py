@@ -133,9 +133,33 @@ def _cudnn_call(q, k, v, lengths, offsets, *, window, scale, packed, return_resi
       return_residual=return_residual, **kwargs)
 
 
-def _attend(q, k, v, offsets, lengths, *, window, scale, packed, implementation):
-  """One kernel call -> `(out [b, n, h, dv], lse [b, n, h] float32)`; cuDNN takes bfloat16
-  (the 'xla' reference keeps the inputs' dtype, so the CPU tests compare at float32).
+# cuDNN's softmax statistics of packed segments: one row per segment (the segments of all
+# rows, in order, compacted), indexed by the token's offset within its segment.
+PACKED_STATS_RELATIVE = True
+
+
+def token_lse_from_packed_stats(stats: jax.Array, offsets: jax.Array,
+                                lengths: jax.Array) -> jax.Array:
+  """cuDNN's packed statistics `[batch * M, heads, n]` -> each slot's `[batch, n, heads]`."""
+  batch, num = lengths.shape
+  n = stats.shape[-1]
+  present = lengths > 0
+  before_row = jnp.cumsum(jnp.sum(present, axis=1)) - jnp.sum(present, axis=1)      # [b]
+  slot = jnp.arange(n)
+  starts = offsets[:, :num]
+  member = (present[:, :, None] & (slot[None, None, :] >= starts[:, :, None]) &
+            (slot[None, None, :] < (starts + lengths)[:, :, None]))                   # [b, M, n]
+  run = jnp.argmax(member, axis=1)                                                    # [b, n]
+  start = jnp.take_along_axis(starts, run, axis=1)
+  row = jnp.clip(before_row[:, None] + run, 0, batch * num - 1)
+  column = jnp.clip(slot[None, :] - start, 0, n - 1) if PACKED_STATS_RELATIVE else slot[None, :]
+  return stats[row, :, column]                                                        # [b, n, h]
+
+
+def _attend(q, k, v, offsets, lengths, *, window, scale, packed, implementation,
+            return_lse=True):
+  """One kernel call -> `(out [b, n, h, dv], lse [b, n, h] float32 or None)`; cuDNN takes
+  bfloat16 (the 'xla' reference keeps the inputs' dtype, so the CPU tests compare at float32).
 
   Values wider than the keys (`dv = 2 * d`, the log-sum-exp passes) get zero-padded
   queries and keys: the same logits, and every cuDNN version takes equal widths.
@@ -147,11 +171,14 @@ def _attend(q, k, v, offsets, lengths, *, window, scale, packed, implementation)
     pad = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, 0), (0, extra)))
     q, k = pad(q), pad(k)
   if implementation == 'cudnn':
-    if not packed:              # one run per row, from slot 0: plain padding lengths
-      lengths, offsets = lengths[:, 0], None
-    out, lse = _cudnn_call(q, k, v, lengths, offsets, window=window, scale=scale,
-                           packed=packed, return_residual=True)
-    lse = jnp.swapaxes(lse, 1, 2)                  # cuDNN returns [b, h, n]
+    result = _cudnn_call(q, k, v, lengths if packed else lengths[:, 0],
+                         offsets if packed else None, window=window, scale=scale,
+                         packed=packed, return_residual=return_lse)
+    if not return_lse:
+      return result, None
+    out, stats = result
+    lse = (token_lse_from_packed_stats(stats, offsets, lengths) if packed
+           else jnp.swapaxes(stats, 1, 2))                       # plain: [b, h, n]
   else:
     mask = packed_mask(offsets, lengths, q.shape[1], window)
     out, lse = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale,
@@ -160,8 +187,9 @@ def _attend(q, k, v, offsets, lengths, *, window, scale, packed, implementation)
 
 
 def _finish(out, lse, covered):
+  """Padding rows -> 0 (and lse -inf); `out` alone when `lse` is None."""
   out = jnp.where(covered[..., None, None], out.astype(jnp.float32), 0.0)
-  return out, jnp.where(covered[..., None], lse, -jnp.inf)
+  return out if lse is None else (out, jnp.where(covered[..., None], lse, -jnp.inf))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
@@ -186,7 +214,7 @@ def _attend_with_lse_bwd(window, scale, packed, implementation, residuals, cotan
   lse_cotangent = (scale * d_lse[..., None] * q.astype(jnp.float32)).astype(d_out.dtype)
   values = jnp.concatenate([v, jnp.zeros_like(v)], axis=-1)
   run = lambda q_, k_, values_: _attend(q_, k_, values_, offsets, lengths, window=window,
-                                        scale=scale, packed=packed,
+                                        scale=scale, packed=packed, return_lse=False,
                                         implementation=implementation)[0]
   _, pullback = jax.vjp(run, q, k, values)
   d_q, d_k, d_values = pullback(jnp.concatenate([d_out, lse_cotangent], axis=-1))
@@ -228,18 +256,16 @@ def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Ar
       if with_lse:
         out, lse = _attend_with_lse(q, k, v, offsets, lengths, window, scale, packed,
                                     implementation)
-      else:
-        out, lse = _attend(q, k, v, offsets, lengths, window=window, scale=scale,
-                           packed=packed, implementation=implementation)
-        lse = jax.lax.stop_gradient(lse)
-      return _finish(out, lse, valid)   # every valid slot lies in a packed run
+        return _finish(out, lse, valid)   # every valid slot lies in a packed run
+      out, _ = _attend(q, k, v, offsets, lengths, window=window, scale=scale, packed=packed,
+                       implementation=implementation, return_lse=False)
+      return _finish(out, None, valid)
     return run
 
   def slow(q, k, v):
     out, lse = fallback(q, k, v)
-    return _finish(out, lse.astype(jnp.float32), valid)
+    return _finish(out, lse.astype(jnp.float32) if with_lse else None, valid)
 
   branch = jnp.where(single_prefix_run(segment_ids, valid), 0,
                      jnp.where(fits(positions, segment_ids, valid, max_segments), 1, 2))
-  out, lse = jax.lax.switch(branch, [kernel(False), kernel(True), slow], q, k, v)
-  return (out, lse) if with_lse else out
+  return jax.lax.switch(branch, [kernel(False), kernel(True), slow], q, k, v)
