@@ -1,0 +1,141 @@
+"""What the learned memories of a passkey model keep (docs/passkey.md).
+
+  python -m benchmarks.passkey_expiry --workdir=workdirs/passkey_expire_span \
+      --lengths=256,1024,4096 --depths=0,25,50,75 --documents=4
+  python -m benchmarks.passkey_expiry --workdir=workdirs/passkey_adaptive_span
+
+Expire-Span (`model.attention=expire_span`): reads grid documents
+(`data/passkey.seeded_document`, seed 0) chunk by chunk from BOS, as the
+passkey grid scores them, and prints per layer the mean predicted span e_i
+(tokens) of the needle sentence's tokens, of its key's first five digits and
+of the filler tokens (the filler's median and max too), the needle's distance
+to the answer, and how many needle tokens the layer's memory still holds when
+the answer's chunk starts (byte tokenizer: offsets in the needle are bytes).
+Adaptive-Span (`adaptive_span`): prints each head's learned span
+(evaluation/span_report.py) and the raw `span_fraction` parameters
+(z = S clip(fraction, 0, 1)). Both read the latest checkpoint. Run from the
+repository root (`-m`: the script imports its eval.py).
+"""
+
+import argparse
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from longformer_jax.data import passkey
+from longformer_jax.data.tokenizers import make_tokenizer
+from longformer_jax.evaluation import span_report
+from longformer_jax.evaluation.passkey_scoring import document_batch
+from longformer_jax.memory import fifo
+from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.parallel.mesh import make_mesh
+from longformer_jax.train.lm_objective import chunk_context
+
+from eval import restore_params  # the repository root's eval.py
+
+
+def load(workdir: str):
+  with open(os.path.join(workdir, 'config.json')) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  tokenizer = make_tokenizer(config.data)
+  mesh = make_mesh(config.parallel.mesh_shape)
+  params, _, step, _ = restore_params(config, tokenizer, workdir, mesh,
+                                      config.parallel.logical_axis_rules)
+  return config, tokenizer, params, step
+
+
+def per_layer(spans) -> list:
+  """The captured `expire_spans` outputs, one `[b, mem + c]` array per layer, in layer order."""
+  leaves = jax.tree_util.tree_flatten_with_path(spans)[0]
+  arrays = [np.asarray(leaf) for _, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0]))]
+  out = []
+  for a in arrays:          # a scanned stack gives one [layers, b, k] leaf
+    out.extend(list(a) if a.ndim == 3 else [a])
+  return out
+
+
+def expire_report(config, tokenizer, params, lengths, depths, documents, chunk_len):
+  model_config = lm_model_config(config.model, tokenizer.vocab_size)
+  model = DecoderLM(model_config)
+
+  @jax.jit
+  def step(memory, chunk):
+    (_, memory, _), sown = model.apply(
+        {'params': params}, chunk['inputs'], memory, chunk_context(chunk, deterministic=True),
+        mutable=['intermediates'], capture_intermediates=lambda m, name: name == 'expire_spans')
+    return memory, sown['intermediates']
+
+  print(f'max_span {model_config.expire_span.max_span}, mem_len {model_config.mem_len}, '
+        f'chunk {chunk_len}; spans in tokens (mean over the tokens, then the documents)')
+  print('| length | depth | layer | needle | key digits | filler (mean / median / max) | needle -> answer '
+        '| needle tokens held at the answer chunk |')
+  print('|---:|---:|---:|---:|---:|---:|---:|---:|')
+  for length, depth in [(n, p / 100) for n in lengths for p in depths]:
+    docs = [passkey.seeded_document(0, length, depth, i, tokenizer.encode)
+            for i in range(documents)]
+    arrays = document_batch(docs, len(docs), chunk_len, tokenizer.bos_id, tokenizer.pad_id)
+    width = arrays['inputs'].shape[1]
+    spans = None
+    memory = DecoderLM.init_state(model_config, len(docs))
+    answer_chunk = [(d.answer_start + 1) // chunk_len for d in docs]   # inputs are shifted by BOS
+    held = None
+    for index, begin in enumerate(range(0, width, chunk_len)):
+      if held is None and index == max(answer_chunk):
+        held = memory         # the memory as the answer's chunk starts (same chunk for all rows)
+      chunk = {k: jnp.asarray(v[:, begin:begin + chunk_len]) for k, v in arrays.items()}
+      memory, sown = step(memory, chunk)
+      layers = [a[:, -chunk_len:] for a in per_layer(sown)]
+      spans = layers if spans is None else [np.concatenate([s, a], 1) for s, a in zip(spans, layers)]
+    memories = [m for m in jax.tree_util.tree_leaves(held, is_leaf=lambda x: isinstance(
+        x, fifo.FifoMemory)) if isinstance(m, fifo.FifoMemory)]
+    for layer, s in enumerate(spans):
+      needle, digits, filler, fmed, fmax, distance, kept = [], [], [], [], [], [], []
+      for row, d in enumerate(docs):
+        first, end = d.needle_start + 1, d.needle_start + 1 + d.needle_len
+        key_at = first + len(passkey.NEEDLE.split('{key}')[0])
+        is_filler = np.zeros(width, bool)
+        is_filler[1:d.answer_start + 1 - len(passkey.QUESTION)] = True
+        is_filler[first:end] = False
+        needle.append(s[row, first:end].mean())
+        digits.append(s[row, key_at:key_at + d.answer_len].mean())
+        filler.append(s[row, is_filler].mean())
+        fmed.append(np.median(s[row, is_filler]))
+        fmax.append(s[row, is_filler].max())
+        distance.append(d.answer_start + 1 - first)
+        m = memories[layer]
+        pos = np.asarray(m.positions[row])[np.asarray(m.valid[row])]
+        kept.append(int(np.sum((pos >= first) & (pos < end))))
+      print(f'| {length} | {depth:.0%} | {layer} | {np.mean(needle):.1f} | {np.mean(digits):.1f} '
+            f'| {np.mean(filler):.1f} / {np.mean(fmed):.1f} / {np.max(fmax):.1f} | {np.mean(distance):.0f} '
+            f'| {np.mean(kept):.1f} of {docs[0].needle_len} |')
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--workdir', required=True)
+  parser.add_argument('--lengths', default='256,1024,4096')
+  parser.add_argument('--depths', default='0,25,50,75', help='percent')
+  parser.add_argument('--documents', type=int, default=4)
+  args = parser.parse_args()
+  config, tokenizer, params, step = load(args.workdir)
+  print(f'{args.workdir}: {config.model.attention}, checkpoint step {step}')
+  if config.model.attention == 'expire_span':
+    expire_report(config, tokenizer, params, [int(x) for x in args.lengths.split(',')],
+                  [int(x) for x in args.depths.split(',')], args.documents, config.eval.chunk_len or config.data.chunk_len)
+  else:
+    rows = span_report.learned_spans(params, lm_model_config(config.model, tokenizer.vocab_size))
+    print('learned attention spans (tokens):')
+    print(span_report.markdown_spans(rows))
+    blocks = nn.meta.unbox(params)['blocks']
+    for name in sorted(k for k in blocks if k.startswith('layer_')):
+      fraction = np.asarray(blocks[name]['attention']['span_fraction'])
+      print(f'{name} span_fraction (raw): ' + ', '.join(f'{f:+.4f}' for f in fraction))
+
+
+if __name__ == '__main__':
+  main()
