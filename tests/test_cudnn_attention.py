@@ -205,7 +205,7 @@ def test_longformer_layer_cudnn_equals_xla(global_tokens):
   x = jax.random.normal(jax.random.PRNGKey(3), (B, 2 * CHUNK, D))
   probe = jax.random.normal(jax.random.PRNGKey(4), (B, 2 * CHUNK, D)) * valid[..., None]
   make = lambda backend: LongformerAttention(
-      num_heads=H, head_dim=HD, d_model=D, window=6, head_dilations=(1, 1), causal=True,
+      num_heads=H, head_dim=HD, d_model=D, window=6, head_dilations=(1,) * H, causal=True,
       global_tokens=global_tokens, attention_backend=backend, dtype=jnp.bfloat16)
   state = fifo.create(B, 6, (D,))                 # the window cache: w hidden states
   params = make('xla').init(jax.random.PRNGKey(0), x[:, :CHUNK], state, contexts[0])['params']

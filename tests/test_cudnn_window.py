@@ -195,3 +195,16 @@ def test_packed_statistics_map_back_to_their_slots():
   for (row, slot), segment in expected_segment.items():
     np.testing.assert_allclose(lse[row, slot], 1000.0 * segment + 10.0 * (slot - starts[segment])
                                + np.arange(H) / 10.0)
+
+
+def test_slots_outside_every_run_get_no_gradient():
+  """cuDNN leaves the gradients of slots outside every packed run unwritten; the wrapper
+  zeroes them (their true gradient is 0): a stray cotangent there never reaches q, k, v."""
+  _, segments, valid = layout('documents')
+  offsets, lengths, _ = cudnn_window.packed_segments(segments, valid, 4)
+  covered = cudnn_window.covered_slots(offsets, lengths, N)
+  np.testing.assert_array_equal(covered, valid)
+  x = jnp.ones((B, N, H, HD))
+  g = jax.grad(lambda x: jnp.sum(cudnn_window._cotangent_only_where(x, covered) * 3.0))(x)
+  np.testing.assert_array_equal(np.asarray(g), np.broadcast_to(
+      3.0 * np.asarray(valid)[..., None, None], g.shape))

@@ -115,7 +115,7 @@ def two_chunk_run(make, init_state, contexts, backend, params=None):
       outs.append(out)
     return jnp.concatenate(outs, axis=1), s
   (out, carried), pullback = jax.vjp(two_chunks, params, x)
-  grads = pullback((probe, jax.tree_util.tree_map(jnp.zeros_like, carried)))
+  grads = pullback((probe.astype(out.dtype), jax.tree_util.tree_map(jnp.zeros_like, carried)))
   return params, np.where(np.asarray(valid)[..., None], out, 0.0), carried, grads
 
 

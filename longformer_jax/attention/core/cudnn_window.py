@@ -156,6 +156,31 @@ def token_lse_from_packed_stats(stats: jax.Array, offsets: jax.Array,
   return stats[row, :, column]                                                        # [b, n, h]
 
 
+def covered_slots(offsets: jax.Array, lengths: jax.Array, n: int) -> jax.Array:
+  """`[batch, n]` bool: the slot lies in one of the packed runs."""
+  slot = jnp.arange(n)
+  starts = offsets[:, :lengths.shape[1], None]
+  return jnp.any((lengths[:, :, None] > 0) & (slot >= starts) &
+                 (slot < starts + lengths[:, :, None]), axis=1)
+
+
+@jax.custom_vjp
+def _cotangent_only_where(x: jax.Array, keep: jax.Array) -> jax.Array:
+  """Identity whose VJP zeroes the rows of `x [b, n, ...]` where `keep [b, n]` is False."""
+  return x
+
+
+def _cotangent_only_where_fwd(x, keep):
+  return x, keep
+
+
+def _cotangent_only_where_bwd(keep, g):
+  return jnp.where(keep.reshape(keep.shape + (1,) * (g.ndim - 2)), g, jnp.zeros_like(g)), None
+
+
+_cotangent_only_where.defvjp(_cotangent_only_where_fwd, _cotangent_only_where_bwd)
+
+
 def _attend(q, k, v, offsets, lengths, *, window, scale, packed, implementation,
             return_lse=True):
   """One kernel call -> `(out [b, n, h, dv], lse [b, n, h] float32 or None)`; cuDNN takes
@@ -164,6 +189,10 @@ def _attend(q, k, v, offsets, lengths, *, window, scale, packed, implementation,
   Values wider than the keys (`dv = 2 * d`, the log-sum-exp passes) get zero-padded
   queries and keys: the same logits, and every cuDNN version takes equal widths.
   """
+  # cuDNN leaves the gradients of slots outside every run unwritten (measured on an H100:
+  # stray values in dq there); their true gradients are 0 (masked rows, unattended keys).
+  covered = covered_slots(offsets, lengths, q.shape[1])
+  q, k, v = (_cotangent_only_where(a, covered) for a in (q, k, v))
   if implementation == 'cudnn':
     q, k, v = (a.astype(jnp.bfloat16) for a in (q, k, v))
   extra = v.shape[-1] - q.shape[-1]
