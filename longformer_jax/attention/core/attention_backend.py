@@ -5,7 +5,9 @@
 - `'splash'`: Pallas splash attention (`splash_kernels.py`), compiled on TPU,
   in Pallas interpret mode on CPU (tests); not on GPU;
 - `'cudnn'`: cuDNN flash attention through `jax.nn.dot_product_attention`
-  (`cudnn_attention.py`), on GPU with `model.dtype='bfloat16'`;
+  (`cudnn_attention.py`), or its causal sliding window with documents as
+  packed segments (`cudnn_window.py`, windowed layers), on GPU with
+  `model.dtype='bfloat16'`;
 - `'auto'` (default): splash on TPU, cuDNN on GPU, each only where the layer's
   pattern fits it, xla otherwise; resolved from `jax.default_backend()` when
   the layer runs, so a config written on one machine runs on any other.
