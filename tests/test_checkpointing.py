@@ -305,3 +305,22 @@ def test_zero_size_arrays_round_trip(tmp_path):
   for name, value in state.items():
     assert restored[name].shape == value.shape and restored[name].dtype == value.dtype
   np.testing.assert_array_equal(np.asarray(restored['w']), np.asarray(state['w']))
+
+
+def test_host_checksums_equal_the_device_program():
+  """Small states are hashed with numpy (no compile); the values equal the device program's,
+  so checkpoints written either way verify either way."""
+  rng = np.random.default_rng(0)
+  state = {'f32': jnp.asarray(rng.normal(size=(3, 5)), jnp.float32),
+           'bf16': jnp.asarray(rng.normal(size=(7,)), jnp.bfloat16),
+           'i32': jnp.asarray(rng.integers(-9, 9, size=(2, 2, 3)), jnp.int32),
+           'u8': jnp.asarray(rng.integers(0, 255, size=(11,)), jnp.uint8),
+           'mask': jnp.asarray(rng.integers(0, 2, size=(4,)), bool),
+           'key': jax.random.key(3), 'raw_key': jax.random.PRNGKey(4),
+           'same_shape': [jnp.asarray(rng.normal(size=(3, 5)), jnp.float32) for _ in range(2)],
+           'scalar': jnp.zeros((), jnp.int32)}
+  arrays = jax.tree_util.tree_leaves(state)
+  host = [checkpoint_checksums._host_lanes(a) for a in arrays]
+  device = [tuple(int(v) for v in pair)
+            for pair in checkpoint_checksums._all_checksum_lanes(arrays)]
+  assert host == device

@@ -166,20 +166,21 @@ def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
   optimizer = phases.phased_optimizer(make_optimizer(config.optimizer, config.train.num_steps),
                                       phases.training_phases(config))
   mesh = make_mesh(config.parallel.mesh_shape)
-  state, shardings = initialization.sharded_train_state(
+  abstract, shardings = initialization.abstract_train_state(
       model, optimizer, config.seed, config.data.batch_size, config.data.chunk_len, mesh,
       config.parallel.logical_axis_rules)
-  expected = jax.tree_util.tree_structure(state.params)
+  expected = jax.tree_util.tree_structure(abstract.params)
   if jax.tree_util.tree_structure(params) != expected:
     raise ConversionError('the imported parameters do not match the model built from its '
                           'config (a mapping bug): ' + str(expected)[:200])
   for (path, new), old in zip(jax.tree_util.tree_leaves_with_path(params),
-                              jax.tree_util.tree_leaves(state.params)):
+                              jax.tree_util.tree_leaves(abstract.params)):
     if new.shape != old.shape:
       raise ConversionError(f'parameter {jax.tree_util.keystr(path)} has shape {new.shape}; '
                             f'the model expects {old.shape}')
-  params = jax.device_put(params, shardings.params)
-  state = state.replace(params=params, opt_state=optimizer.init(params))
+  state, _ = initialization.train_state_with_params(
+      model, optimizer, config.seed, config.data.batch_size, config.data.chunk_len, mesh,
+      config.parallel.logical_axis_rules, params, abstract=(abstract, shardings))
   with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
     checkpointer.save(0, state, {'step': 0})
   run_directory.write_config(config, workdir)

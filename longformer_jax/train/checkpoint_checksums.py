@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 PyTree = Any
+HOST_BYTES = 64 * 2**20   # states up to this size are hashed with numpy (no XLA compile)
 
 
 def state_checksums(state: PyTree) -> dict[str, dict]:
@@ -19,13 +20,21 @@ def state_checksums(state: PyTree) -> dict[str, dict]:
 
   The checksum is a 64-bit position-dependent hash of the array's bits,
   computed on the devices that hold the array (so it works for arrays sharded
-  across hosts) and independent of the sharding.
+  across hosts) and independent of the sharding; a small state held by this
+  process (at most `HOST_BYTES`) is hashed with numpy instead, the same values
+  without compiling a program.
   """
   leaves = [
       (path, leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf))
       for path, leaf in jax.tree_util.tree_leaves_with_path(state)
   ]
-  lanes = [_checksum_lanes(leaf) for _, leaf in leaves]  # Dispatch all first.
+  arrays = [leaf for _, leaf in leaves]
+  if (all(a.is_fully_addressable for a in arrays)
+      and sum(a.size * a.dtype.itemsize for a in arrays) <= HOST_BYTES):
+    lanes = [_host_lanes(a) for a in arrays]        # small: no compile (e.g. an import)
+  else:
+    # One compiled program for the whole state (one compile, not one per leaf shape).
+    lanes = _all_checksum_lanes(arrays)
   return {
       jax.tree_util.keystr(path): {
           'dtype': str(leaf.dtype),
@@ -36,9 +45,37 @@ def state_checksums(state: PyTree) -> dict[str, dict]:
   }
 
 
-def _scalar_value(value: jax.Array) -> int:
+def _scalar_value(value) -> int:
   """Reads a replicated scalar, also when it spans several hosts."""
+  if isinstance(value, (int, np.integer)):
+    return int(value)
   return int(np.asarray(value.addressable_shards[0].data))
+
+
+def _host_fmix32(h: np.ndarray) -> np.ndarray:
+  h = h ^ (h >> np.uint32(16))
+  h = h * np.uint32(0x85EBCA6B)
+  h = h ^ (h >> np.uint32(13))
+  h = h * np.uint32(0xC2B2AE35)
+  return h ^ (h >> np.uint32(16))
+
+
+def _host_lanes(x: jax.Array) -> tuple[int, int]:
+  """`_checksum_lanes` computed with numpy on the host (the same bits, the same sums)."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  host = np.ascontiguousarray(np.asarray(x))
+  if host.dtype == np.bool_:
+    words = host.astype(np.uint32).reshape(-1)
+  else:
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint32}
+    if host.dtype.itemsize not in unsigned:
+      raise TypeError(f'Cannot checksum arrays of dtype {host.dtype}.')
+    words = host.reshape(-1).view(unsigned[host.dtype.itemsize]).astype(np.uint32)
+  index = (np.arange(words.size, dtype=np.uint64) % 2**32).astype(np.uint32)
+  lane_a = _host_fmix32(words + index * np.uint32(0x9E3779B9))
+  lane_b = _host_fmix32(words ^ _host_fmix32(index + np.uint32(0x7F4A7C15)))
+  return int(np.sum(lane_a, dtype=np.uint32)), int(np.sum(lane_b, dtype=np.uint32))
 
 
 def _fmix32(h: jax.Array) -> jax.Array:
@@ -75,6 +112,24 @@ def _flat_index(shape: tuple[int, ...]) -> jax.Array:
 
 
 @jax.jit
+def _all_checksum_lanes(leaves: list) -> list:
+  """`_checksum_lanes` of every leaf in one program; leaves of one shape and dtype are
+  stacked and hashed together (vmap), so tracing and compiling cost per group, not per
+  leaf (a train state repeats its shapes: layers, optimizer moments)."""
+  groups = {}
+  for i, x in enumerate(leaves):
+    groups.setdefault((x.shape, str(x.dtype)), []).append(i)
+  lanes = [None] * len(leaves)
+  for members in groups.values():
+    if len(members) == 1:
+      lanes[members[0]] = _checksum_lanes(leaves[members[0]])
+      continue
+    lane_a, lane_b = jax.vmap(_checksum_lanes)(jnp.stack([leaves[i] for i in members]))
+    for j, i in enumerate(members):
+      lanes[i] = (lane_a[j], lane_b[j])
+  return lanes
+
+
 def _checksum_lanes(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Two independent 32-bit sums of per-element hashes of `x`.
 

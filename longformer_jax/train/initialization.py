@@ -85,6 +85,35 @@ def sharded_train_state(model: DecoderLM, optimizer: optax.GradientTransformatio
   return state, shardings
 
 
+def train_state_with_params(model: DecoderLM, optimizer: optax.GradientTransformation,
+                            seed: int, batch_size: int, chunk_len: int,
+                            mesh: jax.sharding.Mesh, rules, params, abstract=None):
+  """`(state, shardings)`: the initial train state of `sharded_train_state` with `params`
+  (e.g. imported; unboxed, the model's shapes) in place of the initialised ones.
+
+  The model is only traced for shapes (`jax.eval_shape`), never initialised: one
+  compiled call builds the optimizer state, memory and rng on `mesh`. A model with
+  non-gradient state (`model_state`) takes the full initialisation instead.
+  `abstract`: `abstract_train_state`'s result, if the caller already has it.
+  """
+  abstract, shardings = abstract or abstract_train_state(model, optimizer, seed, batch_size,
+                                                         chunk_len, mesh, rules)
+  if jax.tree_util.tree_leaves(abstract.model_state):
+    state, shardings = sharded_train_state(model, optimizer, seed, batch_size, chunk_len,
+                                           mesh, rules)
+    params = jax.device_put(params, shardings.params)
+    return state.replace(params=params, opt_state=optimizer.init(params)), shardings
+
+  def build(key, params):
+    _, state_rng = jax.random.split(key)       # as create_train_state splits it
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(params),
+                      memory=nn.meta.unbox(boxed_memory(model.config, batch_size)),
+                      rng=state_rng, model_state={})
+  state = jax.jit(build, out_shardings=shardings)(jax.random.PRNGKey(seed), params)
+  return state, shardings
+
+
 def memory_shardings(model_config, batch_size: int, mesh: jax.sharding.Mesh, rules):
   """Shardings of a fresh memory for `batch_size` rows."""
   abstract = jax.eval_shape(lambda: boxed_memory(model_config, batch_size))
