@@ -134,8 +134,8 @@ def test_cudnn_wrapper_plumbing_equals_dense_reference(name):
   np.testing.assert_allclose(out.astype(jnp.float32), expected, atol=3e-2, rtol=3e-2)
 
 
-def layer_outputs_and_grads(module_for, chunk=40):
-  """The layer with 'splash' and with 'xla' (same params): output and parameter gradients."""
+def layer_outputs_and_grads(module_for, chunk=40, kernel='splash'):
+  """The layer with `kernel` and with 'xla' (same params): output and parameter gradients."""
   ctx = chunk_context(chunk)
   x = jax.random.normal(jax.random.PRNGKey(3), (B, chunk, D))
   probe = jax.random.normal(jax.random.PRNGKey(4), (B, chunk, D))
@@ -145,7 +145,7 @@ def layer_outputs_and_grads(module_for, chunk=40):
   @jax.jit
   def run(params):
     results = {}
-    for backend in ('splash', 'xla'):
+    for backend in (kernel, 'xla'):
       module = module_for(backend)
       out, pullback = jax.vjp(lambda p, x: module.apply({'params': p}, x, state, ctx)[0],
                               params, x)

@@ -84,3 +84,59 @@ def test_strided_pattern_skips_most_blocks():
   # about 1/2 of the causal half, against all 32 x 32 blocks of dense attention.
   assert tables.kept_fraction < 0.6
   assert tables.masks.shape[0] <= 4            # a handful of distinct partial blocks
+
+
+# ---- the layers with attention_backend='pallas_gpu' (interpret mode here) ----
+
+def layer(kind):
+  from longformer_jax.attention.bigbird import BigBirdAttention
+  from longformer_jax.attention.image_local import ImageLocalAttention, ImageLocalConfig
+  from longformer_jax.attention.longformer import LongformerAttention
+  from longformer_jax.attention.sparse_transformer import SparseTransformerAttention
+  from longformer_jax.attention.vanilla import VanillaAttention
+  common = dict(num_heads=2, head_dim=16, d_model=32)
+  return {
+      'vanilla': lambda b: VanillaAttention(causal=True, attention_backend=b, **common),
+      'longformer_dilated': lambda b: LongformerAttention(
+          window=4, head_dilations=(1, 3), causal=False, window_cache=False,
+          attention_backend=b, **common),
+      'sparse_fixed_multihead': lambda b: SparseTransformerAttention(
+          pattern='fixed', stride=8, summary_len=2, integration='multihead',
+          attention_backend=b, **common),
+      'bigbird': lambda b: BigBirdAttention(
+          block=16, window_blocks=1, random_blocks=2, global_blocks=1, seed=3, layer_index=1,
+          causal=True, attention_backend=b, **common),
+      'image_local_1d': lambda b: ImageLocalAttention(
+          section=ImageLocalConfig(query_len=8, memory_len=8), attention_backend=b, **common),
+  }[kind]
+
+
+@pytest.mark.parametrize('kind', ['vanilla', 'longformer_dilated', 'sparse_fixed_multihead',
+                                  'bigbird', 'image_local_1d'])
+def test_layer_pallas_gpu_equals_xla(kind):
+  """The whole layer with 'pallas_gpu' and 'xla' (same parameters): outputs and gradients
+  w.r.t. parameters and inputs, documents mid-chunk and padding (chunk 40 or 96)."""
+  from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads
+  results = layer_outputs_and_grads(layer(kind), chunk=96 if kind == 'bigbird' else 40,
+                                    kernel='pallas_gpu')
+  assert_trees_close(results['pallas_gpu'], results['xla'], atol=2e-5)
+
+
+def test_pallas_gpu_backend_rules():
+  from longformer_jax.attention.core import attention_backend as backends
+  from longformer_jax.config.errors import ConfigError
+  pattern = sparse_splash.kernel_pattern(None, type('S', (), dict(
+      pattern='strided', stride=8, summary_len=1, integration='merged'))())
+  for platform in ('gpu', 'cpu'):
+    assert backends.resolve_backend('pallas_gpu', pattern, dtype='bfloat16', head_dim=64,
+                                    platform=platform) == 'pallas_gpu'
+  # auto does not pick it (its GPU compile is not yet measured): xla on a GPU.
+  assert backends.resolve_backend('auto', pattern, dtype='bfloat16', head_dim=64,
+                                  platform='gpu') == 'xla'
+  with pytest.raises(ConfigError, match='on TPU use splash'):
+    backends.resolve_backend('pallas_gpu', pattern, dtype='bfloat16', head_dim=64,
+                             platform='tpu')
+  with_memory = backends.KernelPattern(in_chunk=False)
+  with pytest.raises(ConfigError, match='memory before the chunk'):
+    backends.resolve_backend('pallas_gpu', with_memory, dtype='bfloat16', head_dim=64,
+                             platform='gpu')

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
+from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.attention.core import bigbird_splash, block_scan, block_sparse, cached_context
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
@@ -271,12 +272,12 @@ class BigBirdAttention(nn.Module):
     backend = backends.resolve_backend(
         self.attention_backend, bigbird_splash.kernel_pattern(self, self),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
-    if backend == 'splash':      # static R, no flagged globals (bigbird_splash.py)
+    if backend in ('splash', 'pallas_gpu'):   # static R, no flagged globals (bigbird_splash.py)
       out = bigbird_splash.bigbird_splash(
           q, k, v, ctx.segment_ids, ctx.valid,
           bigbird_splash.static_random_blocks(self.pattern, x.shape[1]), block=self.block,
           window_blocks=self.window_blocks, global_blocks=self.global_blocks,
-          causal=self.causal).astype(self.dtype)
+          causal=self.causal, kernel=masked_kernel(backend)).astype(self.dtype)
     else:
       out = bigbird_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid,
                               ctx.global_flags, self.pattern(x.shape[1]), block=self.block,

@@ -41,6 +41,7 @@ import ml_collections
 import numpy as np
 
 from longformer_jax.attention.core import attention_backend as backends
+from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core import image_local_splash
 from longformer_jax.attention.core.context import AttentionContext
@@ -221,10 +222,10 @@ class ImageLocalAttention(nn.Module):
     backend = backends.resolve_backend(
         self.attention_backend, image_local_splash.kernel_pattern(None, self.section),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
-    if backend == 'splash':       # 1D only; positions consecutive along the chunk
+    if backend in ('splash', 'pallas_gpu'):   # 1D only; positions consecutive along the chunk
       out = image_local_splash.image_local_1d_splash(
           q, k, v, ctx.segment_ids, ctx.valid, query_len=self.section.query_len,
-          memory_len=self.section.memory_len).astype(self.dtype)
+          memory_len=self.section.memory_len, kernel=masked_kernel(backend)).astype(self.dtype)
     else:
       slots, query_len = key_slots(x.shape[1], self.section)
       out = gathered_local_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots,

@@ -50,7 +50,8 @@ from longformer_jax.attention.core.dilated_window import dilated_window_attentio
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
 from longformer_jax.attention.core.sliding_window import auto_block_size
-from longformer_jax.attention.core.splash_kernels import dilated_window_rules, splash_attention
+from longformer_jax.attention.core.block_sparse_flash import masked_kernel
+from longformer_jax.attention.core.splash_kernels import dilated_window_rules
 from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary
@@ -275,11 +276,11 @@ class LongformerAttention(nn.Module):
           scale=self.head_dim ** -0.5, block_size=self.block_size or None)
     elif backend == 'cudnn':       # causal, dilation 1; cache and global tokens allowed
       out, lse = self._cudnn_window_part(q, k, v, context, key_valid, key_offset)
-    elif backend == 'splash':      # no cache, no global tokens (_pattern); per-head dilation
-      out = splash_attention(q * jnp.asarray(self.head_dim ** -0.5, q.dtype), k, v,
-                             ctx.segment_ids, key_valid,
-                             mask=dilated_window_rules(self.window, self.head_dilations,
-                                                       self.causal))
+    elif backend in ('splash', 'pallas_gpu'):   # no cache or global tokens; per-head dilation
+      out = masked_kernel(backend)(q * jnp.asarray(self.head_dim ** -0.5, q.dtype), k, v,
+                                   ctx.segment_ids, key_valid,
+                                   mask=dilated_window_rules(self.window, self.head_dilations,
+                                                             self.causal))
     else:
       out, lse = self._window_part(q, k, v, ctx, context, key_valid)
     if self.global_tokens and not split:

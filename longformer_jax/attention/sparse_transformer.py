@@ -63,6 +63,7 @@ import ml_collections
 import numpy as np
 
 from longformer_jax.attention.core import attention_backend as backends
+from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.attention.core import block_scan, block_sparse, cached_context, partial_softmax
 from longformer_jax.attention.core import sparse_splash
 from longformer_jax.attention.core.context import AttentionContext
@@ -355,10 +356,11 @@ class SparseTransformerAttention(nn.Module):
     backend = backends.resolve_backend(
         self.attention_backend, sparse_splash.kernel_pattern(None, self),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
-    if backend == 'splash':      # positions consecutive along the chunk (splash_kernels.py)
+    if backend in ('splash', 'pallas_gpu'):   # positions consecutive along the chunk
       out = sparse_splash.sparse_transformer_splash(
           q, k, v, ctx.segment_ids, ctx.valid, pattern=self.pattern, stride=self.stride,
-          summary_len=self.summary_len, integration=self.integration).astype(self.dtype)
+          summary_len=self.summary_len, integration=self.integration,
+          kernel=masked_kernel(backend)).astype(self.dtype)
     else:
       out = sparse_transformer_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid,
                                          pattern=self.pattern, stride=self.stride,

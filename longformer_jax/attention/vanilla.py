@@ -38,7 +38,7 @@ from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
-from longformer_jax.attention.core.splash_kernels import splash_attention
+from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
 from longformer_jax.parallel.sequence_attention import sequence_parallel_attention
@@ -115,10 +115,10 @@ class VanillaAttention(nn.Module):
     backend = backends.resolve_backend(
         self.attention_backend, _pattern(self.causal, in_chunk, bias is not None),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
-    if backend == 'splash':      # in-chunk only: k, v are the chunk's own tokens
+    if backend in ('splash', 'pallas_gpu'):   # in-chunk only: k, v are the chunk's own tokens
       scaled = q * jnp.asarray(self.head_dim ** -0.5, q.dtype)
-      return splash_attention(scaled, k, v, ctx.segment_ids, ctx.valid, left=None,
-                              right=0 if self.causal else None).astype(self.dtype)
+      return masked_kernel(backend)(scaled, k, v, ctx.segment_ids, ctx.valid, left=None,
+                                    right=0 if self.causal else None).astype(self.dtype)
     mask = causal_document_mask(ctx.positions, ctx.segment_ids, context.positions,
                                 context.segment_ids, context.valid, causal=self.causal)
     if backend == 'cudnn':

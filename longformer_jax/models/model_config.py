@@ -59,9 +59,10 @@ class ModelConfig(Section):
   dtype: str = 'float32'           # compute dtype: float32 | bfloat16
   vocab_multiple: int = 64         # vocabulary padded to a multiple of this
   causal: bool = True              # False: bidirectional (encoders)
-  attention_backend: str = 'auto'  # softmax kernel: auto | xla | splash (TPU) | cudnn (GPU);
-                                   # auto: splash on TPU, cuDNN on GPU where the layer fits
-                                   # them, else xla (attention/core/attention_backend.py)
+  attention_backend: str = 'auto'  # softmax kernel: auto | xla | splash (TPU) | cudnn (GPU)
+                                   # | pallas_gpu (block-sparse, GPU); auto: splash on TPU,
+                                   # cuDNN on GPU where the layer fits them, else xla
+                                   # (attention/core/attention_backend.py)
   mem_len: int = 0                 # cache of past hidden states (variants that keep one)
   scan_layers: bool = False        # nn.scan over identical layers
   remat_policy: str = 'none'       # parallel/remat.py

@@ -8,6 +8,9 @@
   (`cudnn_attention.py`), or its causal sliding window with documents as
   packed segments (`cudnn_window.py`, windowed layers), on GPU with
   `model.dtype='bfloat16'`;
+- `'pallas_gpu'`: the block-sparse flash kernel in Pallas (`block_sparse_flash.py`),
+  the splash rules on a GPU (compiled by Triton; interpret mode on CPU, for
+  tests); not on TPU (use splash). Not chosen by `auto` yet;
 - `'auto'` (default): splash on TPU, cuDNN on GPU, each only where the layer's
   pattern fits it, xla otherwise; resolved from `jax.default_backend()` when
   the layer runs, so a config written on one machine runs on any other.
@@ -27,8 +30,8 @@ import jax
 from longformer_jax.config.errors import ConfigError
 
 KEY = 'model.attention_backend'
-BACKENDS = ('auto', 'xla', 'splash', 'cudnn')
-KERNELS = ('splash', 'cudnn')
+BACKENDS = ('auto', 'xla', 'splash', 'cudnn', 'pallas_gpu')
+KERNELS = ('splash', 'cudnn', 'pallas_gpu')
 CUDNN_DTYPES = ('bfloat16',)      # cuDNN flash attention takes bfloat16 / float16 only
 CUDNN_MAX_HEAD_DIM = 128
 
@@ -72,9 +75,22 @@ class KernelPattern:
 def splash_misfit(pattern: KernelPattern, platform: str) -> str:
   """Why splash cannot compute `pattern` on `platform` ('' if it can)."""
   if platform == 'gpu':
-    return 'splash is a TPU kernel (it runs compiled on TPU, interpreted on CPU); on GPU use cudnn'
+    return ('splash is a TPU kernel (it runs compiled on TPU, interpreted on CPU); on GPU use '
+            'cudnn or pallas_gpu')
+  return static_mask_misfit(pattern, 'splash')
+
+
+def pallas_gpu_misfit(pattern: KernelPattern, platform: str) -> str:
+  """Why the Pallas block-sparse kernel cannot compute `pattern` on `platform` ('' if it can)."""
+  if platform == 'tpu':
+    return 'pallas_gpu is the GPU (Triton) kernel; on TPU use splash'
+  return static_mask_misfit(pattern, 'pallas_gpu')
+
+
+def static_mask_misfit(pattern: KernelPattern, kernel: str) -> str:
+  """Why a kernel of static masks on slots (splash, pallas_gpu) cannot compute `pattern`."""
   if pattern.unsupported or pattern.cudnn_only:
-    return f'the splash masks cannot express {pattern.unsupported or pattern.cudnn_only}'
+    return f'the {kernel} masks cannot express {pattern.unsupported or pattern.cudnn_only}'
   if not pattern.in_chunk:
     return ('the keys include a memory before the chunk (its slots are not always full, so '
             'no static mask with an offset matches the positions)')
@@ -110,7 +126,7 @@ def check_name(backend: str) -> None:
 
 def resolve_backend(requested: str, pattern: KernelPattern, *, dtype: str, head_dim: int,
                     platform: Optional[str] = None) -> str:
-  """The backend that runs the layer: 'xla', 'splash' or 'cudnn'.
+  """The backend that runs the layer: 'xla', 'splash', 'cudnn' or 'pallas_gpu'.
 
   `requested` is `model.attention_backend`; `platform` defaults to
   `jax.default_backend()`. An explicit kernel that cannot compute `pattern`
@@ -119,7 +135,8 @@ def resolve_backend(requested: str, pattern: KernelPattern, *, dtype: str, head_
   check_name(requested)
   platform = platform or jax.default_backend()
   misfits = {'splash': lambda: splash_misfit(pattern, platform),
-             'cudnn': lambda: cudnn_misfit(pattern, platform, dtype, head_dim)}
+             'cudnn': lambda: cudnn_misfit(pattern, platform, dtype, head_dim),
+             'pallas_gpu': lambda: pallas_gpu_misfit(pattern, platform)}
   if requested == 'xla':
     return 'xla'
   if requested in KERNELS:
@@ -139,7 +156,8 @@ def check_layer(requested: str, pattern: Optional[KernelPattern], attention: str
   if pattern is None:
     if requested in KERNELS:
       raise ConfigError(KEY, f'{requested!r} is ignored: attention {attention!r} has no '
-                             'kernel backend (vanilla, longformer, sparse_transformer, '
-                             "image_local and bigbird have); use 'auto' or 'xla'")
+                             'kernel backend (vanilla, longformer, streaming_sinks, '
+                             "sparse_transformer, image_local and bigbird have); use 'auto' "
+                             "or 'xla'")
     return
   resolve_backend(requested, pattern, dtype=dtype, head_dim=head_dim, platform=platform)

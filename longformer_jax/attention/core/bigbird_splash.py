@@ -87,7 +87,7 @@ def static_random_blocks(pattern_fn, chunk_len: int) -> tuple:
 
 def bigbird_splash(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
                    valid: jax.Array, random_blocks: tuple, *, block: int, window_blocks: int,
-                   global_blocks: int, causal: bool, interpret=None) -> jax.Array:
+                   global_blocks: int, causal: bool, interpret=None, kernel=None) -> jax.Array:
   """BigBird attention without flagged global tokens: sparse rows on splash, global rows XLA.
 
   Args:
@@ -96,12 +96,14 @@ def bigbird_splash(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Ar
     random_blocks: R as a tuple of tuples (`static_random_blocks`).
     block, window_blocks, global_blocks, causal: the layer's settings.
     interpret: Pallas interpret mode (None: off on TPU only).
+    kernel: the masked-attention kernel for the sparse rows (default splash;
+      `block_sparse_flash.block_sparse_attention` on a GPU).
   Returns:
     `[batch, n, heads, head_dim]` in q's dtype.
   """
   rule = BigBirdBlocks(block, window_blocks, global_blocks, causal, random_blocks)
-  out = splash_kernels.splash_attention(q, k, v, segment_ids, valid, mask=rule,
-                                        interpret=interpret)
+  out = (kernel or splash_kernels.splash_attention)(q, k, v, segment_ids, valid, mask=rule,
+                                                    interpret=interpret)
   n = q.shape[1]
   num_globals = min(global_blocks * block, n)
   if not num_globals:

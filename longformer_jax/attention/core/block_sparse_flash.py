@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from longformer_jax.attention.core.splash_kernels import head_rules
+from longformer_jax.attention.core.splash_kernels import Window, head_rules, splash_attention
 
 DEFAULT_BLOCK = 64
 MAX_PARTIAL_MASKS = 4096
@@ -266,8 +266,15 @@ def _attention_bwd(rule, block, interpret, residuals, d_out):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def masked_kernel(backend: str):
+  """The kernel of static masks on slots that `backend` names ('splash' or 'pallas_gpu');
+  both take `(q, k, v, segment_ids, valid, mask=rule | left=, right=, interpret=)`."""
+  return block_sparse_attention if backend == 'pallas_gpu' else splash_attention
+
+
 def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
-                           valid: jax.Array, *, mask, block: int = DEFAULT_BLOCK,
+                           valid: jax.Array, *, left: Optional[int] = None,
+                           right: Optional[int] = 0, mask=None, block: int = DEFAULT_BLOCK,
                            interpret: Optional[bool] = None) -> jax.Array:
   """Masked softmax attention within one chunk, visiting only the blocks `mask` keeps.
 
@@ -275,6 +282,7 @@ def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids
     q: `[batch, chunk, heads, head_dim]`, already scaled.
     k, v: `[batch, chunk, heads, head_dim]`.
     segment_ids: `[batch, chunk]` int32 document ids; valid: `[batch, chunk]` bool keys.
+    left, right: the window `Window(left, right)` when `mask` is None (as splash).
     mask: a rule on slot ids (splash_kernels' rules) for every head, or one per head.
     block: query and key block (a power of two >= 16 for Triton).
     interpret: Pallas interpret mode (None: off on GPU only).
@@ -294,7 +302,7 @@ def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids
   heads_major = lambda a: jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
   qh, kh, vh = heads_major(q), heads_major(k), heads_major(v)
   groups = {}
-  for head, rule in enumerate(head_rules(mask, heads)):
+  for head, rule in enumerate(head_rules(Window(left, right) if mask is None else mask, heads)):
     groups.setdefault(rule, []).append(head)
   outs, order = [], []
   for rule, members in groups.items():

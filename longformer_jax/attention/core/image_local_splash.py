@@ -35,7 +35,7 @@ def kernel_pattern(model, section) -> backends.KernelPattern:
 
 def image_local_1d_splash(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
                           valid: jax.Array, *, query_len: int, memory_len: int,
-                          interpret=None) -> jax.Array:
+                          interpret=None, kernel=None) -> jax.Array:
   """Local 1D attention within one chunk through the splash kernel.
 
   Args:
@@ -43,9 +43,10 @@ def image_local_1d_splash(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids:
     segment_ids, valid: `[batch, n]`; positions must be consecutive along the chunk.
     query_len, memory_len: `ImageLocalConfig.query_len`, `.memory_len`.
     interpret: Pallas interpret mode (None: off on TPU only).
+    kernel: the masked-attention kernel (default splash; `block_sparse_flash.block_sparse_attention`
+      on a GPU).
   Returns:
     `[batch, n, heads, head_dim]` in q's dtype.
   """
-  return splash_kernels.splash_attention(q, k, v, segment_ids, valid,
-                                         mask=BlockLocal(query_len, memory_len),
-                                         interpret=interpret)
+  return (kernel or splash_kernels.splash_attention)(
+      q, k, v, segment_ids, valid, mask=BlockLocal(query_len, memory_len), interpret=interpret)

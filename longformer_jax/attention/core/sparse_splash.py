@@ -75,7 +75,7 @@ def kernel_pattern(model, section) -> backends.KernelPattern:
 def sparse_transformer_splash(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
                               valid: jax.Array, *, pattern: str, stride: int,
                               summary_len: int = 1, integration: str = 'merged',
-                              interpret=None) -> jax.Array:
+                              interpret=None, kernel=None) -> jax.Array:
   """The Sparse Transformer's attention within one chunk through the splash kernel.
 
   Args:
@@ -84,9 +84,11 @@ def sparse_transformer_splash(q: jax.Array, k: jax.Array, v: jax.Array, segment_
     pattern, stride, summary_len, integration: the layer's settings
       (`SparseTransformerConfig`).
     interpret: Pallas interpret mode (None: off on TPU only).
+    kernel: the masked-attention kernel (default `splash_kernels.splash_attention`;
+      `block_sparse_flash.block_sparse_attention` on a GPU).
   Returns:
     `[batch, n, heads, head_dim]` in q's dtype.
   """
   rules = pattern_rules(pattern, integration, stride, summary_len, q.shape[2])
-  return splash_kernels.splash_attention(q, k, v, segment_ids, valid, mask=rules,
-                                         interpret=interpret)
+  return (kernel or splash_kernels.splash_attention)(q, k, v, segment_ids, valid, mask=rules,
+                                                     interpret=interpret)
