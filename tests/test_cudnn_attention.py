@@ -194,10 +194,12 @@ def test_cudnn_window_equals_its_xla_description(kind, with_lse):
                                np.asarray(want, np.float32) / scale, atol=3e-2, err_msg=f'd{what}')
 
 
+@pytest.mark.parametrize('causal', [True, False])
 @pytest.mark.parametrize('global_tokens', [0, 2])
-def test_longformer_layer_cudnn_equals_xla(global_tokens):
-  """The causal Longformer (window cache, documents, padding, global tokens) in bfloat16:
-  'cudnn' (auto's choice on a GPU) against 'xla', two chunks, outputs and gradients."""
+def test_longformer_layer_cudnn_equals_xla(global_tokens, causal):
+  """The Longformer (causal: window cache; two-sided: two causal passes; documents, padding,
+  global tokens) in bfloat16: 'cudnn' (auto's choice on a GPU) against 'xla', two chunks,
+  outputs and gradients."""
   from longformer_jax.attention.longformer import LongformerAttention
   from tests.test_cudnn_window_layers import CHUNK, chunk_contexts
   contexts = chunk_contexts(bool(global_tokens))
@@ -205,9 +207,10 @@ def test_longformer_layer_cudnn_equals_xla(global_tokens):
   x = jax.random.normal(jax.random.PRNGKey(3), (B, 2 * CHUNK, D))
   probe = jax.random.normal(jax.random.PRNGKey(4), (B, 2 * CHUNK, D)) * valid[..., None]
   make = lambda backend: LongformerAttention(
-      num_heads=H, head_dim=HD, d_model=D, window=6, head_dilations=(1,) * H, causal=True,
-      global_tokens=global_tokens, attention_backend=backend, dtype=jnp.bfloat16)
-  state = fifo.create(B, 6, (D,))                 # the window cache: w hidden states
+      num_heads=H, head_dim=HD, d_model=D, window=6, head_dilations=(1,) * H, causal=causal,
+      window_cache=causal, global_tokens=global_tokens, attention_backend=backend,
+      dtype=jnp.bfloat16)
+  state = fifo.create(B, 6 if causal else 0, (D,))   # the window cache: w hidden states
   params = make('xla').init(jax.random.PRNGKey(0), x[:, :CHUNK], state, contexts[0])['params']
 
   @jax.jit

@@ -208,3 +208,35 @@ def test_slots_outside_every_run_get_no_gradient():
   g = jax.grad(lambda x: jnp.sum(cudnn_window._cotangent_only_where(x, covered) * 3.0))(x)
   np.testing.assert_array_equal(np.asarray(g), np.broadcast_to(
       3.0 * np.asarray(valid)[..., None, None], g.shape))
+
+
+# ---- the two-sided window: two causal passes merged (attention/core/cudnn_two_sided_window.py)
+
+def two_sided_mask(positions, segments, valid):
+  mask = causal_document_mask(positions, segments, positions, segments, valid, causal=False)
+  return mask & (jnp.abs(positions[:, None, :] - positions[:, :, None]) <= W) & valid[:, :, None]
+
+
+@pytest.mark.parametrize('kind', ['one', 'documents', 'padding', 'hole'])
+def test_two_sided_window_equals_dense_reference(kind):
+  """Left causal pass + right pass on the reversed, shifted queries, merged by log-sum-exp:
+  outputs, log-sum-exp and gradients through both equal the dense two-sided rule ('hole':
+  the XLA fallback)."""
+  from longformer_jax.attention.core.cudnn_two_sided_window import two_sided_window_attention
+  positions, segments, valid = layout(kind)
+  q, k, v, probe, lse_probe = inputs(2)
+  q, k, v = (a.astype(jnp.float32) for a in (q, k, v))    # the XLA description keeps float32
+  fallback = lambda q, k, v: blocked_window_attention(
+      q, k, v, positions, segments, positions, segments, valid, window=W, block_size=16,
+      causal=False, scale=SCALE)
+  fast = lambda q, k, v: two_sided_window_attention(
+      q, k, v, positions, segments, valid, window=W, scale=SCALE, fallback=fallback,
+      implementation='xla')
+  reference = lambda q, k, v: dense(q, k, v, two_sided_mask(positions, segments, valid))
+  got, want = (outputs_and_gradients(fn, q, k, v, probe, lse_probe) for fn in (fast, reference))
+  rows = np.asarray(valid)
+  np.testing.assert_allclose(np.asarray(got[0])[rows], np.asarray(want[0])[rows], atol=2e-5)
+  np.testing.assert_allclose(np.asarray(got[1])[rows], np.asarray(want[1])[rows], atol=2e-5)
+  assert not np.any(np.asarray(got[0])[~rows]) and np.all(np.isneginf(np.asarray(got[1])[~rows]))
+  for g, r in zip(got[2], want[2]):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r), atol=1e-4)

@@ -62,6 +62,8 @@ def on_cudnn_path(monkeypatch):
                       lambda requested, *a, **k: requested)
   monkeypatch.setattr(cudnn_window, 'window_attention',
                       functools.partial(cudnn_window.window_attention, implementation='xla'))
+  monkeypatch.setattr(longformer, 'two_sided_window_attention', functools.partial(
+      longformer.two_sided_window_attention, implementation='xla'))
 
 
 @pytest.mark.parametrize('global_tokens', [0, 2])
@@ -95,6 +97,21 @@ def test_longformer_cudnn_window_path_equals_xla(on_cudnn_path, global_tokens):
   np.testing.assert_allclose(np.asarray(got[0])[rows], np.asarray(want[0])[rows],
                              atol=2e-5, rtol=1e-4)
   assert_trees_close(got[1], want[1], atol=1e-6)
+  assert_trees_close(got[2], want[2], atol=2e-4)
+
+
+@pytest.mark.parametrize('global_tokens', [0, 2])
+def test_longformer_two_sided_cudnn_window_path_equals_xla(on_cudnn_path, global_tokens):
+  """The encoder Longformer (two-sided, no cache): left and right causal passes merged by
+  log-sum-exp, global tokens merged in; one chunk with documents mid-chunk and padding."""
+  contexts = chunk_contexts(bool(global_tokens))
+  make = lambda backend: LongformerAttention(
+      num_heads=H, head_dim=HD, d_model=D, window=WINDOW, head_dilations=(1, 1), causal=False,
+      window_cache=False, global_tokens=global_tokens, attention_backend=backend)
+  state = fifo.create(B, 0, (D,))
+  params, *want = two_chunk_run(make, state, contexts, 'xla')
+  _, *got = two_chunk_run(make, state, contexts, 'cudnn', params)
+  np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-4)
   assert_trees_close(got[2], want[2], atol=2e-4)
 
 
@@ -147,7 +164,7 @@ def _config(global_tokens):
 @pytest.mark.parametrize('causal, dilations, globals_, dtype, expected', [
     (True, (1, 1), 0, 'bfloat16', 'cudnn'),
     (True, (1, 1), 2, 'bfloat16', 'cudnn'),       # global tokens merged by log-sum-exp
-    (False, (1, 1), 0, 'bfloat16', 'xla'),        # cuDNN's window is causal only
+    (False, (1, 1), 0, 'bfloat16', 'cudnn'),      # two-sided: two causal passes merged
     (True, (1, 2), 0, 'bfloat16', 'xla'),         # dilated heads: splash rules only
     (True, (1, 1), 0, 'float32', 'xla'),          # cuDNN takes bfloat16
 ])

@@ -45,6 +45,7 @@ import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cached_context, cudnn_window, global_tokens
+from longformer_jax.attention.core.cudnn_two_sided_window import two_sided_window_attention
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.core.dilated_window import dilated_window_attention
 from longformer_jax.attention.core.masking import causal_document_mask
@@ -197,13 +198,14 @@ class LongformerAttention(nn.Module):
 
   def _cudnn_window_part(self, q, k, v, context: fifo.FifoMemory, key_valid: jax.Array,
                          key_offset: int) -> tuple[jax.Array, jax.Array]:
-    """The causal window through cuDNN over the `[cache; chunk]` slots -> `(out, lse)`.
+    """The window through cuDNN over the `[cache; chunk]` slots -> `(out, lse)`.
 
     The cache slots join the sequence as slots whose queries are zeros and
     whose rows are dropped, so cuDNN's causal window over slots is the window
-    over positions (core/cudnn_window.py); inputs it cannot pack run the
-    blocked XLA kernel instead. The log-sum-exp (with its gradient) is made
-    only when global tokens are merged in.
+    over positions (core/cudnn_window.py); a two-sided window (no cache) is a
+    left and a right causal pass merged (core/cudnn_two_sided_window.py).
+    Inputs it cannot pack run the blocked XLA kernel instead. The causal
+    log-sum-exp (with its gradient) is made only when global tokens are merged in.
     """
     scale = self.head_dim ** -0.5
     block_size = self.block_size or auto_block_size(self.window)
@@ -213,11 +215,15 @@ class LongformerAttention(nn.Module):
       out, lse = dilated_window_attention(
           q_slots[:, key_offset:], k_, v_, context.positions[:, key_offset:],
           context.segment_ids[:, key_offset:], context.positions, context.segment_ids,
-          key_valid, window=self.window, dilation=1, block_size=block_size, causal=True,
-          key_offset=key_offset, scale=scale)
+          key_valid, window=self.window, dilation=1, block_size=block_size,
+          causal=self.causal, key_offset=key_offset, scale=scale)
       return pad_front(out), jnp.pad(lse, ((0, 0), (key_offset, 0), (0, 0)),
                                      constant_values=-jnp.inf)
 
+    if not self.causal:            # two-sided layers keep no cache: key_offset is 0
+      return two_sided_window_attention(q, k, v, context.positions, context.segment_ids,
+                                        key_valid, window=self.window, scale=scale,
+                                        fallback=fallback)
     with_lse = bool(self.global_tokens)
     result = cudnn_window.window_attention(
         pad_front(q), k, v, context.positions, context.segment_ids, key_valid,
@@ -274,7 +280,7 @@ class LongformerAttention(nn.Module):
           q, k, v, ctx.positions, ctx.segment_ids, key_valid,
           mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
           scale=self.head_dim ** -0.5, block_size=self.block_size or None)
-    elif backend == 'cudnn':       # causal, dilation 1; cache and global tokens allowed
+    elif backend == 'cudnn':       # dilation 1; cache and global tokens allowed
       out, lse = self._cudnn_window_part(q, k, v, context, key_valid, key_offset)
     elif backend in ('splash', 'pallas_gpu'):   # no cache or global tokens; per-head dilation
       out = masked_kernel(backend)(q * jnp.asarray(self.head_dim ** -0.5, q.dtype), k, v,
@@ -354,8 +360,9 @@ def cache_length(window: int, head_dilations: tuple, window_cache: bool) -> int:
 def _pattern(window: int, head_dilations: tuple, causal: bool, num_global: int,
              in_chunk: bool) -> backends.KernelPattern:
   """The window `-w..0` (causal) or `-w..w`, O(n·w): cuDNN's causal sliding window with
-  packed segments (core/cudnn_window.py; a cache and global tokens merged in). Dilated
-  heads are splash rules (`DilatedWindow`), which cuDNN cannot express."""
+  packed segments (core/cudnn_window.py; a cache and global tokens merged in; two-sided as
+  two causal passes). Dilated heads are splash rules (`DilatedWindow`), which cuDNN cannot
+  express."""
   dilated = any(d != 1 for d in head_dilations)
   return backends.KernelPattern(
       left=window * max(head_dilations, default=1),

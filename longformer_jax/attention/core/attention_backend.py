@@ -51,10 +51,11 @@ class KernelPattern:
     splash_only: a static mask on slots that the splash masks express and
       cuDNN does not ('' if none), e.g. the Sparse Transformer's strided
       pattern; `left, right` are then its envelope (causal: `right = 0`).
-    cudnn_window: the layer runs its causal window through
-      `cudnn_window.py` (documents and padding as packed segments, a memory
-      before the chunk as extra slots, other parts merged by log-sum-exp), so
-      cuDNN needs no dense mask and takes a memory.
+    cudnn_window: the layer runs its window through `cudnn_window.py`
+      (documents and padding as packed segments, a memory before the chunk as
+      extra slots, other parts merged by log-sum-exp; a two-sided window as
+      two causal passes, `cudnn_two_sided_window.py`), so cuDNN needs no dense
+      mask and takes a memory.
     cudnn_only: what the cuDNN window path computes and splash does not
       ('' if none), e.g. the Longformer's global tokens.
   """
@@ -105,12 +106,11 @@ def cudnn_misfit(pattern: KernelPattern, platform: str, dtype: str, head_dim: in
     return f'cuDNN attention cannot express {pattern.unsupported}'
   if pattern.splash_only:
     return f'cuDNN attention cannot express {pattern.splash_only}'
-  if pattern.cudnn_window and not pattern.causal:
-    return 'cuDNN has no two-sided window (its sliding window is causal only)'
   if not (pattern.dense_mask_ok or pattern.cudnn_window):
     return ('documents and padding reach cuDNN as a dense [batch, q, k] mask, which this '
             'O(n·w) layer never builds')
-  if not (pattern.causal or (pattern.left is None and pattern.right is None)):
+  if not (pattern.causal or pattern.cudnn_window
+          or (pattern.left is None and pattern.right is None)):
     return 'cuDNN has no two-sided window (its window is causal only)'
   if dtype not in CUDNN_DTYPES:
     return f'cuDNN flash attention needs model.dtype in {CUDNN_DTYPES}, got {dtype!r}'

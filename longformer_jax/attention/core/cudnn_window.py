@@ -278,6 +278,23 @@ def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Ar
     `out [batch, n, heads, head_dim]` float32 (0 on padding rows), and with
     `with_lse` `lse [batch, n, heads]` float32 (-inf there).
   """
+  def slow(q, k, v):
+    out, lse = fallback(q, k, v)
+    return _finish(out, lse.astype(jnp.float32) if with_lse else None, valid)
+
+  def fast(q, k, v):
+    return fitted_window_attention(q, k, v, segment_ids, valid, window=window, scale=scale,
+                                   with_lse=with_lse, implementation=implementation,
+                                   max_segments=max_segments)
+
+  return jax.lax.cond(fits(positions, segment_ids, valid, max_segments), fast, slow, q, k, v)
+
+
+def fitted_window_attention(q, k, v, segment_ids, valid, *, window: int, scale: float,
+                            with_lse: bool = False, implementation: str = 'cudnn',
+                            max_segments: int = MAX_SEGMENTS):
+  """`window_attention` for inputs that `fit`: cuDNN's plain padding lengths when every row
+  is one document from slot 0, else packed segments (no fallback)."""
   offsets, lengths, _ = packed_segments(segment_ids, valid, max_segments)
 
   def kernel(packed):
@@ -291,10 +308,5 @@ def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Ar
       return _finish(out, None, valid)
     return run
 
-  def slow(q, k, v):
-    out, lse = fallback(q, k, v)
-    return _finish(out, lse.astype(jnp.float32) if with_lse else None, valid)
-
-  branch = jnp.where(single_prefix_run(segment_ids, valid), 0,
-                     jnp.where(fits(positions, segment_ids, valid, max_segments), 1, 2))
-  return jax.lax.switch(branch, [kernel(False), kernel(True), slow], q, k, v)
+  return jax.lax.cond(single_prefix_run(segment_ids, valid), kernel(False), kernel(True),
+                      q, k, v)
