@@ -1,6 +1,6 @@
 """The Pallas block-sparse flash-attention kernel (attention/core/block_sparse_flash.py).
 
-The kernel runs here in Pallas interpret mode (on a GPU, Triton compiles it).
+The kernel runs here in Pallas interpret mode (on a GPU, Triton compiles it: benchmarks/gpu_checks.sh).
 It is held to the dense float32 masked softmax under masks built in the tests
 from the papers' rules written independently of the code (tests/test_splash_masks.py's
 numpy rules and tests/test_splash_layers.py's loops): outputs and gradients
@@ -30,7 +30,7 @@ BLOCK = 16
 
 def kernel(rules):
   return lambda q, k, v, seg, valid: block_sparse_flash.block_sparse_attention(
-      q, k, v, seg, valid, mask=rules, block=BLOCK, interpret=True)
+      q, k, v, seg, valid, mask=rules, block=BLOCK)      # interpret mode off a GPU
 
 
 def test_strided_merged_equals_dense_reference():
