@@ -28,7 +28,7 @@ One config file, the memory after the colon:
 | attendre_fifo | the same memory evicting first-in first-out (the control) | 128 |
 | expire_span | Expire-Span: capacity 1,024, spans up to 4,096 learnt per token | learnt |
 | adaptive_span | Adaptive-Span over an XL memory of 1,024, spans learnt per head from 128 | learnt, <= 1,024 |
-| sinks | StreamingLLM: 4 sink tokens + a window of 128 | 124 |
+| sinks | StreamingLLM: 4 sink tokens + a window of 128 | the 127 tokens before each query + the document's first 4 |
 
 The model is configs/passkey.py's (byte level, 2 layers, d_model 128, 4 heads
 of 32), with relative positions where the variant has them (xl, compressive,
