@@ -69,33 +69,13 @@ def on_cudnn_path(monkeypatch):
 @pytest.mark.parametrize('global_tokens', [0, 2])
 def test_longformer_cudnn_window_path_equals_xla(on_cudnn_path, global_tokens):
   contexts = chunk_contexts(bool(global_tokens))
-  x = jax.random.normal(jax.random.PRNGKey(3), (B, 2 * CHUNK, D))
-  valid = jnp.concatenate([ctx.valid for ctx in contexts], axis=1)
-  # Padding queries give 0 on the cuDNN path (no packed run holds them) and are never read
-  # (padding keys are masked), so only real rows are compared and probed.
-  probe = jax.random.normal(jax.random.PRNGKey(4), (B, 2 * CHUNK, D)) * valid[..., None]
   make = lambda backend: LongformerAttention(
       num_heads=H, head_dim=HD, d_model=D, window=WINDOW, head_dilations=(1, 1), causal=True,
       global_tokens=global_tokens, attention_backend=backend)
   state = LongformerAttention.init_state(_config(global_tokens), B)
-  params = make('xla').init(jax.random.PRNGKey(0), x[:, :CHUNK], state, contexts[0])['params']
-
-  def run(backend):
-    module = make(backend)
-
-    def two_chunks(params, x):
-      s, outs = state, []
-      for c, ctx in enumerate(contexts):
-        out, s, _ = module.apply({'params': params}, x[:, c * CHUNK:(c + 1) * CHUNK], s, ctx)
-        outs.append(out)
-      return jnp.concatenate(outs, axis=1), s
-    (out, carried), pullback = jax.vjp(two_chunks, params, x)
-    return out, carried, pullback((probe, jax.tree_util.tree_map(jnp.zeros_like, carried)))
-
-  got, want = run('cudnn'), run('xla')
-  rows = np.asarray(valid)
-  np.testing.assert_allclose(np.asarray(got[0])[rows], np.asarray(want[0])[rows],
-                             atol=2e-5, rtol=1e-4)
+  params, *want = two_chunk_run(make, state, contexts, 'xla')
+  _, *got = two_chunk_run(make, state, contexts, 'cudnn', params)
+  np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-4)
   assert_trees_close(got[1], want[1], atol=1e-6)
   assert_trees_close(got[2], want[2], atol=2e-4)
 

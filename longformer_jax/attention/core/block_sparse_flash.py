@@ -200,9 +200,8 @@ def _whole(shape):
   return pl.BlockSpec(shape, lambda b, h, i: (0,) * len(shape))
 
 
-def _specs(tables, batch_heads_block, n, d):
+def _specs(tables, block, n, d):
   """BlockSpecs: the tables whole; q-side blocks of `block` rows; k, v, segments whole."""
-  block = batch_heads_block
   table_specs = [_whole(t.shape) for t in tables]
   row = pl.BlockSpec((1, 1, block, d), lambda b, h, i: (b, h, i, 0))
   whole_row = pl.BlockSpec((1, 1, n, d), lambda b, h, i: (b, h, 0, 0))

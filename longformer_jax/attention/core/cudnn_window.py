@@ -58,6 +58,14 @@ MAX_SEGMENTS = 16       # packed runs per row cuDNN is given; more runs take the
 Fallback = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
+def _run_starts(segment_ids: jax.Array, valid: jax.Array) -> jax.Array:
+  """`[batch, n]` bool: the slot starts a run of valid slots of one document."""
+  new_id = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                            segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  prev_valid = jnp.concatenate([jnp.zeros_like(valid[:, :1]), valid[:, :-1]], axis=1)
+  return valid & (new_id | ~prev_valid)
+
+
 def packed_segments(segment_ids: jax.Array, valid: jax.Array, max_segments: int):
   """The valid runs of each row as cuDNN's packed segments.
 
@@ -70,10 +78,7 @@ def packed_segments(segment_ids: jax.Array, valid: jax.Array, max_segments: int)
     counts the row's valid runs (may exceed `max_segments`).
   """
   n = segment_ids.shape[1]
-  new_id = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
-                            segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-  prev_valid = jnp.concatenate([jnp.zeros_like(valid[:, :1]), valid[:, :-1]], axis=1)
-  starts = valid & (new_id | ~prev_valid)                       # [b, n]
+  starts = _run_starts(segment_ids, valid)                      # [b, n]
   run_of_slot = jnp.cumsum(starts, axis=1) - 1                  # valid run index per slot
   runs = jnp.sum(starts, axis=1).astype(jnp.int32)
   m = jnp.arange(max_segments + 1)
@@ -99,7 +104,7 @@ def fits(positions: jax.Array, segment_ids: jax.Array, valid: jax.Array,
   last_seen = jax.lax.cummax(jnp.where(valid, segment_ids, jnp.iinfo(jnp.int32).min), axis=1)
   ordered = ~valid[:, 1:] | (segment_ids[:, 1:] >= last_seen[:, :-1])
   hole = valid[:, 1:] & ~valid[:, :-1] & (segment_ids[:, 1:] == last_seen[:, :-1])
-  _, _, runs = packed_segments(segment_ids, valid, max_segments)
+  runs = jnp.sum(_run_starts(segment_ids, valid), axis=1)
   return (jnp.all(consecutive) & jnp.all(ordered) & ~jnp.any(hole) &
           jnp.all(runs <= max_segments))
 
