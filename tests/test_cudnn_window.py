@@ -108,7 +108,9 @@ def outputs_and_gradients(fn, q, k, v, probe, lse_probe):
     out, lse = fn(q, k, v)
     return (jnp.sum(out * probe) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * lse_probe),
             (out, lse))
-  (_, (out, lse)), grads = jax.value_and_grad(objective, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  # Jitted: eager, each lax.cond inside would compile on every call.
+  (_, (out, lse)), grads = jax.jit(
+      jax.value_and_grad(objective, argnums=(0, 1, 2), has_aux=True))(q, k, v)
   return out, lse, grads
 
 
@@ -171,7 +173,8 @@ def test_log_sum_exp_gradient_merges_exactly_with_another_part():
     return out
 
   args = (q, k, v, extra_k, extra_v)
-  grad = lambda fn: jax.grad(lambda *a: jnp.sum(fn(*a) * probe), argnums=(0, 1, 2, 3, 4))(*args)
+  grad = lambda fn: jax.jit(
+      jax.grad(lambda *a: jnp.sum(fn(*a) * probe), argnums=(0, 1, 2, 3, 4)))(*args)
   for g, r in zip(grad(merged), grad(union)):
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r), atol=3e-2, rtol=3e-2)
   dropped = grad(lambda *a: merged(*a, window_lse=False))

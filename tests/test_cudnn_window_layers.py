@@ -111,7 +111,8 @@ def two_chunk_run(make, init_state, contexts, backend, params=None):
       out, s, _ = module.apply({'params': params}, x[:, c * CHUNK:(c + 1) * CHUNK], s, ctx)
       outs.append(out)
     return jnp.concatenate(outs, axis=1), s
-  (out, carried), pullback = jax.vjp(two_chunks, params, x)
+  # One program for both chunks (eager, every lax.cond in the layer compiles on each call).
+  (out, carried), pullback = jax.vjp(jax.jit(two_chunks), params, x)
   grads = pullback((probe.astype(out.dtype), jax.tree_util.tree_map(jnp.zeros_like, carried)))
   return params, np.where(np.asarray(valid)[..., None], out, 0.0), carried, grads
 
