@@ -26,7 +26,7 @@ import numpy as np
 
 from benchmarks.attention_case import AttentionCase, quick_check
 from benchmarks.sparse_cases import HEAD_DIM, HEADS, make_qkv, one_document
-from longformer_jax.attention import performer
+from longformer_jax.attention import performer_kernel
 from longformer_jax.attention.core import random_features
 
 NUM_FEATURES, BLOCK_LEN = 256, 64
@@ -41,10 +41,10 @@ def fixed_features() -> np.ndarray:
 
 
 def performer_blocked(q, k, v):
-  empty = performer.empty_state(1, HEADS, NUM_FEATURES, HEAD_DIM)
-  out, _ = performer.causal_performer_attention(q, k, v, *one_document(q.shape[1]),
-                                                jnp.asarray(fixed_features()), empty,
-                                                block_len=BLOCK_LEN)
+  empty = performer_kernel.empty_state(1, HEADS, NUM_FEATURES, HEAD_DIM)
+  out, _ = performer_kernel.causal_performer_attention(
+      q, k, v, *one_document(q.shape[1]), jnp.asarray(fixed_features()), empty,
+      block_len=BLOCK_LEN)
   return out
 
 
@@ -56,7 +56,7 @@ def performer_dense_mask(q, k, v):
   logits = random_features.softmax_logits(k, w)
   shift = jax.lax.stop_gradient(jnp.max(logits, axis=1, keepdims=True))
   phi_k = jnp.exp(logits - shift)
-  phi_q = performer.shifted_query_features(random_features.softmax_logits(q, w), shift)
+  phi_q = performer_kernel.shifted_query_features(random_features.softmax_logits(q, w), shift)
   causal = jnp.arange(n)[None, :] <= jnp.arange(n)[:, None]
   scores = jnp.einsum('bqhm,bkhm->bhqk', phi_q, phi_k) * causal
   out = jnp.einsum('bhqk,bkhd->bqhd', scores, v)

@@ -1,7 +1,7 @@
 """Test set-up: 8 fake CPU devices and fast-compiling XLA flags (set before JAX is
 imported), the repo on sys.path, and JAX's compiled programs released after each module.
 
-Where the suite's time goes (docs/design.md, "The test suite"): about 80% of it is
+Where the suite's time goes (docs/design.md, "Where the suite's time goes"): about 80% of it is
 JAX tracing and XLA compiling tiny models, so the suite
 - compiles with LLVM's cheap passes (`--xla_backend_optimization_level=0`,
   `--xla_llvm_disable_expensive_passes=true`): the programs run once or twice;
