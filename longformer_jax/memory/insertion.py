@@ -20,15 +20,17 @@ The evicted entries come in eviction order (invalid ones first). Surviving
 entries keep their slots and new entries are written into the victims'
 slots, so slot order is not position order: use positions, never slots.
 
-Cost per row: one sort over M + n candidates and a scatter of n entries,
-O((M + n) log(M + n) + n * features); the memory's data is never copied
+Cost per row: the first n of the M + n candidates' order
+(partial_ranking.first_in_order: block minima, then a sort of the n blocks
+holding them; one sort over M + n on small memories), a sort of the n
+victims and a scatter of n entries; the memory's data is never copied
 whole.
 """
 
 import jax
 import jax.numpy as jnp
 
-from longformer_jax.memory import policies
+from longformer_jax.memory import partial_ranking, policies
 from longformer_jax.memory import entries as entries_lib
 from longformer_jax.memory.entries import MemoryEntries, take_entries
 
@@ -38,14 +40,16 @@ def _metadata(entries: MemoryEntries) -> MemoryEntries:
   return entries.replace(data=None)
 
 
-def _candidate_order(policy, memory: MemoryEntries, new: MemoryEntries) -> jax.Array:
-  """`[rows, M + n]` candidate indices (memory slots, then M + new index), first evicted first."""
+def _victims(policy, memory: MemoryEntries, new: MemoryEntries) -> jax.Array:
+  """`[rows, n]` the n candidates evicted (memory slots, or M + new index), first evicted
+  first."""
   memory_meta, new_meta = _metadata(memory), _metadata(new)
   candidates = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=1),
                                       memory_meta, new_meta)
   is_new = jnp.concatenate([jnp.zeros(memory.positions.shape, bool),
                             jnp.ones(new.positions.shape, bool)], axis=1)
-  return policies.ranked_slots(policies.eviction_keys(policy, candidates, is_new))
+  keys = policies.eviction_keys(policy, candidates, is_new)
+  return partial_ranking.first_in_order(keys, new.capacity)
 
 
 def _gather_candidates(memory: MemoryEntries, new: MemoryEntries, indices: jax.Array):
@@ -66,17 +70,21 @@ def _stable_order(flags: jax.Array) -> jax.Array:
   return jax.lax.sort((flags.astype(jnp.int32), slots), dimension=1, num_keys=1)[1]
 
 
-def _write_new(memory: MemoryEntries, new: MemoryEntries, is_victim: jax.Array) -> MemoryEntries:
-  """Writes the kept new entries into the slots of the evicted memory entries."""
+def _write_new(memory: MemoryEntries, new: MemoryEntries, victims: jax.Array) -> MemoryEntries:
+  """Writes the kept new entries into the slots of the evicted memory entries (`victims
+  [rows, n]`, as `_victims` returns them)."""
   capacity, n = memory.capacity, new.capacity
   writes = min(n, capacity)
-  slot_victim, new_victim = is_victim[:, :capacity], is_victim[:, capacity:]
-  free_slots = _stable_order(~slot_victim)[:, :writes]     # evicted slots first
+  slot_victim = victims < capacity
+  # The evicted slots in slot order (past the memory: none), then the kept new entries.
+  free_slots = jnp.sort(jnp.where(slot_victim, victims, capacity), axis=1)[:, :writes]
+  rows = jnp.arange(memory.rows)[:, None]
+  new_victim = jnp.zeros((memory.rows, n + 1), bool).at[
+      rows, jnp.where(slot_victim, n, victims - capacity)].set(True)[:, :n]
   kept_new = _stable_order(new_victim)[:, :writes]         # kept new entries first
   num_writes = jnp.sum(slot_victim, axis=1)                # == number of kept new entries
   targets = jnp.where(jnp.arange(writes)[None, :] < num_writes[:, None], free_slots, capacity)
   incoming = take_entries(new, kept_new)
-  rows = jnp.arange(memory.rows)[:, None]
 
   def write(leaf, update):
     return leaf.at[rows, targets].set(update.astype(leaf.dtype), mode='drop')
@@ -103,9 +111,6 @@ def insert_entries(memory: MemoryEntries, new: MemoryEntries,
   n = new.capacity
   if memory.capacity == 0 or n == 0:
     return memory, new
-  order = _candidate_order(policy, memory, new)
-  victims = order[:, :n]
-  rows = jnp.arange(memory.rows)[:, None]
-  is_victim = jnp.zeros(order.shape, bool).at[rows, victims].set(True)
+  victims = _victims(policy, memory, new)
   evicted = _gather_candidates(memory, new, victims)
-  return _write_new(memory, new, is_victim), evicted
+  return _write_new(memory, new, victims), evicted

@@ -11,7 +11,9 @@ LFA decay's T', memory/policies.py) `[rows, M]`.
 Retrieval is per head (each head its own top-k, the Memorizing Transformer's
 convention). Invalid entries are masked with -inf before the top-k and are
 never returned as valid; when fewer than k entries are valid the remaining
-results are flagged invalid. The top-k is `jax.lax.top_k` ('exact') or
+results are flagged invalid. The top-k is `jax.lax.top_k`'s ('exact'; on
+memories of 4,096 entries and more, computed tile by tile without the score
+matrix: memory/tiled_top_k.py) or
 `jax.lax.approx_max_k` ('approx', with `recall_target`; exact on CPU). With
 a mesh whose `memory_axis` shards the capacity axis, the top-k goes through
 sharded_retrieval.sharded_top_k (per-shard top-k, gather, final top-k).
@@ -31,6 +33,7 @@ from longformer_jax.memory.insertion import insert_entries
 from longformer_jax.memory.policies import EvictionPolicy
 from longformer_jax.memory.block_top_k import block_top_k, worth_blocking
 from longformer_jax.memory.sharded_retrieval import sharded_top_k, top_k
+from longformer_jax.memory.tiled_top_k import tiled_top_k, worth_tiling
 
 
 @flax.struct.dataclass
@@ -127,7 +130,8 @@ def retrieve(memory: MemoryEntries, queries: jax.Array, k: int, *, scale: float 
     k: results per (query, head); when k > capacity the extra results are invalid.
     scale: multiplies the dot products (None: unscaled).
     method: 'exact' (`lax.top_k`'s result; through block maxima on long memories,
-      memory/block_top_k.py) or 'approx' (`lax.approx_max_k`, `recall_target`).
+      memory/block_top_k.py, and tile by tile on longer ones, memory/tiled_top_k.py) or
+      'approx' (`lax.approx_max_k`, `recall_target`).
     mesh, memory_axis: when given, the capacity axis is sharded over the mesh
       axis `memory_axis` and the per-shard top-k path is used; `batch_axis`
       (optional) is the mesh axis sharding the batch rows there.
@@ -139,7 +143,10 @@ def retrieve(memory: MemoryEntries, queries: jax.Array, k: int, *, scale: float 
     raise ValueError(f'retrieval needs capacity > 0 and k > 0, got capacity {capacity}, k {k}')
   found = min(k, capacity)
   sharded = mesh is not None and memory_axis is not None
-  if method == 'exact' and not sharded and worth_blocking(capacity, found):
+  if method == 'exact' and not sharded and worth_tiling(capacity, found):
+    # Tile by tile: no [b, h, q, M] score matrix, and only the filled tiles are read.
+    values, indices = tiled_top_k(memory.data['keys'], memory.valid, queries, found, scale)
+  elif method == 'exact' and not sharded and worth_blocking(capacity, found):
     # Block maxima with the validity mask fused in: no masked copy of the scores.
     scores = similarities(memory, queries, scale, masked=False)       # [b, h, q, M]
     values, indices = block_top_k(scores, found, valid=memory.valid[:, None, None, :])
