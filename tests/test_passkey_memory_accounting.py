@@ -138,16 +138,20 @@ def test_memory_held_is_the_configured_size_at_every_length(one_layer_model, lab
 def test_needle_in_top_k_counts_answer_queries_that_retrieve_the_needle(one_layer_model,
                                                                         memories, want):
   """Needle at depth 0 of 512 tokens, chunk 64: a kNN memory of the whole document returning
-  every entry (top_k >= entries) hands every answer query the needle; a FIFO of 96 entries
-  has evicted it long before the question, whatever the random model's scores."""
+  every entry (top_k >= entries) hands every answer query the needle, whose share of what a
+  query retrieves is then the needle's length over the 448 tokens of the 7 chunks before the
+  answer's; a FIFO of 96 entries has evicted it long before the question, whatever the
+  random model's scores."""
   grid, documents, scores = _score_grid(
       one_layer_model, f'lengths=512;depths=0;documents=2;memories={memories}')
   (cell,) = passkey_grid.cell_rows(grid.memories[0], documents, scores)
   assert cell['needle_in_top_k'] == want
+  needle_len = documents[0][2].needle_len
+  assert cell['needle_share'] == pytest.approx(want * needle_len / 448, rel=1e-6)
 
 
 def test_no_needle_count_without_a_knn_layer(one_layer_model):
   grid, documents, scores = _score_grid(
       one_layer_model, 'lengths=128;depths=0;documents=1;memories=xl:40')
-  assert 'needle_retrieved' not in scores
+  assert 'needle_retrieved' not in scores and 'needle_share' not in scores
   assert 'needle_in_top_k' not in passkey_grid.cell_rows(grid.memories[0], documents, scores)[0]

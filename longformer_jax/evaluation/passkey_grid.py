@@ -51,7 +51,11 @@ valid entries the memory holds after the document, summed over layers;
 `memory_bytes`, the state's bytes per row; `seconds_per_1k_tokens`, the
 reading time (compilation excluded) per 1,000 tokens read (rows x chunks);
 with a kNN layer, `needle_in_top_k`: the fraction of answer tokens whose
-query retrieved an entry of the needle sentence (any layer or head).
+query retrieved an entry of the needle sentence (any layer or head), and
+`needle_share`: per answer token the needle's share of the entries its query
+retrieved, in the kNN layer and head where that share is largest, averaged
+over the answer tokens (a query retrieving at random from a memory of E
+entries gets about 60 / E: the needle is 60 tokens).
 Each memory's entry in the JSON carries its `peak_host_bytes` (the process's
 peak resident set while it read the grid), `seconds_per_1k_tokens` over all
 cells and `memory_bytes`.
@@ -255,6 +259,7 @@ def cell_rows(memory: GridMemory, documents: list, scores: dict) -> list[dict]:
                  / float(sum(scores['tokens'][i] for i in members)))
     if 'needle_retrieved' in scores:         # a kNN layer: did the answer's queries find it?
       row['needle_in_top_k'] = float(sum(scores['needle_retrieved'][i] for i in members)) / tokens
+      row['needle_share'] = float(sum(scores['needle_share'][i] for i in members)) / tokens
     rows.append(row)
   return rows
 

@@ -63,10 +63,12 @@ def _retrieved_positions(intermediates) -> list:
 
 
 def answer_step(params, memory, chunk: dict, model_state, *, model: DecoderLM):
-  """One chunk: `(memory, {'correct', 'nll', 'needle_retrieved'})`, per row `[batch]`: answer
-  tokens whose argmax is the target, their summed negative log-likelihood (nats), and answer
-  tokens whose query retrieved (any kNN layer, any head, among its top-k) an entry of the
-  needle sentence (0 for a model without a kNN layer)."""
+  """One chunk: `(memory, {'correct', 'nll', 'needle_retrieved', 'needle_share'})`, per row
+  `[batch]`: answer tokens whose argmax is the target, their summed negative log-likelihood
+  (nats), answer tokens whose query retrieved (any kNN layer, any head, among its top-k) an
+  entry of the needle sentence, and the sum over answer tokens of the needle's share of what
+  the query retrieved, in its best kNN layer and head (valid retrieved entries that are the
+  needle's / valid retrieved entries; 0 for a model without a kNN layer)."""
   variables = {'params': params, MODEL_STATE: model_state} if model_state else {'params': params}
   (logits, memory, _), sown = model.apply(variables, chunk['inputs'], memory,
                                           chunk_context(chunk, deterministic=True),
@@ -77,12 +79,16 @@ def answer_step(params, memory, chunk: dict, model_state, *, model: DecoderLM):
                                                         chunk['targets'])
   first, end = chunk['needle_span'][:, 0, 0], chunk['needle_span'][:, 0, 1]
   found = jnp.zeros(answer.shape, bool)
+  share = jnp.zeros(answer.shape, jnp.float32)
   for retrieved in _retrieved_positions(sown.get('intermediates', {})):   # one per kNN layer
     in_needle = (retrieved >= first[:, None, None, None]) & (retrieved < end[:, None, None, None])
     found |= jnp.any(in_needle, axis=(2, 3))
+    held = jnp.maximum(jnp.sum(retrieved >= 0, axis=3), 1)                 # [b, c, h]
+    share = jnp.maximum(share, jnp.max(jnp.sum(in_needle, axis=3) / held, axis=2))
   return memory, {'correct': jnp.sum(hits, axis=1).astype(jnp.int32),
                   'nll': jnp.sum(jnp.where(answer, nll, 0.0), axis=1),
-                  'needle_retrieved': jnp.sum(found & answer, axis=1).astype(jnp.int32)}
+                  'needle_retrieved': jnp.sum(found & answer, axis=1).astype(jnp.int32),
+                  'needle_share': jnp.sum(jnp.where(answer, share, 0.0), axis=1)}
 
 
 class PasskeyScorer:
@@ -119,8 +125,8 @@ class PasskeyScorer:
     `entries` (held after the document); per document too, `seconds`: the wall time of its
     group of rows divided among the group, and `tokens`: the tokens the group's step read
     (rows x chunks x chunk) divided the same way; `state_bytes`: the memory's bytes per row."""
-    totals = {'correct': [], 'nll': [], 'needle_retrieved': [], 'entries': [], 'seconds': [],
-              'tokens': []}
+    totals = {'correct': [], 'nll': [], 'needle_retrieved': [], 'needle_share': [],
+              'entries': [], 'seconds': [], 'tokens': []}
     state_bytes = 0
     with sharding.activation_sharding(self.mesh, self.rules):
       self._warm_up(params, model_state, bos_id, pad_id)
@@ -130,7 +136,8 @@ class PasskeyScorer:
         began = time.perf_counter()
         memory = self._fresh_memory()
         sums = {'correct': np.zeros(self.batch_size, np.int64), 'nll': np.zeros(self.batch_size),
-                'needle_retrieved': np.zeros(self.batch_size, np.int64)}
+                'needle_retrieved': np.zeros(self.batch_size, np.int64),
+                'needle_share': np.zeros(self.batch_size)}
         # Each row's memory is counted after the chunk that holds its document's last token.
         last_chunk = (np.asarray([d.tokens.size for d in group]) - 1) // self.chunk_len
         entries = np.zeros(self.batch_size, np.int64)
@@ -153,6 +160,6 @@ class PasskeyScorer:
     scores = {key: np.concatenate(parts) for key, parts in totals.items()}
     scores['state_bytes'] = state_bytes
     if trained_memory.memory_kind(self.model_config) != 'memorizing':   # no kNN layer
-      del scores['needle_retrieved']
+      del scores['needle_retrieved'], scores['needle_share']
     return scores
 

@@ -35,7 +35,7 @@ from longformer_jax.memory import entries as entries_lib
 from longformer_jax.memory.entries import MemoryEntries, take_entries
 
 
-def _metadata(entries: MemoryEntries) -> MemoryEntries:
+def metadata(entries: MemoryEntries) -> MemoryEntries:
   """The entries without their data (cheap to concatenate)."""
   return entries.replace(data=None)
 
@@ -43,7 +43,7 @@ def _metadata(entries: MemoryEntries) -> MemoryEntries:
 def _victims(policy, memory: MemoryEntries, new: MemoryEntries) -> jax.Array:
   """`[rows, n]` the n candidates evicted (memory slots, or M + new index), first evicted
   first."""
-  memory_meta, new_meta = _metadata(memory), _metadata(new)
+  memory_meta, new_meta = metadata(memory), metadata(new)
   candidates = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=1),
                                       memory_meta, new_meta)
   is_new = jnp.concatenate([jnp.zeros(memory.positions.shape, bool),
