@@ -134,12 +134,14 @@ def test_streaming_window_without_sinks_cudnn_path_equals_xla(on_cudnn_path):
 
 
 def _config(global_tokens):
+  """A resolved model config (every shared setting present) with `model.longformer` set."""
   import ml_collections
-  return ml_collections.ConfigDict(dict(
-      num_heads=H, head_dim=HD, d_model=D, causal=True,
+  from longformer_jax.models.model_config import resolve_model
+  return ml_collections.ConfigDict(resolve_model(dict(
+      attention='longformer', num_heads=H, head_dim=HD, d_model=D, causal=True,
       longformer=dict(window=WINDOW, dilation=1, head_dilations='', block_size=0,
                       global_tokens=global_tokens, global_projections=True, window_cache=True,
-                      rotary=True)))
+                      rotary=True))))
 
 
 @pytest.mark.parametrize('causal, dilations, globals_, dtype, expected', [

@@ -103,11 +103,10 @@ def test_load_model_returns_the_encoder_decoder():
 
 def test_the_default_encoder_decoder_gains_no_parameters():
   """The project's own LED (pre-LN, RoPE) keeps its parameter tree."""
-  config = ml_collections.FrozenConfigDict(dict(
-      attention='vanilla', num_layers=1, decoder_layers=1, d_model=16, num_heads=2, head_dim=8,
-      d_ff=32, dropout_rate=0.0, dtype='float32', vocab_size=64, causal=False, mem_len=0,
-      attention_backend='xla', ff_chunk_size=0, layer_schedule={}, stack='standard',
-      block='pre_ln', scan_layers=False, remat_policy='none'))
+  model = resolve_model(dict(attention='vanilla', num_layers=1, decoder_layers=1, d_model=16,
+                             num_heads=2, head_dim=8, d_ff=32, causal=False,
+                             attention_backend='xla'))
+  config = ml_collections.FrozenConfigDict(dict(model, vocab_size=64))
   source, target = jnp.zeros((1, 6), jnp.int32), jnp.zeros((1, 4), jnp.int32)
   source_ctx = encoder_context(jnp.ones((1, 6), bool), jnp.zeros((1, 6), bool), True)
   params = EncoderDecoder(config).init(jax.random.PRNGKey(0), source, source_ctx, target,

@@ -246,7 +246,7 @@ class BigBirdAttention(nn.Module):
                random_blocks=section.random_blocks, global_blocks=section.global_blocks,
                max_global_tokens=section.max_global_tokens, seed=section.seed,
                layer_index=stack_layer_index(config), causal=config.causal,
-               attention_backend=config.get('attention_backend', 'auto'), dtype=dtype,
+               attention_backend=config.attention_backend, dtype=dtype,
                name=name)
 
   @staticmethod

@@ -203,7 +203,7 @@ class ImageLocalAttention(nn.Module):
       raise ConfigError('model.causal', f'False: {CAUSAL_ONLY}')
     section = ImageLocalConfig(**dict(config.image_local))
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               section=section, attention_backend=config.get('attention_backend', 'auto'),
+               section=section, attention_backend=config.attention_backend,
                dtype=dtype, name=name)
 
   @staticmethod

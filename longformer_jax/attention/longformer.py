@@ -152,9 +152,9 @@ class LongformerAttention(nn.Module):
                 global_projections=section.global_projections,
                 window_cache=section.window_cache and config.causal,
                 # Learned absolute positions (imported RoBERTa-based checkpoints) replace RoPE.
-                rotary=section.rotary and config.get('position_embedding', 'rotary') == 'rotary',
-                qkv_bias=config.get('qkv_bias', False), out_bias=config.get('out_bias', False),
-                attention_backend=config.get('attention_backend', 'auto'))
+                rotary=section.rotary and config.position_embedding == 'rotary',
+                qkv_bias=config.qkv_bias, out_bias=config.out_bias,
+                attention_backend=config.attention_backend)
 
   @staticmethod
   def kernel_pattern(model, section) -> backends.KernelPattern:

@@ -338,7 +338,7 @@ class SparseTransformerAttention(nn.Module):
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
                pattern=section.pattern, stride=section.stride, summary_len=section.summary_len,
                integration=section.integration,
-               attention_backend=config.get('attention_backend', 'auto'), dtype=dtype, name=name)
+               attention_backend=config.attention_backend, dtype=dtype, name=name)
 
   @staticmethod
   def kernel_pattern(model, section) -> backends.KernelPattern:

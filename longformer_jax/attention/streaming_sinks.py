@@ -134,7 +134,7 @@ class StreamingSinkAttention(nn.Module):
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
                num_sinks=section.num_sinks, window=section.window,
                sink_positions=section.positions, heads=CheckpointHeads.from_config(config),
-               attention_backend=config.get('attention_backend', 'auto'), dtype=dtype, name=name)
+               attention_backend=config.attention_backend, dtype=dtype, name=name)
 
   @staticmethod
   def kernel_pattern(model, section) -> backends.KernelPattern:

@@ -64,7 +64,7 @@ class VanillaAttention(nn.Module):
   def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
     return cls(num_heads=config.num_heads, head_dim=config.head_dim,
                d_model=config.d_model, causal=config.causal,
-               attention_backend=config.get('attention_backend', 'auto'),
+               attention_backend=config.attention_backend,
                dtype=dtype, heads=CheckpointHeads.from_config(config), name=name)
 
   @staticmethod

@@ -38,6 +38,6 @@ def _load(data_config: ml_collections.ConfigDict) -> Tokenizer:
     return SentencePieceTokenizer.load(data_config.sentencepiece_model)
   if name == 'hf':
     from longformer_jax.data.hf_tokenizer import HfTokenizer  # pylint: disable=g-import-not-at-top
-    return HfTokenizer.load(data_config.get('tokenizer_file', ''))
+    return HfTokenizer.load(data_config.tokenizer_file)
   raise ConfigError('data.tokenizer',
                     f'unknown tokenizer {name!r}; expected one of {TOKENIZERS}')

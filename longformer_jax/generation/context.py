@@ -60,16 +60,16 @@ def exact_decoding(model: ml_collections.ConfigDict, context_len: int) -> tuple:
 
 def configured_memory(model: ml_collections.ConfigDict, context_len: int) -> str:
   """What carries from one `context_len`-token chunk to the next, in words."""
-  schedule = dict(model.get('layer_schedule', {}) or {}).get('attention', '')
+  schedule = dict(model.layer_schedule).get('attention', '')
   kinds = sorted(set(schedule.split(','))) if schedule else [model.attention]
-  mem_len = model.get('mem_len', 0)
+  mem_len = model.mem_len
   parts = []
   for kind in kinds:
     if kind == 'vanilla':
       parts.append(f'vanilla layers: model.mem_len={mem_len}' + (
           '' if mem_len else f', no cache, each {context_len}-token chunk starts afresh'))
     elif kind == 'streaming_sinks':
-      sinks = model.get('streaming_sinks', {}) or {}
+      sinks = model.streaming_sinks
       parts.append(f'streaming_sinks layers: their rolling window of {sinks.get("window")} '
                    f'tokens ({sinks.get("num_sinks", 0)} sinks) carries on')
     else:

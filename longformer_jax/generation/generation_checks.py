@@ -54,7 +54,7 @@ def layer_refusal(layer: ml_collections.FrozenConfigDict) -> tuple[str, str] | N
 
 def refusal(config: ml_collections.ConfigDict) -> tuple[str, str] | None:
   """`(config key, reason)` why the run's model cannot generate text, or None."""
-  task = config.get('task', LM_TASK)
+  task = config.task
   if task != LM_TASK:
     return ('task', f'{task!r} cannot generate text: only language models (task {LM_TASK!r}) '
             'have a next-token head')

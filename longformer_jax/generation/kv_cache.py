@@ -32,11 +32,11 @@ from longformer_jax.models.decoder_lm import lm_model_config
 
 def kv_cache_refusal(model: ml_collections.ConfigDict) -> str:
   """Why a run's `config.model` cannot decode with a key/value cache ('' if it can)."""
-  schedule = dict(model.get('layer_schedule', {}) or {})
+  schedule = dict(model.layer_schedule)
   if model.attention != 'vanilla' or 'attention' in schedule:
     return (f"model.attention={model.attention!r}: the key/value cache serves models whose "
             "layers are all 'vanilla' (the chunk-window decoder serves the others)")
-  if model.get('position_embedding', 'rotary') != 'rotary':
+  if model.position_embedding != 'rotary':
     return (f"model.position_embedding={model.position_embedding!r}: the key/value cache "
             "needs rotary positions")
   return ''

@@ -96,4 +96,4 @@ def feed_forward_from_config(cfg, dtype, name: str = 'feed_forward') -> FeedForw
   """The blocks' feed-forward: `d_model`, `d_ff`, `dropout_rate`, `ff_chunk_size` (0: off),
   `ff_activation`, `ff_bias`."""
   return FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout_rate, dtype, cfg.ff_chunk_size,
-                     cfg.get('ff_activation', 'gelu'), cfg.get('ff_bias', True), name=name)
+                     cfg.ff_activation, cfg.ff_bias, name=name)

@@ -37,8 +37,8 @@ def rms_norm(name: str, dtype=jnp.float32, epsilon: float = DEFAULT_EPSILON) -> 
 
 def norm_from_config(cfg, name: str, dtype=jnp.float32):
   """The norm the shared settings name (`model.norm`, `model.norm_epsilon`)."""
-  kind = cfg.get('norm', 'layer_norm')
-  epsilon = cfg.get('norm_epsilon', DEFAULT_EPSILON)
+  kind = cfg.norm
+  epsilon = cfg.norm_epsilon
   if kind == 'rms_norm':
     return rms_norm(name, dtype, epsilon)
   return layer_norm(name, dtype, epsilon)

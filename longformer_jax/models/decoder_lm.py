@@ -57,7 +57,7 @@ class DecoderLM(nn.Module):
     cfg = self.config
     dtype = compute_dtype(cfg.dtype)
     embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.tie_embeddings, dtype,
-                               cfg.get('scale_tied_logits', True), name='embedding')
+                               cfg.scale_tied_logits, name='embedding')
     x = embed_inputs(cfg, embedding, tokens, ctx.positions - ctx.positions[:, :1],
                      ctx.deterministic, dtype)
     x, states, aux = stack_class(cfg.stack)(cfg, dtype, name='blocks')(x, states, ctx)

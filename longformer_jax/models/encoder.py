@@ -87,7 +87,7 @@ def embed_tokens(cfg, tokens: jax.Array, ctx: AttentionContext,
   (0..L-1 for an encoder); `models/input_embedding.py`.
   """
   embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, True, dtype,
-                             cfg.get('scale_tied_logits', True), name='embedding')
+                             cfg.scale_tied_logits, name='embedding')
   return embed_inputs(cfg, embedding, tokens, ctx.positions, ctx.deterministic, dtype), embedding
 
 

@@ -129,7 +129,7 @@ class DecoderLayer(nn.Module):
         sublayer_input(x, 'self_attention_norm'), state, ctx)
     x = add(x, h, 'self_attention_norm')
     h = CrossAttention(cfg.num_heads, cfg.head_dim, cfg.d_model, self.dtype,
-                       cfg.get('qkv_bias', False), cfg.get('out_bias', False),
+                       cfg.qkv_bias, cfg.out_bias,
                        name='cross_attention')(
         sublayer_input(x, 'cross_attention_norm'), source, source_valid)
     x = add(x, h, 'cross_attention_norm')
@@ -156,15 +156,15 @@ class EncoderDecoder(nn.Module):
     dtype = compute_dtype(cfg.dtype)
     # Source: token embedding (+ learned positions, embedding norm), then dropout. The
     # embedding also makes the logits: tied (x @ E^T), or `output` when untied.
-    embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.get('tie_embeddings', True),
-                               dtype, cfg.get('scale_tied_logits', True), name='embedding')
+    embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.tie_embeddings,
+                               dtype, cfg.scale_tied_logits, name='embedding')
     x = embed_inputs(cfg, embedding, source, source_ctx.positions, source_ctx.deterministic, dtype)
     encoded, encoder_aux = Encoder(cfg, dtype, name='encoder')(x, source_ctx)
 
     layer_cfg = decoder_layer_config(cfg)
     y = embed_inputs(cfg, embedding, target_inputs, target_ctx.positions,
                      target_ctx.deterministic, dtype,
-                     max_positions=cfg.get('decoder_max_positions', 0), prefix='decoder_')
+                     max_positions=cfg.decoder_max_positions, prefix='decoder_')
     decoder_aux = []
     for i in range(cfg.decoder_layers):
       y, aux = DecoderLayer(layer_cfg, dtype, name=f'decoder_{i}')(
@@ -173,7 +173,7 @@ class EncoderDecoder(nn.Module):
     if not ends_normalised(cfg):
       y = norm_from_config(cfg, 'decoder_norm', dtype)(y)
     logits = embedding.logits(y)
-    if cfg.get('logits_bias', False):  # BART's final_logits_bias
+    if cfg.logits_bias:  # BART's final_logits_bias
       logits = logits + self.param('logits_bias', nn.with_logical_partitioning(
           nn.initializers.zeros_init(), ('vocab',)), (cfg.vocab_size,), jnp.float32)
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))

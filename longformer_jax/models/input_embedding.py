@@ -30,10 +30,10 @@ def embed_inputs(cfg, embedding: TokenEmbedding, tokens: jax.Array, offsets: jax
   table and norm: the encoder-decoder's target (`decoder_`).
   """
   x = embedding.embed(tokens)
-  if cfg.get('position_embedding', 'rotary') == 'learned':
+  if cfg.position_embedding == 'learned':
     x = x + PositionEmbedding(max_positions or cfg.max_positions, cfg.d_model, dtype,
                               name=f'{prefix}position_embedding')(offsets)
-  if cfg.get('embedding_norm', False):
+  if cfg.embedding_norm:
     x = norm_from_config(cfg, f'{prefix}embedding_norm', dtype)(x)
   x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
   return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)

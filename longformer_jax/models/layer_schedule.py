@@ -107,4 +107,4 @@ def layer_config(config, index: int) -> ml_collections.FrozenConfigDict:
 
 
 def has_schedule(config) -> bool:
-  return bool(config.get('layer_schedule', None))
+  return bool(config.layer_schedule)

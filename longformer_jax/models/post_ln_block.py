@@ -46,4 +46,4 @@ class PostLNBlock(nn.Module):
 
 def ends_normalised(cfg) -> bool:
   """True when the stack's output is already normalised (post-LN blocks: no final norm)."""
-  return cfg.get('block', 'pre_ln') == 'post_ln'
+  return cfg.block == 'post_ln'

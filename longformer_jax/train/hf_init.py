@@ -70,7 +70,7 @@ def imported(config: ml_collections.ConfigDict) -> tuple[dict, dict, object]:
 
 def with_imported_params(config: ml_collections.ConfigDict, state):
   """`state` with the parameters of `config.train.init_from_hf` (if set; module docstring)."""
-  if not config.train.get('init_from_hf', ''):
+  if not config.train.init_from_hf:
     return state
   from longformer_jax.convert import loader  # pylint: disable=g-import-not-at-top
   hf_config, settings, family = imported(config)

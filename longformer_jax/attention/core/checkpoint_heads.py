@@ -46,15 +46,15 @@ class CheckpointHeads:
 
   @classmethod
   def from_config(cls, config) -> 'CheckpointHeads':
-    position_embedding = config.get('position_embedding', 'rotary')
+    position_embedding = config.position_embedding
     relative = position_embedding == 'relative_buckets'
-    return cls(num_kv_heads=config.get('num_kv_heads', 0),
-               qkv_bias=config.get('qkv_bias', False), out_bias=config.get('out_bias', False),
+    return cls(num_kv_heads=config.num_kv_heads,
+               qkv_bias=config.qkv_bias, out_bias=config.out_bias,
                rotary=position_embedding == 'rotary',
-               rope_theta=float(config.get('rope_theta', 10000.0)),
-               rope_scaling=tuple(sorted(dict(config.get('rope_scaling', None) or {}).items())),
-               relative_num_buckets=config.get('relative_num_buckets', 32) if relative else 0,
-               relative_max_distance=config.get('relative_max_distance', 128) if relative else 128)
+               rope_theta=float(config.rope_theta),
+               rope_scaling=tuple(sorted(dict(config.rope_scaling).items())),
+               relative_num_buckets=config.relative_num_buckets if relative else 0,
+               relative_max_distance=config.relative_max_distance if relative else 128)
 
   def inv_freq(self, head_dim: int) -> np.ndarray | None:
     """`[head_dim / 2]` rotary frequencies, or None for the default base without scaling
