@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from longformer_jax.attention.memorizing import FIFO
-from longformer_jax.memory import insertion, key_value, partial_ranking, policies
+from longformer_jax.memory import insertion, key_value, partial_ranking, policies, tiled_top_k
 from longformer_jax.memory.block_top_k import block_top_k
 
 
@@ -105,7 +105,9 @@ def measure_memory_step(rows: int, heads: int, head_dim: int, queries: int, capa
   for fill in (1.0, 0.5):
     memory = filled_memory(capacity, head_dim, rows=rows, heads=heads, fill=fill)
     for method, function in (
-        ('step_retrieve_tiled', jax.jit(lambda m, q: key_value.retrieve(m, q, k))),
+        ('step_retrieve', jax.jit(lambda m, q: key_value.retrieve(m, q, k))),
+        ('step_top_k_tiled', jax.jit(lambda m, q: tiled_top_k.tiled_top_k(
+            m.data['keys'], m.valid, q, k))),
         ('step_top_k_untiled', jax.jit(lambda m, q: untiled_retrieve(m, q, k)))):
       before = timed_s(matmul, (query, memory), repeats)
       times = timed_s(function, (memory, query), repeats)

@@ -73,13 +73,17 @@ def test_sizes_that_do_not_tile_are_refused(small_tiles):
     tiled_top_k.tiled_top_k(keys, valid, queries, 2)
 
 
-def test_retrieve_takes_the_tiled_path_on_a_long_memory_and_keeps_its_gradients():
-  """The module's own sizes (4,096 entries) through key_value.retrieve: the same entries as
-  lax.top_k; gradients reach the memory's keys and values through the gathered entries."""
+@pytest.mark.parametrize('fills', [(1000, 2000), (3000, 4096)])
+def test_retrieve_on_a_long_memory_equals_lax_and_keeps_its_gradients(fills):
+  """The module's own sizes (4,096 entries) through key_value.retrieve, half full (the tiled
+  path) and full (the whole score matrix): the same entries as lax.top_k; gradients reach
+  the memory's keys and values through the gathered entries."""
   capacity, k = 4096, 4
   assert tiled_top_k.worth_tiling(capacity, k)
   rng = np.random.default_rng(5)
-  valid = np.arange(capacity)[None].repeat(2, 0) < np.array([[3000], [4096]])
+  valid = np.arange(capacity)[None].repeat(2, 0) < np.array(fills)[:, None]
+  tiled = int(tiled_top_k.filled_tiles(jnp.asarray(valid))) * tiled_top_k.TILE
+  assert (tiled <= key_value.TILED_UP_TO * capacity) == (fills[1] == 2000)
   keys, valid, queries = _integer_memory(rng, 2, capacity, 2, 4, 3, valid)
   values = jnp.asarray(rng.normal(size=keys.shape), jnp.float32)
   memory = key_value.create(2, capacity, 2, 4).replace(

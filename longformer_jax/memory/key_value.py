@@ -12,8 +12,8 @@ Retrieval is per head (each head its own top-k, the Memorizing Transformer's
 convention). Invalid entries are masked with -inf before the top-k and are
 never returned as valid; when fewer than k entries are valid the remaining
 results are flagged invalid. The top-k is `jax.lax.top_k`'s ('exact'; on
-memories of 4,096 entries and more, computed tile by tile without the score
-matrix: memory/tiled_top_k.py) or
+memories of 4,096 entries and more filled to at most 3/4, computed tile by
+tile without the score matrix: memory/tiled_top_k.py) or
 `jax.lax.approx_max_k` ('approx', with `recall_target`; exact on CPU). With
 a mesh whose `memory_axis` shards the capacity axis, the top-k goes through
 sharded_retrieval.sharded_top_k (per-shard top-k, gather, final top-k).
@@ -33,7 +33,12 @@ from longformer_jax.memory.insertion import insert_entries
 from longformer_jax.memory.policies import EvictionPolicy
 from longformer_jax.memory.block_top_k import block_top_k, worth_blocking
 from longformer_jax.memory.sharded_retrieval import sharded_top_k, top_k
+from longformer_jax.memory import tiled_top_k as tiled_top_k_lib
 from longformer_jax.memory.tiled_top_k import tiled_top_k, worth_tiling
+
+# The tiled top-k is used while at most this fraction of the memory is filled (measured on a
+# 2-core CPU: tiled 0.59 s at half full, 0.87 s full; the whole matrix 0.71-0.84 s).
+TILED_UP_TO = 0.75
 
 
 @flax.struct.dataclass
@@ -120,6 +125,17 @@ def _gather_metadata(field: jax.Array, indices: jax.Array) -> jax.Array:
   return jnp.moveaxis(taken.reshape(indices.shape), 1, 2)
 
 
+def _untiled_top_k(memory: MemoryEntries, queries: jax.Array, k: int, scale):
+  """The exact top-k from the whole `[b, h, q, M]` score matrix: block maxima with the
+  validity mask fused in (no masked copy of the scores) where worth it, else lax.top_k."""
+  if worth_blocking(memory.capacity, k):
+    scores = similarities(memory, queries, scale, masked=False)       # [b, h, q, M]
+    values, indices = block_top_k(scores, k, valid=memory.valid[:, None, None, :])
+    return values, indices.astype(jnp.int32)
+  values, indices = top_k(similarities(memory, queries, scale), k)
+  return values, indices.astype(jnp.int32)
+
+
 def retrieve(memory: MemoryEntries, queries: jax.Array, k: int, *, scale: float | None = None,
              method: str = 'exact', recall_target: float = 0.95, mesh=None,
              memory_axis=None, batch_axis=None) -> Retrieved:
@@ -136,7 +152,9 @@ def retrieve(memory: MemoryEntries, queries: jax.Array, k: int, *, scale: float 
       axis `memory_axis` and the per-shard top-k path is used; `batch_axis`
       (optional) is the mesh axis sharding the batch rows there.
   Returns:
-    `Retrieved` with layout `[b, q, h, k, ...]`.
+    `Retrieved` with layout `[b, q, h, k, ...]`. Gradients reach the memory through the
+    gathered keys and values; `similarities` rank and mask, and from the tiled search
+    (memory/tiled_top_k.py) they carry none.
   """
   capacity = memory.capacity
   if capacity == 0 or k <= 0:
@@ -144,12 +162,16 @@ def retrieve(memory: MemoryEntries, queries: jax.Array, k: int, *, scale: float 
   found = min(k, capacity)
   sharded = mesh is not None and memory_axis is not None
   if method == 'exact' and not sharded and worth_tiling(capacity, found):
-    # Tile by tile: no [b, h, q, M] score matrix, and only the filled tiles are read.
-    values, indices = tiled_top_k(memory.data['keys'], memory.valid, queries, found, scale)
-  elif method == 'exact' and not sharded and worth_blocking(capacity, found):
-    # Block maxima with the validity mask fused in: no masked copy of the scores.
-    scores = similarities(memory, queries, scale, masked=False)       # [b, h, q, M]
-    values, indices = block_top_k(scores, found, valid=memory.valid[:, None, None, :])
+    # Tile by tile (no [b, h, q, M] score matrix, only the filled tiles read) while at most
+    # TILED_UP_TO of the memory is filled; fuller, the whole matrix at once is faster on a
+    # CPU (docs/benchmarks.md, Retrieval). One branch runs; both give lax.top_k's entries.
+    filled = tiled_top_k_lib.filled_tiles(memory.valid) * tiled_top_k_lib.TILE
+    values, indices = jax.lax.cond(
+        filled <= TILED_UP_TO * capacity,
+        lambda: tiled_top_k(memory.data['keys'], memory.valid, queries, found, scale),
+        lambda: _untiled_top_k(memory, queries, found, scale))
+  elif method == 'exact' and not sharded:
+    values, indices = _untiled_top_k(memory, queries, found, scale)
   elif sharded:
     scores = similarities(memory, queries, scale)                     # [b, h, q, M]
     values, indices = sharded_top_k(scores, found, mesh=mesh, memory_axis=memory_axis,
