@@ -48,9 +48,6 @@ ALLOWED = {
         "layer_schedule is a free mapping; its 'attention' key is optional ('' = not scheduled)",
     ('longformer_jax/evaluation/trained_memory.py', '_plain(model.layer_schedule)', 'attention'):
         "layer_schedule is a free mapping; its 'attention' key is optional ('' = not scheduled)",
-    ('longformer_jax/generation/context.py', 'sinks', 'num_sinks'):
-        'default 0 differs from StreamingSinksConfig.num_sinks = 4: reported, not changed '
-        '(issue 30); unreachable on a resolved config',
 }
 
 # Receivers that are not our config: root name -> reason.

@@ -70,8 +70,8 @@ def configured_memory(model: ml_collections.ConfigDict, context_len: int) -> str
           '' if mem_len else f', no cache, each {context_len}-token chunk starts afresh'))
     elif kind == 'streaming_sinks':
       sinks = model.streaming_sinks
-      parts.append(f'streaming_sinks layers: their rolling window of {sinks.get("window")} '
-                   f'tokens ({sinks.get("num_sinks", 0)} sinks) carries on')
+      parts.append(f'streaming_sinks layers: their rolling window of {sinks.window} '
+                   f'tokens ({sinks.num_sinks} sinks) carries on')
     else:
       parts.append(f'{kind} layers: their own memory (model.mem_len={mem_len})')
   return '; '.join(parts)
