@@ -36,8 +36,8 @@ from longformer_jax.memory.sharded_retrieval import sharded_top_k, top_k
 from longformer_jax.memory import tiled_top_k as tiled_top_k_lib
 from longformer_jax.memory.tiled_top_k import tiled_top_k, worth_tiling
 
-# The tiled top-k is used while at most this fraction of the memory is filled (measured on a
-# 2-core CPU: tiled 0.59 s at half full, 0.87 s full; the whole matrix 0.71-0.84 s).
+# The tiled top-k is used while at most this fraction of the memory is filled (the passkey
+# kNN step on a 2-core CPU: tiled 0.68 s half full, 1.00 s full; the whole matrix 0.85-0.88 s).
 TILED_UP_TO = 0.75
 
 
@@ -130,8 +130,7 @@ def _untiled_top_k(memory: MemoryEntries, queries: jax.Array, k: int, scale):
   validity mask fused in (no masked copy of the scores) where worth it, else lax.top_k."""
   if worth_blocking(memory.capacity, k):
     scores = similarities(memory, queries, scale, masked=False)       # [b, h, q, M]
-    values, indices = block_top_k(scores, k, valid=memory.valid[:, None, None, :])
-    return values, indices.astype(jnp.int32)
+    return block_top_k(scores, k, valid=memory.valid[:, None, None, :])
   values, indices = top_k(similarities(memory, queries, scale), k)
   return values, indices.astype(jnp.int32)
 
@@ -165,10 +164,10 @@ def retrieve(memory: MemoryEntries, queries: jax.Array, k: int, *, scale: float 
     # Tile by tile (no [b, h, q, M] score matrix, only the filled tiles read) while at most
     # TILED_UP_TO of the memory is filled; fuller, the whole matrix at once is faster on a
     # CPU (docs/benchmarks.md, Retrieval). One branch runs; both give lax.top_k's entries.
-    filled = tiled_top_k_lib.filled_tiles(memory.valid) * tiled_top_k_lib.TILE
+    tiles = tiled_top_k_lib.filled_tiles(memory.valid)
     values, indices = jax.lax.cond(
-        filled <= TILED_UP_TO * capacity,
-        lambda: tiled_top_k(memory.data['keys'], memory.valid, queries, found, scale),
+        tiles * tiled_top_k_lib.TILE <= TILED_UP_TO * capacity,
+        lambda: tiled_top_k(memory.data['keys'], memory.valid, queries, found, scale, tiles),
         lambda: _untiled_top_k(memory, queries, found, scale))
   elif method == 'exact' and not sharded:
     values, indices = _untiled_top_k(memory, queries, found, scale)

@@ -24,8 +24,6 @@ import jax.numpy as jnp
 DEFAULT_BLOCK = 64
 
 
-
-
 def _sort_order(keys: tuple, slots: jax.Array) -> jax.Array:
   """`slots` reordered by `(keys..., slots)` along axis 1 (ascending)."""
   return jax.lax.sort(tuple(keys) + (slots,), dimension=1, num_keys=len(keys) + 1)[-1]

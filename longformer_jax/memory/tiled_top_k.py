@@ -2,9 +2,9 @@
 
 `retrieve` on a memory of M entries scores every (query, entry) pair: a
 `[b, h, q, M]` float32 matrix, 2.1 GB for 16 rows of 128 queries, 4 heads and
-M = 65,536, written once and read twice. On a CPU that traffic, not the
-matmul, is the cost (1.8 s of a 2.0 s retrieval). Here the memory is read in
-tiles of `TILE` entries and the scores never leave the tile:
+M = 65,536, written once and read twice, whatever part of the memory is
+filled. Here the memory is read in tiles of `TILE` entries, only up to its
+last filled tile, and only maxima leave a tile:
 
   1. per tile, the scores `[b, h, TILE, q]` and their maxima over
      sub-blocks of `SUB_BLOCK` entries (invalid entries count as -inf) and
@@ -28,7 +28,7 @@ scores differ in the last bit may rank either way).
 import jax
 import jax.numpy as jnp
 
-TILE = 2048       # entries scored together (the scores of a tile stay in cache)
+TILE = 2048       # entries scored together
 SUB_BLOCK = 8     # entries per sub-block maximum
 BLOCK = 64        # sub-blocks per block maximum
 
@@ -45,7 +45,7 @@ def filled_tiles(valid: jax.Array) -> jax.Array:
   return (last + TILE) // TILE
 
 
-def _maxima(keys: jax.Array, valid: jax.Array, queries: jax.Array, scale) -> tuple:
+def _maxima(keys: jax.Array, valid: jax.Array, queries: jax.Array, scale, tiles) -> tuple:
   """Maxima of the masked scores over sub-blocks `[b, h, q, M / SUB_BLOCK]` and over
   blocks `[b, h, q, M / (SUB_BLOCK * BLOCK)]`, read tile by tile (step 1)."""
   b, capacity, h, d = keys.shape
@@ -69,7 +69,7 @@ def _maxima(keys: jax.Array, valid: jax.Array, queries: jax.Array, scale) -> tup
 
   empty = lambda n: jnp.full((b, h, n, q), -jnp.inf, jnp.float32)
   maxima, block_maxima = jax.lax.fori_loop(
-      0, filled_tiles(valid), tile_maxima,
+      0, tiles, tile_maxima,
       (empty(capacity // SUB_BLOCK), empty(capacity // (SUB_BLOCK * BLOCK))))
   return jnp.swapaxes(maxima, 2, 3), jnp.swapaxes(block_maxima, 2, 3)
 
@@ -80,7 +80,7 @@ def _in_index_order(maxima: jax.Array, k: int) -> jax.Array:
 
 
 def tiled_top_k(keys: jax.Array, valid: jax.Array, queries: jax.Array, k: int,
-                scale=None) -> tuple[jax.Array, jax.Array]:
+                scale=None, tiles=None) -> tuple[jax.Array, jax.Array]:
   """Each query's top-k memory entries per head by (scaled) dot product.
 
   Args:
@@ -89,6 +89,7 @@ def tiled_top_k(keys: jax.Array, valid: jax.Array, queries: jax.Array, k: int,
     queries: `[b, q, h, d]`.
     k: results per (query, head), `k * 4 <= M / SUB_BLOCK`.
     scale: multiplies the dot products (None: 1).
+    tiles: the tiles to read, `filled_tiles(valid)` where the caller has it (None: computed).
   Returns:
     `(values [b, h, q, k] float32, indices [b, h, q, k] int32)`, best first, as
     `lax.top_k(where(valid, scores, -inf), k)` gives them (see the module's note on
@@ -101,7 +102,8 @@ def tiled_top_k(keys: jax.Array, valid: jax.Array, queries: jax.Array, k: int,
   scale = jnp.float32(1.0 if scale is None else scale)
   # Only indices leave this function: no gradient flows through the search.
   keys, queries = jax.lax.stop_gradient(keys), jax.lax.stop_gradient(queries)
-  maxima, block_maxima = _maxima(keys, valid, queries, scale)
+  tiles = filled_tiles(valid) if tiles is None else tiles
+  maxima, block_maxima = _maxima(keys, valid, queries, scale, tiles)
   q = queries.shape[1]
   # Step 2: the best k blocks, then the best k of their sub-blocks.
   blocks = _in_index_order(block_maxima, k)                            # [b, h, q, k]
