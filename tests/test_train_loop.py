@@ -67,9 +67,14 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
   workdir = str(tmp_path)
   metrics_file = os.path.join(workdir, 'metrics.jsonl')
 
+  def first_line_logged() -> bool:
+    # Not the file's existence: the logger creates it before the loop installs its SIGTERM
+    # handler, and a SIGTERM in between would end this process.
+    return os.path.exists(metrics_file) and os.path.getsize(metrics_file) > 0
+
   def send_sigterm_after_first_log():
     deadline = time.time() + 300
-    while time.time() < deadline and not os.path.exists(metrics_file):
+    while time.time() < deadline and not first_line_logged():
       time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGTERM)
 
