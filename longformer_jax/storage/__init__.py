@@ -1,0 +1,1 @@
+"""Where runs live: local folders and `gs://` buckets through one path library."""
