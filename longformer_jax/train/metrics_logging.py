@@ -14,6 +14,11 @@ one short plain line per update instead. `note(line)` prints a line (a
 validation result) without breaking the bar.
 
 In multi-host runs, create both with `enabled=jax.process_index() == 0`.
+
+A `gs://` workdir takes the same calls: an object cannot be appended to, so
+both files grow in a local folder and are uploaded whole (at most every
+`REMOTE_UPLOAD_SECONDS`, and at `close`); a resumed run drops the lines past
+its checkpoint in any case, so lines lost to a kill are logged again.
 """
 
 import datetime
@@ -21,13 +26,17 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from typing import Any, TextIO
 
 import tensorboardX
 import tqdm
 
+from longformer_jax.storage import paths
+
 _RESERVED_KEYS = ('step', 'split')
+REMOTE_UPLOAD_SECONDS = 10.0
 
 
 class MetricsLogger:
@@ -46,17 +55,30 @@ class MetricsLogger:
     self._enabled = enabled
     self._jsonl = None
     self._tensorboard = None
+    self._staging = None
     if enabled:
-      os.makedirs(workdir, exist_ok=True)
-      path = os.path.join(workdir, 'metrics.jsonl')
+      workdir = paths.as_path(workdir)
+      workdir.mkdir(parents=True, exist_ok=True)
+      self._jsonl_path = workdir / 'metrics.jsonl'
+      self._tensorboard_path = workdir / 'tensorboard'
       purge_step = None
       if resume_step is not None:
-        _drop_lines_after(path, int(resume_step))
+        _drop_lines_after(self._jsonl_path, int(resume_step))
         purge_step = int(resume_step) + 1
-      self._jsonl = open(path, 'a', encoding='utf-8')
-      self._tensorboard = tensorboardX.SummaryWriter(
-          logdir=os.path.join(workdir, 'tensorboard'), purge_step=purge_step
-      )
+      jsonl, tensorboard = self._jsonl_path, self._tensorboard_path
+      if paths.is_remote(workdir):
+        # Objects cannot be appended to: both files grow in a local folder and are
+        # uploaded whole (TensorBoard's own GCS writer re-uploads from its finalizer,
+        # after the run and possibly after the network is gone).
+        self._staging = tempfile.TemporaryDirectory(prefix='metrics_')
+        jsonl = paths.as_path(self._staging.name) / 'metrics.jsonl'
+        tensorboard = paths.as_path(self._staging.name) / 'tensorboard'
+        if self._jsonl_path.exists():
+          jsonl.write_text(self._jsonl_path.read_text(encoding='utf-8'), encoding='utf-8')
+        self._uploaded_at = -math.inf
+      self._jsonl = open(jsonl, 'a', encoding='utf-8')
+      self._tensorboard = tensorboardX.SummaryWriter(logdir=os.fspath(tensorboard),
+                                                     purge_step=purge_step)
 
   def write(
       self, step: int, metrics: dict[str, float], prefix: str = 'train'
@@ -81,12 +103,27 @@ class MetricsLogger:
     for name, value in values.items():
       self._tensorboard.add_scalar(f'{prefix}/{name}', value, step)
     self._tensorboard.flush()
+    if self._staging and time.monotonic() - self._uploaded_at >= REMOTE_UPLOAD_SECONDS:
+      self._upload()
+
+  def _upload(self) -> None:
+    """Copies the staged files of a gs:// workdir over their objects (each whole)."""
+    staged = paths.as_path(self._staging.name)
+    self._jsonl_path.write_bytes((staged / 'metrics.jsonl').read_bytes())
+    self._tensorboard_path.mkdir(parents=True, exist_ok=True)
+    for event_file in (staged / 'tensorboard').iterdir():
+      (self._tensorboard_path / event_file.name).write_bytes(event_file.read_bytes())
+    self._uploaded_at = time.monotonic()
 
   def close(self) -> None:
     """Flushes and closes the files; later writes are errors."""
     if self._jsonl is not None:
       self._jsonl.close()
       self._tensorboard.close()
+      if self._staging:
+        self._upload()
+        self._staging.cleanup()
+        self._staging = None
       self._jsonl = None
       self._tensorboard = None
 
@@ -97,20 +134,16 @@ class MetricsLogger:
     self.close()
 
 
-def _drop_lines_after(path: str, step: int) -> None:
+def _drop_lines_after(path, step: int) -> None:
   """Rewrites `path` (atomically) without the lines of steps after `step`."""
-  if not os.path.exists(path):
+  if not path.exists():
     return
-  with open(path, encoding='utf-8') as f:
-    lines = f.readlines()
+  lines = path.read_text(encoding='utf-8').splitlines(keepends=True)
   kept = [line for line in lines
           if line.strip() and json.loads(line)['step'] <= step]
   if len(kept) == len(lines):
     return
-  temporary = path + '.tmp'
-  with open(temporary, 'w', encoding='utf-8') as f:
-    f.writelines(kept)
-  os.replace(temporary, path)
+  paths.write_text_atomically(path, ''.join(kept))
 
 
 class ProgressBar:

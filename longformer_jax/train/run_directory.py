@@ -7,19 +7,21 @@ temporary file renamed over the old one): a run that fails on an existing
 workdir leaves that workdir's `config.json` as it was.
 """
 
-import os
-
 import jax
 import ml_collections
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.storage import paths
 
 CONFIG_FILE = 'config.json'
 
 
 def check_workdir(workdir: str) -> None:
-  """Raises `ConfigError('--workdir', ...)` when `workdir` exists and is not a directory."""
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
+  """Raises `ConfigError('--workdir', ...)` when `workdir` is an existing file, or a `gs://`
+  path whose bucket does not exist."""
+  paths.check_bucket(workdir, '--workdir')
+  path = paths.as_path(workdir)
+  if path.exists() and not path.is_dir():
     raise ConfigError('--workdir', f'{workdir!r} is an existing file, not a directory; '
                       f'pass --workdir=DIR with a new or existing run directory')
 
@@ -28,9 +30,5 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Writes `workdir/config.json` atomically (first process only)."""
   if jax.process_index() != 0:
     return
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, CONFIG_FILE)
-  temporary = f'{path}.tmp'
-  with open(temporary, 'w') as f:
-    f.write(config.to_json_best_effort(indent=2))
-  os.replace(temporary, path)
+  paths.write_text_atomically(paths.as_path(workdir) / CONFIG_FILE,
+                              config.to_json_best_effort(indent=2))
