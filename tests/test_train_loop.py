@@ -12,8 +12,8 @@ import pytest
 
 import eval as eval_script
 import train as train_script
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.train.checkpointing import Checkpointer
 from tests.tiny_models import tiny_config
 
 

@@ -19,10 +19,10 @@ from absl import logging
 import jax
 import ml_collections
 
+from longformer_jax.checkpoint import resume_checks
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.experiment_config import migrate_saved_config
 from longformer_jax.parallel import sharding
-from longformer_jax.train import resume_checks
-from longformer_jax.train.checkpointing import Checkpointer
 from longformer_jax.train.loop_checks import check_finite
 from longformer_jax.train.metrics_logging import MetricsLogger, ProgressBar
 from longformer_jax.train.preemption import PreemptionWatcher
