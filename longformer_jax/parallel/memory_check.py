@@ -73,7 +73,7 @@ def check_mesh(config: ml_collections.ConfigDict, device_count: int) -> dict:
 
 
 def _abstract_batch(batch_size: int, length: int, batch_sharding) -> dict:
-  """The shapes, dtypes and sharding of a train batch (`train/batches.step_arrays`)."""
+  """The shapes, dtypes and sharding of a train batch (`train/steps.step_arrays`)."""
   int_array = jax.ShapeDtypeStruct((batch_size, length), 'int32', sharding=batch_sharding)
   bool_array = jax.ShapeDtypeStruct((batch_size, length), 'bool', sharding=batch_sharding)
   return dict(inputs=int_array, targets=int_array, positions=int_array, segment_ids=int_array,
