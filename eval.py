@@ -59,6 +59,7 @@ import jax
 import ml_collections
 
 from longformer_jax import command_line
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import parse_int_list, validate_config
 from longformer_jax.generation.context import read_import
@@ -76,7 +77,6 @@ from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
 from longformer_jax.evaluation.task_report import evaluate_task_run
 from longformer_jax.train import initialization, phases
-from longformer_jax.train.checkpointing import Checkpointer
 from longformer_jax.evaluation.lm_evaluator import Evaluator
 from longformer_jax.evaluation.line_plots import save_line_plot
 from longformer_jax.train.optimizer import make_optimizer

@@ -42,6 +42,7 @@ import jax
 import ml_collections
 
 from longformer_jax import command_line
+from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
 from longformer_jax.command_line import UserError
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.experiment_config import validate_config
@@ -54,7 +55,6 @@ from longformer_jax.generation.text_generation import generate_text
 from longformer_jax.models.decoder_lm import lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train.quiet_logs import show_own_info_only
-from longformer_jax.train.resume_checks import CheckpointMismatchError
 
 FLAGS = flags.FLAGS
 

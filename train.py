@@ -41,7 +41,6 @@ from longformer_jax.parallel.parallel_config import ParallelConfig
 from longformer_jax.train import loop
 from longformer_jax.train.encoder_task import EncoderTask
 from longformer_jax.train.lm_task import LanguageModelTask
-from longformer_jax.train.loop_checks import NonFiniteLossError  # noqa: F401 (re-exported)
 from longformer_jax.train.quiet_logs import show_own_info_only
 from longformer_jax.train.run_directory import check_workdir
 

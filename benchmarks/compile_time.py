@@ -5,7 +5,7 @@
 For each depth, with `model.scan_layers=True` (one layer body traced and
 compiled once, `nn.scan`) and with the unrolled stack, the default model's
 train step is lowered and compiled by the ahead-of-time memory check
-(`parallel/memory_check.train_step_memory`: the same step, shardings and
+(`memory_check.py`'s `train_step_memory`: the same step, shardings and
 donation as training; nothing runs). Every (depth, layout) is compiled
 `--repeats` times, the repeats interleaved so that the machine's load moves
 all of them alike; each row gives the median seconds with min and max, and
@@ -26,7 +26,7 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from longformer_jax import command_line  # pylint: disable=wrong-import-position
 from longformer_jax.experiment_config import validate_config  # pylint: disable=wrong-import-position
-from longformer_jax.parallel.memory_check import train_step_memory  # pylint: disable=wrong-import-position
+from memory_check import train_step_memory  # pylint: disable=wrong-import-position
 
 FLAGS = flags.FLAGS
 

@@ -75,9 +75,9 @@ def flag_config():
 
 def user_errors() -> tuple:
   """The exception types reported in one line (bad input, not bugs)."""
-  from longformer_jax.train.checkpointing import (  # pylint: disable=g-import-not-at-top
+  from longformer_jax.checkpoint.checkpointer import (  # pylint: disable=g-import-not-at-top
       CheckpointNotFoundError, CorruptCheckpointError)
-  from longformer_jax.train.resume_checks import CheckpointMismatchError  # pylint: disable=g-import-not-at-top
+  from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError  # pylint: disable=g-import-not-at-top
   return (ConfigError, UserError, FileNotFoundError, CheckpointNotFoundError,
           CorruptCheckpointError, CheckpointMismatchError, UnicodeDecodeError)
 

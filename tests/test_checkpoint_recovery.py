@@ -4,7 +4,7 @@ A corrupt step (a flipped bit, a truncated or missing file, garbled data
 state, missing checksums) is reported naming the step and left on disk;
 `restore_latest_intact` moves it aside to `<step>.corrupt` and resumes from
 the step before; other shapes or structure are a mismatch, not corruption;
-Orbax's thread noise stays hidden (train/orbax_noise.py).
+Orbax's thread noise stays hidden (checkpoint/orbax_noise.py).
 """
 
 import logging
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from longformer_jax.train.checkpointing import (
+from longformer_jax.checkpoint.checkpointer import (
     Checkpointer,
     CheckpointMismatchError,
     CheckpointNotFoundError,
@@ -186,7 +186,7 @@ def test_another_structure_is_a_mismatch(workdir):
 _RESUME_SCRIPT = textwrap.dedent('''
     import logging, pathlib, sys
     import jax, jax.numpy as jnp
-    from longformer_jax.train.checkpointing import Checkpointer
+    from longformer_jax.checkpoint.checkpointer import Checkpointer
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger('longformer_jax').setLevel(logging.INFO)
     workdir = sys.argv[1]

@@ -1,4 +1,4 @@
-"""Tests for `longformer_jax.train.checkpointing`.
+"""Tests for `longformer_jax.checkpoint.checkpointer`.
 
 They run on CPU with one or more (forced host platform) devices; the sharding
 tests need at least two.
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from longformer_jax.train import checkpoint_checksums
-from longformer_jax.train import checkpointing
-from longformer_jax.train.checkpointing import (
+from longformer_jax.checkpoint import checkpointer
+from longformer_jax.checkpoint import checksums
+from longformer_jax.checkpoint.checkpointer import (
     Checkpointer,
     CheckpointNotFoundError,
 )
@@ -241,12 +241,12 @@ def test_keep_must_be_positive(workdir):
 
 def test_checksum_changes_with_any_single_element():
   state = {'w': jnp.zeros((16, 8), jnp.bfloat16), 'k': jax.random.key(0)}
-  base = checkpoint_checksums.state_checksums(state)
+  base = checksums.state_checksums(state)
   changed_w = dict(state, w=state['w'].at[15, 7].set(1e-3))
   changed_k = dict(state, k=jax.random.key(1))
-  assert checkpoint_checksums.state_checksums(changed_w)["['w']"] != base["['w']"]
-  assert checkpoint_checksums.state_checksums(changed_w)["['k']"] == base["['k']"]
-  assert checkpoint_checksums.state_checksums(changed_k)["['k']"] != base["['k']"]
+  assert checksums.state_checksums(changed_w)["['w']"] != base["['w']"]
+  assert checksums.state_checksums(changed_w)["['k']"] == base["['k']"]
+  assert checksums.state_checksums(changed_k)["['k']"] != base["['k']"]
   assert base["['k']"]['dtype'] == 'key<fry>'
 
 
@@ -296,7 +296,7 @@ def test_zero_size_arrays_round_trip(tmp_path):
   """A memory of capacity 0 (mem_len=0) is part of the state; Orbax alone refuses it."""
   state = {'w': jnp.arange(4, dtype=jnp.float32), 'memory': jnp.zeros((2, 3, 0, 8), jnp.bfloat16),
            'valid': jnp.zeros((2, 0), bool)}
-  with checkpointing.Checkpointer(str(tmp_path), keep=2, async_save=False) as ckpt:
+  with checkpointer.Checkpointer(str(tmp_path), keep=2, async_save=False) as ckpt:
     assert ckpt.save(1, state, {'step': 1})
     abstract = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
@@ -320,7 +320,7 @@ def test_host_checksums_equal_the_device_program():
            'same_shape': [jnp.asarray(rng.normal(size=(3, 5)), jnp.float32) for _ in range(2)],
            'scalar': jnp.zeros((), jnp.int32)}
   arrays = jax.tree_util.tree_leaves(state)
-  host = [checkpoint_checksums._host_lanes(a) for a in arrays]
+  host = [checksums._host_lanes(a) for a in arrays]
   device = [tuple(int(v) for v in pair)
-            for pair in checkpoint_checksums._all_checksum_lanes(arrays)]
+            for pair in checksums._all_checksum_lanes(arrays)]
   assert host == device

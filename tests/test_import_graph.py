@@ -10,6 +10,8 @@ it stands (a function-level import is still a dependency). Checked:
 - `attention/` imports nothing from models, train or evaluation (a variant
   keeps the call contract on its own, contract 1);
 - `data/` imports nothing from models, attention, train or evaluation;
+- `checkpoint/` sits below train: it imports nothing from train, evaluation,
+  generation, convert, command_line or experiment_config;
 - no module cites a file that does not ship with the package ("DESIGN.md",
   "NOTES.md", "../shared"): code points to docs/.
 """
@@ -27,6 +29,8 @@ FORBIDDEN = {
     'layers': ('attention', 'models', 'train', 'evaluation'),
     'attention': ('models', 'train', 'evaluation'),
     'data': ('models', 'attention', 'train', 'evaluation'),
+    'checkpoint': ('train', 'evaluation', 'generation', 'convert', 'command_line',
+                   'experiment_config'),
 }
 STALE_REFERENCES = ('DESIGN.md', 'NOTES.md', '../shared')
 

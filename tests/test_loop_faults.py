@@ -10,7 +10,6 @@ import train as train_script
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.train import loop
 from longformer_jax.train.metrics_logging import ProgressBar
-from longformer_jax.train.throughput import Throughput
 from tests.test_longformer_tasks import trainable_task_config
 from tests.tiny_models import tiny_config
 
@@ -98,7 +97,7 @@ def test_task_progress_shows_loss_and_examples_per_s_to_the_stop_step(tmp_path, 
 
 def test_throughput_counts_only_the_window_since_the_last_restart():
   now = [0.0]
-  throughput = Throughput(clock=lambda: now[0])
+  throughput = loop.Throughput(clock=lambda: now[0])
   throughput.add(100)
   now[0] = 50.0                       # compile, then an evaluation: not training
   throughput.restart()

@@ -7,9 +7,9 @@ import sys
 import ml_collections
 import pytest
 
+import memory_check
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import validate_config
-from longformer_jax.parallel import memory_check
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = """
@@ -70,7 +70,7 @@ def test_command_line_error_is_one_line(tmp_path):
   config_file.write_text(TINY_CONFIG)
   env = dict(os.environ, PYTHONPATH=REPO_ROOT)
   result = subprocess.run(
-      [sys.executable, '-m', 'longformer_jax.parallel.memory_check', f'--config={config_file}',
+      [sys.executable, 'memory_check.py', f'--config={config_file}',
        '--config.parallel.mesh_shape=(2,1,1,3)'],
       capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120, check=False)
   assert result.returncode == 2, result.stderr

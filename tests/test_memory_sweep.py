@@ -23,7 +23,7 @@ from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.evaluation import memory_sweep
-from longformer_jax.train.batches import step_arrays
+from longformer_jax.train.steps import step_arrays
 from longformer_jax.evaluation.lm_evaluator import LN2, Evaluator
 from longformer_jax.train.lm_objective import lm_sums
 from tests.test_far_recurrences import far_by_brute_force

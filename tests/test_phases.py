@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import train as train_script
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.phased_streams import glue_batches
 from longformer_jax.data.train_streams import TrainStreams
 from longformer_jax.train import phases as phasing
-from longformer_jax.train.checkpointing import Checkpointer
 from longformer_jax.train.train_config import TrainConfig
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from tests.tiny_models import tiny_config

@@ -1,4 +1,4 @@
-"""Tests of `longformer_jax.train.resume_checks`: resuming with other settings."""
+"""Tests of `longformer_jax.checkpoint.resume_checks`: resuming with other settings."""
 
 import json
 
@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from longformer_jax.checkpoint import resume_checks
+from longformer_jax.checkpoint.resume_checks import check_resumable
+from longformer_jax.checkpoint.resume_checks import config_differences
+from longformer_jax.checkpoint.resume_checks import shape_differences
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.train import resume_checks
-from longformer_jax.train.resume_checks import check_resumable
-from longformer_jax.train.resume_checks import config_differences
-from longformer_jax.train.resume_checks import shape_differences
 
 
 def _config(**sections) -> dict:

@@ -24,10 +24,10 @@ import pytest
 
 from longformer_jax.attention import routing
 from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.train import optimizer as optimizer_lib
 from longformer_jax.train import steps
-from longformer_jax.train.checkpointing import Checkpointer
 from longformer_jax.train.initialization import init_variables
 from longformer_jax.train.lm_objective import chunk_context, lm_sums, lm_sums_with_state
 from longformer_jax.train.train_state import TrainState

@@ -12,8 +12,9 @@ import pytest
 
 import eval as eval_script
 import train as train_script
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.train.checkpointing import Checkpointer
+from longformer_jax.train.loop import NonFiniteLossError
 from tests.tiny_models import tiny_config
 
 
@@ -90,7 +91,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   config = small_run_config(checkpoint_every=1, log_every=1)
   config.optimizer.update(learning_rate=1e30, warmup_steps=0)
-  with pytest.raises(train_script.NonFiniteLossError, match='at step 2'):
+  with pytest.raises(NonFiniteLossError, match='at step 2'):
     train_script.train(config, str(tmp_path))
   checkpointer = Checkpointer(str(tmp_path), 3)
   assert checkpointer.all_steps() == [1]

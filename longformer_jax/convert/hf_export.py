@@ -149,7 +149,7 @@ def restore_run(workdir: str, step: int = -1) -> tuple:
   from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
   from longformer_jax.experiment_config import validate_config  # pylint: disable=g-import-not-at-top
   from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
-  from longformer_jax.train.resume_checks import CheckpointMismatchError  # pylint: disable=g-import-not-at-top
+  from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError  # pylint: disable=g-import-not-at-top
   config = generate.run_config(workdir, step)
   validate_config(config, jax.device_count())
   tokenizer = make_tokenizer(config.data)

@@ -136,7 +136,7 @@ def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
   from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config  # pylint: disable=g-import-not-at-top
   from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
   from longformer_jax.train import initialization, phases, run_directory  # pylint: disable=g-import-not-at-top
-  from longformer_jax.train.checkpointing import Checkpointer  # pylint: disable=g-import-not-at-top
+  from longformer_jax.checkpoint.checkpointer import Checkpointer  # pylint: disable=g-import-not-at-top
   from longformer_jax.train.optimizer import make_optimizer  # pylint: disable=g-import-not-at-top
 
   run_directory.check_workdir(workdir)

@@ -19,7 +19,6 @@ from longformer_jax.data.eval_streams import EvalStreams
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.parallel import sharding
 from longformer_jax.train import initialization, steps
-from longformer_jax.train.batches import step_arrays
 
 LN2 = math.log(2.0)
 TOKENS_PER_CALL = 512  # an eval call scans max(1, this // chunk_len) chunks (dispatch amortisation)
@@ -96,7 +95,7 @@ class Evaluator:
               if self.far_distance > 0 else None)
     with sharding.activation_sharding(self.mesh, self.rules):
       for batch in streams:
-        arrays = step_arrays(batch, self.tokenizer.pad_id)
+        arrays = steps.step_arrays(batch, self.tokenizer.pad_id)
         if marker is not None:
           arrays['subset_mask'] = marker.mark(batch)
         arrays = sharding.to_global_batch(arrays, self._batch_sharding)

@@ -3,17 +3,20 @@
 Used by the training loop (periodic validation of classification, qa and
 seq2seq runs) and by eval.py. Rows of each batch are split over processes
 like training rows; padding rows of the last batch have `weight` 0
-(`data/task_batches.eval_batches`).
+(`data/task_batches.eval_batches`). `batch_shardings` and `to_global` place
+a task's batches on the mesh, every array split over its leading batch axis
+(the training loop's batches too).
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 from longformer_jax.data.task_batches import eval_batches
 from longformer_jax.evaluation.task_metrics import task_metrics
 from longformer_jax.parallel import sharding
-from longformer_jax.train.task_batch_sharding import to_global
 
 
 class TaskEvaluator:
@@ -57,3 +60,17 @@ class TaskEvaluator:
       totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
     totals = jax.tree_util.tree_map(lambda x: float(np.asarray(x)), totals)
     return task_metrics(self.task, totals)
+
+
+def batch_shardings(example_batch: dict, mesh: jax.sharding.Mesh, rules) -> dict:
+  """`{name: NamedSharding}`: each array of `example_batch` sharded over its `batch` axis."""
+  def spec(array):
+    names = ('batch',) + (None,) * (np.ndim(array) - 1)
+    return NamedSharding(mesh, nn.logical_to_mesh_axes(names, sharding.rules_tuple(rules)))
+  return {name: spec(value) for name, value in example_batch.items()}
+
+
+def to_global(local: dict, shardings: dict) -> dict:
+  """This process's rows `{name: [rows, ...]}` -> global arrays laid out by `shardings`."""
+  return {name: jax.make_array_from_process_local_data(shardings[name], value)
+          for name, value in local.items()}

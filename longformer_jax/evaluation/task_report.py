@@ -18,18 +18,17 @@ import os
 import jax
 import ml_collections
 
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.evaluation import image_sampling
 from longformer_jax.evaluation.greedy_decoding import rouge_of_batches
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
-from longformer_jax.evaluation.task_evaluator import TaskEvaluator
+from longformer_jax.evaluation.task_evaluator import TaskEvaluator, batch_shardings
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import encoder_models, hibert_task
-from longformer_jax.train.checkpointing import Checkpointer
 from longformer_jax.train.encoder_task import global_batch_example
 from longformer_jax.train.optimizer import make_optimizer
-from longformer_jax.train.task_batch_sharding import batch_shardings
 
 # (metric, column name) of the table, per task; `loss` and `examples` in every table.
 TASK_COLUMNS = {

@@ -21,13 +21,12 @@ import numpy as np
 from longformer_jax.data.task_batches import TaskBatches
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.evaluation.model_description import describe_model
-from longformer_jax.evaluation.task_evaluator import TaskEvaluator
+from longformer_jax.evaluation.task_evaluator import TaskEvaluator, batch_shardings, to_global
 from longformer_jax.evaluation.task_metrics import task_metrics
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import encoder_models, hf_init, hibert_init, hibert_task, steps
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
-from longformer_jax.train.task_batch_sharding import batch_shardings, to_global
 
 
 def global_batch_example(arrays: dict, batch_size: int) -> dict:

@@ -2,7 +2,7 @@
 
 The batch is a dict of `[batch, n_chunks * chunk_len]` arrays: `inputs`,
 `targets`, `positions`, `segment_ids`, `doc_start`, `input_mask`,
-`target_mask` (see `longformer_jax.train.batches`). The chunk driver scans
+`target_mask` (see `longformer_jax.train.steps.step_arrays`). The chunk driver scans
 the model over the chunks; losses are summed inside the scan so that the
 logits of only one chunk are alive at a time.
 """

@@ -31,7 +31,6 @@ from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import initialization, phases as phasing, steps
-from longformer_jax.train.batches import step_arrays
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
 
 
@@ -163,7 +162,7 @@ class LanguageModelTask:
     return state
 
   def _load_batch(self) -> dict:
-    arrays = step_arrays(self.streams.next_batch(self.run.phase.length_multiple),
+    arrays = steps.step_arrays(self.streams.next_batch(self.run.phase.length_multiple),
                          self.tokenizer.pad_id)
     return sharding.to_global_batch(arrays, self.batch_sharding)
 

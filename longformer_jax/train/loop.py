@@ -13,21 +13,22 @@ the check for non-finite values does not stall the device; a checkpoint is
 saved only after the state's step checked finite.
 """
 
-from typing import Any, Protocol
+import math
+import signal
+import threading
+import time
+from typing import Any, Callable, Protocol
 
 from absl import logging
 import jax
 import ml_collections
 
+from longformer_jax.checkpoint import resume_checks
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.experiment_config import migrate_saved_config
 from longformer_jax.parallel import sharding
-from longformer_jax.train import resume_checks
-from longformer_jax.train.checkpointing import Checkpointer
-from longformer_jax.train.loop_checks import check_finite
 from longformer_jax.train.metrics_logging import MetricsLogger, ProgressBar
-from longformer_jax.train.preemption import PreemptionWatcher
 from longformer_jax.train.run_directory import write_config
-from longformer_jax.train.throughput import Throughput
 
 
 class TrainingTask(Protocol):
@@ -83,6 +84,81 @@ def one_line(metrics: dict) -> str:
     text = f'{value:.0f}' if value.is_integer() and abs(value) >= 1 else f'{value:.4f}'
     parts.append(f'{name} {text}')
   return ' | '.join(parts)
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss or gradient became NaN/inf; the last good checkpoint is kept."""
+
+
+def check_finite(step: int, metrics: dict) -> None:
+  """Raises `NonFiniteLossError` when step `step`'s loss or gradient norm is NaN/inf (host side)."""
+  for name in ('loss', 'grad_norm'):
+    if not math.isfinite(metrics[name]):
+      raise NonFiniteLossError(
+          f'non-finite {name} ({metrics[name]}) at step {step}; stopping without saving. '
+          f'The last good checkpoint is kept; lower optimizer.learning_rate or check the data.')
+
+
+class PreemptionWatcher:
+  """SIGTERM (TPU preemption, `kill`) turns into a flag the loop checks.
+
+  Installs a SIGTERM handler for its lifetime (a context manager). The loop
+  saves a checkpoint and returns at the end of the current step, so a
+  preempted run resumes where it stopped with nothing lost.
+  """
+
+  def __init__(self):
+    self._event = threading.Event()
+    self._previous = None
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self._event.set()
+
+  @property
+  def requested(self) -> bool:
+    return self._event.is_set()
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+    return False
+
+
+class Throughput:
+  """Units (tokens or examples) per second over the window since the last log line.
+
+  The window holds training only: the loop restarts it after every pause that
+  is not training (the first compile, a phase change, a validation pass, a
+  checkpoint save) and after every log line, each time at a point where the
+  device has finished the steps dispatched so far. Steps counted in a window
+  are exactly the steps run in its time span, so the rate is right at any
+  `train.log_every`, including the first window after a resume or an
+  evaluation.
+  """
+
+  def __init__(self, clock: Callable[[], float] = time.perf_counter):
+    self._clock = clock
+    self._units = 0
+    self._start = clock()
+
+  def restart(self) -> None:
+    """Starts an empty window now (the device must be idle: nothing in flight is counted)."""
+    self._units = 0
+    self._start = self._clock()
+
+  def add(self, units: int) -> None:
+    """Counts one dispatched step of `units` tokens or examples."""
+    self._units += units
+
+  def rate(self) -> float:
+    """Units per second since the window started (call once the counted steps have finished)."""
+    return self._units / max(self._clock() - self._start, 1e-9)
 
 
 def restore_or_create(task: TrainingTask, checkpointer: Checkpointer, config, workdir: str):

@@ -1,12 +1,29 @@
-"""Train and eval steps of the language model and the encoder tasks (pure; the tasks jit them)."""
+"""Train and eval steps of the language model and the encoder tasks (pure; the tasks jit them).
+
+`step_arrays` turns the data pipeline's `StreamBatch` into the arrays an LM
+step consumes (host side, numpy).
+"""
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from longformer_jax.train.lm_objective import AUX_PREFIX, lm_sums, lm_sums_with_state
 from longformer_jax.train.train_state import TrainState
+
+
+def step_arrays(batch, pad_id: int) -> dict[str, np.ndarray]:
+  """A `StreamBatch` -> `[rows, T]` numpy arrays named as `lm_objective.lm_sums` expects."""
+  return dict(
+      inputs=batch.inputs.astype(np.int32),
+      targets=batch.targets.astype(np.int32),
+      positions=batch.positions.astype(np.int32),
+      segment_ids=batch.segment_ids.astype(np.int32),
+      doc_start=batch.doc_start.astype(bool),
+      input_mask=batch.inputs != pad_id,
+      target_mask=batch.target_mask.astype(bool))
 
 
 def split_rows(tree, num_micro: int, row_axis: int):

@@ -1,4 +1,4 @@
-"""How a train state's layout maps onto what a checkpoint holds (train/checkpointing.py).
+"""How a train state's layout maps onto what a checkpoint holds (checkpoint/checkpointer.py).
 
 - Zero-size leaves (e.g. a memory of capacity 0) are saved as None: Orbax
   refuses to save them, and they hold no data; they are put back on restore.

@@ -1,10 +1,10 @@
 """Ahead-of-time memory check: per-device bytes of a config's train step, nothing allocated.
 
-  python -m longformer_jax.parallel.memory_check --config=configs/NAME.py [--config.KEY=VALUE ...]
+  python memory_check.py --config=configs/NAME.py [--config.KEY=VALUE ...]
 
 Builds the train state's shapes and shardings with `jax.eval_shape`
-(`train/initialization.abstract_train_state`), jits the train step exactly
-as training does (`train/lm_task.py`: the same in/out shardings, donation
+(`longformer_jax/train/initialization.abstract_train_state`), jits the train
+step exactly as training does (`longformer_jax/train/lm_task.py`: the same in/out shardings, donation
 and activation sharding rules, on the config's mesh), lowers it with
 abstract arguments and compiles it, without running it or creating the
 state. XLA's `memory_analysis()` of the compiled per-device program gives
@@ -20,6 +20,10 @@ Task 'lm' (every phase of a phased run); a bad setting prints one line.
 
 import dataclasses
 import functools
+
+if __name__ == '__main__':
+  from longformer_jax.cpu_malloc import reexec_with_cpu_malloc_settings
+  reexec_with_cpu_malloc_settings()
 
 from absl import flags
 import jax
@@ -73,7 +77,7 @@ def check_mesh(config: ml_collections.ConfigDict, device_count: int) -> dict:
 
 
 def _abstract_batch(batch_size: int, length: int, batch_sharding) -> dict:
-  """The shapes, dtypes and sharding of a train batch (`train/batches.step_arrays`)."""
+  """The shapes, dtypes and sharding of a train batch (`longformer_jax/train/steps.step_arrays`)."""
   int_array = jax.ShapeDtypeStruct((batch_size, length), 'int32', sharding=batch_sharding)
   bool_array = jax.ShapeDtypeStruct((batch_size, length), 'bool', sharding=batch_sharding)
   return dict(inputs=int_array, targets=int_array, positions=int_array, segment_ids=int_array,

@@ -38,12 +38,12 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from longformer_jax.train import orbax_noise, saved_layout
-from longformer_jax.train.checkpoint_checksums import state_checksums
-from longformer_jax.train.resume_checks import CheckpointMismatchError
-from longformer_jax.train.resume_checks import mismatch_error
-from longformer_jax.train.resume_checks import orbax_mismatch_summary
-from longformer_jax.train.resume_checks import shape_differences
+from longformer_jax.checkpoint import orbax_noise, saved_layout
+from longformer_jax.checkpoint.checksums import state_checksums
+from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
+from longformer_jax.checkpoint.resume_checks import mismatch_error
+from longformer_jax.checkpoint.resume_checks import orbax_mismatch_summary
+from longformer_jax.checkpoint.resume_checks import shape_differences
 
 PyTree = Any
 
