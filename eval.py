@@ -61,7 +61,7 @@ import ml_collections
 from longformer_jax import command_line
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.experiment_config import parse_int_list, validate_config
+from longformer_jax.experiment_config import migrate_saved_config, parse_int_list, validate_config
 from longformer_jax.generation.context import read_import
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
@@ -83,6 +83,25 @@ from longformer_jax.train.optimizer import make_optimizer
 from longformer_jax.train.quiet_logs import show_own_info_only
 
 
+def saved_config(path: str, log: bool = False) -> dict:
+  """The run's `config.json` in today's layout (an old run's flat model keys moved;
+  `log`: one info line per moved or dropped key)."""
+  with open(path) as f:
+    values, changes = migrate_saved_config(json.load(f))
+  if log:
+    for old, new in changes:
+      logging.info('%s: %s -> %s', path, old, new)
+  return values
+
+
+def run_config(cli_config: ml_collections.ConfigDict, workdir: str,
+               device_count: int | None = None) -> ml_collections.ConfigDict:
+  """The checked config eval.py evaluates `workdir` with: its `config.json` (any layout)
+  at the checkpoint's phase, with the command line's `eval` and `parallel` sections."""
+  config = at_checkpoint_phase(training_config(cli_config, workdir), workdir)
+  return validate_config(config, device_count)
+
+
 def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
   """The run's saved config with the command line's `eval` and `parallel` sections
   (`eval.batch_size > 0` replaces the run's `data.eval_batch_size`; for an imported
@@ -90,9 +109,7 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     raise FileNotFoundError(f'{path} not found: is {workdir!r} a train.py workdir?')
-  with open(path) as f:
-    saved = json.load(f)
-  config = ml_collections.ConfigDict(saved)
+  config = ml_collections.ConfigDict(saved_config(path, log=True))
   config.eval = cli_config.eval
   config.parallel = cli_config.parallel
   imported = read_import(workdir)
@@ -158,8 +175,7 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Evaluates the run in `workdir`; returns what it writes to metrics.json."""
   parallel = cli_config.get('parallel')
   distributed.initialize(ParallelConfig.build(parallel.to_dict() if parallel else None, 'parallel'))
-  config = at_checkpoint_phase(training_config(cli_config, workdir), workdir)
-  validate_config(config, jax.device_count())
+  config = run_config(cli_config, workdir, jax.device_count())
   if config.eval.image_samples and config.task != 'image':
     raise ConfigError('eval.image_samples', f'{config.eval.image_samples} is read only by task '
                       f"'image' (this run's task is {config.task!r})")
@@ -275,8 +291,7 @@ def check_overrides_apply(cli_config: ml_collections.ConfigDict, workdir: str) -
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     return                                   # evaluate_run reports the missing file
-  with open(path) as f:
-    saved = json.load(f)
+  saved = saved_config(path)
   overrides = given_settings(cli_config.to_dict(),
                              command_line.experiment_config(flags.FLAGS.config, []).to_dict())
   given = cli_config.to_dict() if flags.FLAGS['config'].present else overrides

@@ -29,7 +29,6 @@ cannot generate) is one line on stderr with exit status 2 (`--debug`: the
 traceback). Generation runs on one device.
 """
 
-import json
 import os
 import sys
 
@@ -146,8 +145,7 @@ def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     raise UserError(f'--workdir: {path} not found: is {workdir!r} a train.py workdir?')
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config = ml_collections.ConfigDict(eval_script.saved_config(path))
   defaults = command_line.experiment_config(command_line.DEFAULT_CONFIG, [])
   config.parallel = defaults.parallel
   config.eval.step = step

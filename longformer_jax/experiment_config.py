@@ -23,13 +23,13 @@ import ml_collections
 
 from longformer_jax.config.section import unknown_key_error
 from longformer_jax.config.errors import ConfigError, require
+from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.data.data_config import TASK_KEYS, DataConfig
 from longformer_jax.data.image_data import image_source
 from longformer_jax.evaluation.eval_config import EvalConfig
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.models.hibert import HIBERT_TASKS, HibertConfig
-from longformer_jax.models.model_config import (ModelConfig, migrate_flat_model, resolve_model,
-                                                section_classes)
+from longformer_jax.models.model_config import ModelConfig, resolve_model, section_classes
 from longformer_jax.parallel.mesh import mesh_axis_sizes
 from longformer_jax.parallel.parallel_config import ParallelConfig, check_sequence_split
 from longformer_jax.train.optimizer_config import OptimizerConfig

@@ -13,7 +13,7 @@ from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
-from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.config.migration import migrate_flat_model
 from tests.test_xl_attention import numpy_sinusoid
 from tests.tiny_models import random_normal, tiny_config, tiny_model_config
 

@@ -19,7 +19,8 @@ from longformer_jax.attention.attendre import AttendreAttention
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import policies
-from longformer_jax.models.model_config import migrate_flat_model, resolve_model
+from longformer_jax.config.migration import migrate_flat_model
+from longformer_jax.models.model_config import resolve_model
 
 B, D, H, HD, C = 2, 16, 2, 8, 8
 

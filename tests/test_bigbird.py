@@ -21,7 +21,7 @@ from longformer_jax.attention.bigbird import (BigBirdAttention, bigbird_attentio
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.decoder_lm import DecoderLM
-from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.config.migration import migrate_flat_model
 from tests.test_sparse_transformer import (B, D, H, HD, chunk_facts, context_for,
                                            dense_jax_attention, largest_intermediate,
                                            reference_layer)

@@ -21,7 +21,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.memory import compression, fifo
 from longformer_jax.models.decoder_lm import DecoderLM
-from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.config.migration import migrate_flat_model
 from tests.tiny_models import context_of, stream_batch, tiny_config, tiny_model_config
 
 B, C, D, H, HD = 2, 4, 16, 2, 8

@@ -38,10 +38,10 @@ ALLOWED = {
         'the sparse input: the top-level task default is declared here (no section holds it)',
     ('longformer_jax/experiment_config.py', "dict(model.get('layer_schedule') or {})", 'attention'):
         "layer_schedule is a free mapping; its 'attention' key is optional ('' = not scheduled)",
-    ('longformer_jax/models/model_config.py', "dict(values.get('layer_schedule') or {})",
+    ('longformer_jax/config/migration.py', "dict(values.get('layer_schedule') or {})",
      'attention'):
         "an old flat config's free layer_schedule mapping; its 'attention' key is optional",
-    ('longformer_jax/models/model_config.py', 'values', 'attention'):
+    ('longformer_jax/config/migration.py', 'values', 'attention'):
         "an old flat config: '' is 'no preference' when choosing where an old key moves, not "
         'a model default',
     ('longformer_jax/generation/context.py', 'dict(model.layer_schedule)', 'attention'):

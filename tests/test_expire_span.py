@@ -19,7 +19,7 @@ from longformer_jax.attention.expire_span import ExpireSpanAttention, soft_expir
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
-from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.config.migration import migrate_flat_model
 from tests.tiny_models import tiny_config, tiny_model_config
 
 B, C, D, H, HD = 2, 4, 16, 2, 8

@@ -10,7 +10,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.gating import Gate
 from longformer_jax.memory import fifo
 from longformer_jax.models.gtrxl_block import GatedBlock, GTrXLConfig
-from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.models.pre_ln_block import DecoderBlock
 from tests.tiny_models import context_of, random_normal, stream_batch, tiny_config, tiny_model_config
 

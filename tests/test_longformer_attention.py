@@ -20,7 +20,8 @@ from longformer_jax.attention.core.dilated_window import dilated_window_attentio
 from longformer_jax.attention.longformer import LongformerAttention
 from longformer_jax.attention.core.sliding_window import blocked_window_attention
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.models.model_config import migrate_flat_model, resolve_model
+from longformer_jax.config.migration import migrate_flat_model
+from longformer_jax.models.model_config import resolve_model
 from longformer_jax.memory import fifo
 
 B, D, H, HD = 2, 16, 2, 8

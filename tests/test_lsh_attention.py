@@ -22,7 +22,8 @@ from longformer_jax.attention.lsh import (SELF_LOGIT, LSHAttention, hash_buckets
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
-from longformer_jax.models.model_config import migrate_flat_model, resolve_model
+from longformer_jax.config.migration import migrate_flat_model
+from longformer_jax.models.model_config import resolve_model
 
 B, N, H, D = 2, 32, 2, 8
 

@@ -20,7 +20,8 @@ from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.memorizing import MemorizingAttention
 from longformer_jax.attention.vanilla import VanillaAttention
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.models.model_config import migrate_flat_model, resolve_model
+from longformer_jax.config.migration import migrate_flat_model
+from longformer_jax.models.model_config import resolve_model
 from tests.test_vanilla_attention import numpy_rotate
 from tests.tiny_models import tiny_config, tiny_model_config
 from train import train

@@ -19,7 +19,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.layers.reversible import reversible_sequence
 from longformer_jax.models.layer_schedule import layer_config
-from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.models.reversible_stack import LayerAt, ReversibleConfig, ReversibleStack
 from longformer_jax.models.stack_registry import stack_class
 from tests.tiny_models import context_of, stream_batch, tiny_config, tiny_model_config

@@ -22,7 +22,7 @@ from longformer_jax.attention.sparse_transformer import (SparseTransformerAttent
                                                          sparse_transformer_attention)
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.decoder_lm import DecoderLM
-from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.config.migration import migrate_flat_model
 from tests.gradient_checks import assert_gradients_match
 from tests.tiny_models import context_of, stream_batch, tiny_config, tiny_model_config
 

@@ -20,7 +20,7 @@ import pytest
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.config.migration import migrate_flat_model
 from tests.test_vanilla_attention import numpy_rotate
 from tests.tiny_models import tiny_config, tiny_model_config
 from train import train

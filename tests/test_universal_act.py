@@ -9,7 +9,7 @@ import pytest
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.models.pre_ln_block import DecoderBlock
-from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.models.universal_stack import UniversalTransformerACT
 from tests.tiny_models import context_of, random_normal, stream_batch, tiny_config, tiny_model_config
 

@@ -8,7 +8,7 @@ from configs.default import get_config
 from longformer_jax.attention.core.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.experiment_config import resolve_config
-from longformer_jax.models.model_config import migrate_flat_model
+from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.models.decoder_lm import lm_model_config
 
 VOCAB = 259  # the byte tokenizer's
@@ -19,7 +19,7 @@ def tiny_config(**model_overrides) -> ml_collections.ConfigDict:
 
   `model_overrides` may use the shared model settings, whole sections
   (`longformer={'window': 3}`) or the old flat names (`window=3`), which go
-  to the section of the variant that reads them (`model_config.migrate_flat_model`).
+  to the section of the variant that reads them (`config.migration.migrate_flat_model`).
   A variant without a cache gets `mem_len=0` unless `mem_len` is given.
   """
   model = dict(num_layers=2, d_model=32, num_heads=2, head_dim=16, d_ff=64, vocab_multiple=8)

@@ -69,10 +69,6 @@ class AdaptiveSpanConfig(Section):
   trim: bool = True         # attend only over the memory entries a span can reach
   clamp_len: int = -1       # clamp relative distances to this (-1: off)
 
-  legacy_names = {'span_max': 'max_span', 'span_ramp': 'ramp', 'span_init': 'init',
-                  'span_block': 'block', 'span_dynamic': 'dynamic', 'span_trim': 'trim',
-                  'clamp_len': 'clamp_len'}
-
   def validate(self, env) -> None:
     self.require(self.max_span >= 0, 'max_span', 'must be >= 0 (0: model.mem_len)')
     self.require(self.ramp > 0, 'ramp', 'must be > 0')

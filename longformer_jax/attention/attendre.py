@@ -147,15 +147,6 @@ class AttendreConfig(Section):
   # attend_first: attend to [memory; chunk], then insert (default: recorded results reproduce)
   order: str = 'attend_first'
 
-  legacy_names = {'memory_size': 'memory_size', 'q_memory_size': 'q_memory_size',
-                  'memory_policy': 'policy', 'lra_pooling': 'lra_pooling',
-                  'lfa_gamma': 'lfa_gamma', 'num_sinks': 'num_sinks',
-                  'init_std_multiplier': 'init_std_multiplier', 'admission': 'admission',
-                  'recent_window': 'recent_window', 'per_head_scores': 'per_head_scores',
-                  'memory_top_k': 'top_k', 'memory_top_k_method': 'top_k_method',
-                  'memory_recall_target': 'recall_target',
-                  'rope_max_distance': 'rope_max_distance'}
-
   def validate(self, env) -> None:
     self.require(self.memory_size >= 0, 'memory_size', 'must be >= 0')
     self.require(self.q_memory_size >= 0, 'q_memory_size', 'must be >= 0 (0: no delay)')

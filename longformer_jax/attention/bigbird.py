@@ -67,11 +67,6 @@ class BigBirdConfig(Section):
   max_global_tokens: int = 0      # most tokens flagged in ctx.global_flags made global
   seed: int = 0                   # random blocks of layer i: fold_in(PRNGKey(seed), i)
 
-  legacy_names = {'bigbird_block': 'block', 'bigbird_window_blocks': 'window_blocks',
-                  'bigbird_random_blocks': 'random_blocks',
-                  'bigbird_global_blocks': 'global_blocks',
-                  'bigbird_max_global_tokens': 'max_global_tokens', 'bigbird_seed': 'seed'}
-
   def validate(self, env) -> None:
     self.require(self.block >= 1, 'block', 'must be >= 1')
     for name in ('window_blocks', 'random_blocks', 'global_blocks', 'max_global_tokens'):

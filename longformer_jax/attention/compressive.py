@@ -58,10 +58,6 @@ class CompressiveConfig(Section):
   dilation: int = 2            # dilated_conv spacing of the window
   clamp_len: int = -1          # clamp relative distances to this (-1: off)
 
-  legacy_names = {'compressed_mem_len': 'compressed_mem_len', 'compression': 'function',
-                  'compression_rate': 'rate', 'compression_kernel': 'kernel',
-                  'compression_dilation': 'dilation', 'clamp_len': 'clamp_len'}
-
   def validate(self, env) -> None:
     self.require(self.compressed_mem_len >= 0, 'compressed_mem_len', 'must be >= 0')
     self.require(self.function in compression.COMPRESSION_FUNCTIONS, 'function',

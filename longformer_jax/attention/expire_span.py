@@ -64,10 +64,6 @@ class ExpireSpanConfig(Section):
   shorten: bool = False         # random memory shortening in training
   clamp_len: int = -1           # clamp relative distances to this (-1: off)
 
-  legacy_names = {'expire_span_max': 'max_span', 'expire_span_ramp': 'ramp',
-                  'expire_span_init_fraction': 'init_fraction',
-                  'expire_span_shorten': 'shorten', 'clamp_len': 'clamp_len'}
-
   def validate(self, env) -> None:
     self.require(self.max_span >= 0, 'max_span', 'must be >= 0 (0: model.mem_len)')
     self.require(self.ramp > 0, 'ramp', 'must be > 0')

@@ -85,10 +85,6 @@ class LongformerConfig(Section):
                                   # windows cross chunk boundaries (two-sided: never)
   rotary: bool = True             # RoPE on queries and keys (False: the model adds positions)
 
-  legacy_names = {name: name for name in (
-      'window', 'dilation', 'head_dilations', 'block_size', 'global_tokens',
-      'global_projections', 'window_cache', 'rotary')}
-
   def validate(self, env) -> None:
     self.require(self.window >= 1, 'window', 'must be >= 1 (one-sided: keys on each side)')
     self.require(self.dilation >= 1, 'dilation', 'must be >= 1')

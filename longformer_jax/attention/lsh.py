@@ -93,10 +93,6 @@ class LSHConfig(Section):
   rotary: bool = True             # RoPE on the shared QK vectors before hashing
   logit_scale: str = 'inverse_sqrt_head_dim'  # or 'none': no 1/sqrt(d) (trax, Hugging Face)
 
-  legacy_names = {'lsh_num_hashes': 'num_hashes', 'lsh_num_buckets': 'num_buckets',
-                  'lsh_chunk_len': 'chunk_len', 'lsh_seed': 'seed',
-                  'lsh_rotations_per_step': 'rotations_per_step', 'lsh_rotary': 'rotary'}
-
   def validate(self, env) -> None:
     self.require(self.num_hashes >= 1, 'num_hashes', 'must be >= 1 (hash rounds)')
     self.require(self.num_buckets >= 2 and self.num_buckets % 2 == 0, 'num_buckets',

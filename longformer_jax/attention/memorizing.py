@@ -75,12 +75,6 @@ class MemorizingConfig(Section):
   qk_scale_init: float = 16.0   # normalize_qk: the scale's initial value
   rope_max_distance: int = -1   # LM-Infinite cap of local RoPE distances (-1: off)
 
-  legacy_names = {'knn_memory_size': 'memory_size', 'knn_top_k': 'top_k',
-                  'knn_method': 'method', 'knn_recall_target': 'recall_target',
-                  'knn_gate': 'gate', 'knn_gate_value': 'gate_value',
-                  'knn_normalize_qk': 'normalize_qk', 'knn_qk_scale_init': 'qk_scale_init',
-                  'rope_max_distance': 'rope_max_distance'}
-
   def validate(self, env) -> None:
     self.require(self.memory_size > 0, 'memory_size', 'must be > 0')
     self.require(self.top_k > 0, 'top_k', 'must be > 0')

@@ -87,9 +87,6 @@ class SparseTransformerConfig(Section):
   summary_len: int = 1            # c: fixed pattern's summary positions per block, 1 <= c <= l
   integration: str = 'merged'     # merged: one softmax over the union | multihead: heads split
 
-  legacy_names = {'sparse_pattern': 'pattern', 'sparse_stride': 'stride',
-                  'sparse_summary_len': 'summary_len', 'sparse_integration': 'integration'}
-
   def validate(self, env) -> None:
     self.require(self.pattern in PATTERNS, 'pattern', f'must be one of {list(PATTERNS)}')
     self.require(self.integration in INTEGRATIONS, 'integration',

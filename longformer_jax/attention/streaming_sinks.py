@@ -62,9 +62,6 @@ class StreamingSinksConfig(Section):
   window: int = 256           # most recent tokens each query sees, itself included
   positions: str = 'cache'    # RoPE positions: cache (slots in the cache, the paper) | original
 
-  legacy_names = {'num_sinks': 'num_sinks', 'sink_window': 'window',
-                  'sink_positions': 'positions'}
-
   def validate(self, env) -> None:
     del env
     self.require(self.num_sinks >= 0, 'num_sinks', 'must be >= 0')

@@ -54,8 +54,6 @@ class XLConfig(Section):
   clamp_len: int = -1           # clamp relative distances to this (-1: off)
   relative_impl: str = 'shift'  # shift (continuous streams) | gather (any memory layout)
 
-  legacy_names = {'clamp_len': 'clamp_len', 'relative_impl': 'relative_impl'}
-
   def validate(self, env) -> None:
     del env
     self.require(self.clamp_len == -1 or self.clamp_len > 0, 'clamp_len',

@@ -19,16 +19,15 @@ line (`ConfigError`). Command-line strings are parsed by the field's type.
 
 Fields are plain values (int, float, bool, str, tuples of them) or nested
 sections; a field typed `dict` holds a free mapping that its section checks.
-Old flat names (`legacy_names`, e.g. `{'lsh_num_buckets': 'num_buckets'}`)
-let a `config.json` written before the sections existed still load
-(`migrate_flat_model` in `longformer_jax/models/model_config.py`).
+A `config.json` written before the sections existed still loads: its old
+flat names move to their sections in `longformer_jax/config/migration.py`.
 """
 
 import ast
 import dataclasses
 import difflib
 import typing
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 from longformer_jax.config.errors import ConfigError
 
@@ -57,9 +56,6 @@ class FieldError(Exception):
 
 class Section:
   """Mixin for frozen dataclasses that are config sections (see the module docstring)."""
-
-  # Old flat key (of the section above this one) -> field name, for old config.json files.
-  legacy_names: ClassVar[Mapping[str, str]] = {}
 
   def validate(self, env: Any) -> None:
     """Checks rules across fields (and against `env`, what the section lives in)."""

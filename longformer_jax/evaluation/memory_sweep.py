@@ -60,6 +60,7 @@ import os
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.config.section import closest_name
 from longformer_jax.config.errors import ConfigError, require
+from longformer_jax.config.migration import renamed_field
 from longformer_jax.evaluation.line_plots import save_line_plot
 from longformer_jax.memory import policies
 from longformer_jax.models.model_config import section_classes
@@ -156,10 +157,9 @@ def _check_extra_key(key: str, pairs: list) -> None:
   if set_by:
     raise ConfigError(SWEEP_KEY, f'{key!r} of {set_by[0]} is set by the sweep from memory_size '
                       'and chunk')
-  renamed = [f'{cls.legacy_names[key]!r}' for name, cls in section_classes().items()
-             if name in variants and key in cls.legacy_names]
+  renamed = renamed_field(key, variants)
   if renamed:
-    raise ConfigError(SWEEP_KEY, f'unknown key {key!r}; it is now {renamed[0]}')
+    raise ConfigError(SWEEP_KEY, f'unknown key {key!r}; it is now {renamed!r}')
   raise ConfigError(SWEEP_KEY, f'unknown key {key!r} (variant {", ".join(variants)}: one of '
                     f'{", ".join(SWEEP_SETTINGS + tuple(valid))})'
                     f'{closest_name(key, SWEEP_SETTINGS + tuple(valid))}')

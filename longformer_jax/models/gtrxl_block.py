@@ -34,8 +34,6 @@ class GTrXLConfig(Section):
   gate_bias: float = 2.0    # b_g; > 0 starts each block near the identity
   relu: bool = True         # ReLU on the sub-layer outputs, as in the paper
 
-  legacy_names = {'gtrxl_gate': 'gate', 'gtrxl_gate_bias': 'gate_bias', 'gtrxl_relu': 'relu'}
-
   def validate(self, env) -> None:
     del env
     self.require(self.gate in GATE_TYPES, 'gate', f'must be one of {GATE_TYPES}')

@@ -23,6 +23,7 @@ from longformer_jax.attention.core import attention_backend
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.config.section import Section, closest_name, unknown_key_error
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.config.migration import moved_key
 from longformer_jax.models import layer_schedule
 from longformer_jax.models.block_registry import BLOCK_TYPES
 from longformer_jax.models.stack_registry import STACK_TYPES
@@ -322,45 +323,6 @@ def _field_type_of(common_names, sections):
       return sections[parts[0]].field_type(parts[1])
     return None
   return field_type
-
-
-def moved_key(flat_key: str, prefer: tuple = ()) -> str:
-  """Where an old flat `config.model` key lives now ('window' -> 'longformer.window'), or ''.
-
-  A name several sections took over (`clamp_len`) goes to the first of `prefer`
-  (the variants the model uses) that has it.
-  """
-  claims = [name for name, cls in section_classes().items() if flat_key in cls.legacy_names]
-  claims.sort(key=lambda name: (name not in prefer, prefer.index(name) if name in prefer else 0))
-  if not claims:
-    return ''
-  return f'{claims[0]}.{section_classes()[claims[0]].legacy_names[flat_key]}'
-
-
-def migrate_flat_model(values: Mapping) -> tuple:
-  """An old flat `config.model` dict in the nested layout; `(values, moved)`.
-
-  `moved` lists `(old_key, new_path)` of every key that was moved. Keys that
-  are neither shared settings nor old names stay where they are (and fail
-  in `resolve_model` with the closest valid name).
-  """
-  out, moved = {}, []
-  scheduled = str(dict(values.get('layer_schedule') or {}).get('attention', ''))
-  prefer = tuple([values.get('attention', '')] + scheduled.replace(' ', '').split(',')) + tuple(
-      str(values.get(name, '')) for name in ('block', 'stack'))
-  for key, value in values.items():
-    target = '' if key in ModelConfig.field_names() else moved_key(key, prefer)
-    if key == 'layer_schedule' and isinstance(value, Mapping):
-      schedule, schedule_moved = migrate_flat_model(value)
-      out[key] = schedule
-      moved.extend((f'layer_schedule.{old}', f'layer_schedule.{new}') for old, new in schedule_moved)
-    elif target:
-      section, name = target.split('.')
-      out.setdefault(section, {})[name] = value
-      moved.append((key, target))
-    else:
-      out[key] = value
-  return out, moved
 
 
 def field_defaults() -> dict[str, Any]:

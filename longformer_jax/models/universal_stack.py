@@ -48,8 +48,6 @@ class UniversalACTConfig(Section):
   max_steps: int = 4        # applications of the shared block (the most any position gets)
   epsilon: float = 0.01     # a position halts once its halting sum would pass 1 - epsilon
 
-  legacy_names = {'act_max_steps': 'max_steps', 'act_epsilon': 'epsilon'}
-
   def validate(self, env) -> None:
     self.require(self.max_steps >= 1, 'max_steps', 'must be >= 1')
     self.require(0.0 < self.epsilon < 1.0, 'epsilon', 'must be in (0, 1)')
