@@ -5,14 +5,22 @@ through gcsfs and tensorstore exactly as it talks to Cloud Storage.
 """
 
 import json
+import os
 
+import fsspec
+import jax
 import ml_collections
+import numpy as np
 import pytest
+
+import train as train_script
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.storage import paths
 from longformer_jax.train import metrics_logging, run_directory
 from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
+from tests.tiny_models import tiny_config
 
 
 def read_steps(path) -> list:
@@ -44,3 +52,38 @@ def test_config_json_and_workdir_checks(gcs_bucket):
     run_directory.check_workdir(f'{workdir}/config.json')
   with pytest.raises(ConfigError, match='bucket gs://missing-bucket-y does not exist'):
     run_directory.check_workdir('gs://missing-bucket-y/run')
+
+
+def small_run_config(**train_overrides):
+  config = tiny_config(attention='xl')
+  config.train.update(eval_every=0, log_every=1, checkpoint_every=3, keep_checkpoints=3)
+  config.train.update(**train_overrides)
+  return config
+
+
+def assert_trees_equal(a, b):
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+                         a, b)
+
+
+def test_a_gs_run_resumes_bit_identically_and_skips_a_broken_checkpoint(gcs_bucket, tmp_path):
+  reference, _ = train_script.train(small_run_config(num_steps=6), str(tmp_path / 'local'))
+  workdir = f'{gcs_bucket}/life_cycle'
+  first, _ = train_script.train(small_run_config(num_steps=6, stop_after_steps=4), workdir)
+  assert int(first.step) == 4
+  checkpoints = paths.as_path(workdir) / 'checkpoints'
+  assert Checkpointer(workdir, 3).all_steps() == [3, 4]
+  # Step 4's upload breaks off: its array objects are gone, its commit marker stays.
+  filesystem, name = fsspec.core.url_to_fs(os.fspath(checkpoints / '4' / 'state'))
+  data_objects = [f for f in filesystem.find(name) if '/d/' in f]
+  assert data_objects
+  filesystem.rm(data_objects)
+  resumed, _ = train_script.train(small_run_config(num_steps=6), workdir)
+  assert int(resumed.step) == 6
+  # Resumed from step 3, so steps 4-6 ran again: the same as one uninterrupted run.
+  assert_trees_equal(jax.device_get(resumed.params), jax.device_get(reference.params))
+  names = sorted(p.name for p in checkpoints.iterdir())
+  assert '4.corrupt' in names, names                     # moved aside, not deleted
+  steps = [json.loads(line)['step'] for line in
+           (paths.as_path(workdir) / 'metrics.jsonl').read_text().splitlines()]
+  assert steps == [1, 2, 3, 4, 5, 6]                      # no duplicate rows after the resume

@@ -10,8 +10,9 @@ items:
   * `checksums`: one checksum per array of `state`, a JSON dict.
 
 Orbax writes a step into `<step>.orbax-checkpoint-tmp` and renames it when it
-is complete, so a directory left by a killed process is never listed as a
-checkpoint. Orbax (TensorStore) notices a missing or truncated file, but a
+is complete (in a `gs://` workdir, which has no rename, it writes
+`<step>/commit_success.txt` last), so a step left by a killed process is never
+listed as a checkpoint. Orbax (TensorStore) notices a missing or truncated file, but a
 flipped bit inside a chunk of array data is restored silently; the checksums
 catch that, so a resumed run is either bit-identical to the saved one or fails
 with `CorruptCheckpointError`. Nothing here ever deletes or rewrites an
@@ -44,6 +45,7 @@ from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
 from longformer_jax.checkpoint.resume_checks import mismatch_error
 from longformer_jax.checkpoint.resume_checks import orbax_mismatch_summary
 from longformer_jax.checkpoint.resume_checks import shape_differences
+from longformer_jax.storage import paths
 
 PyTree = Any
 
@@ -81,7 +83,7 @@ class Checkpointer:
     if keep < 1:
       raise ValueError(f'keep must be >= 1 checkpoints, got {keep}.')
     orbax_noise.install()
-    self._directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+    self._directory = os.fspath(paths.as_path(workdir) / 'checkpoints')
     options = ocp.CheckpointManagerOptions(
         preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
         enable_async_checkpointing=async_save,
@@ -275,10 +277,10 @@ class Checkpointer:
     source = self._step_directory(step)
     for n in itertools.count():
       target = source + _CORRUPT_SUFFIX + (f'-{n}' if n else '')
-      if not os.path.exists(target):
+      if not paths.as_path(target).exists():
         break
     if jax.process_index() == 0:
-      os.rename(source, target)
+      paths.move_aside(source, target)
     if jax.process_count() > 1:
       ocp.multihost.sync_global_processes(
           f'longformer_jax_move_aside_{step}_{next(self._barriers)}')

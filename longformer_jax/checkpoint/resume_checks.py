@@ -15,12 +15,12 @@ of reporting a corrupt checkpoint:
 """
 
 import json
-import os
 from typing import Any, Callable, Mapping
 
 import jax
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.storage import paths
 
 PyTree = Any
 
@@ -89,11 +89,10 @@ def check_resumable(
       lists up to `MAX_LISTED` settings with their saved and new values and
       says to use a new workdir or the saved settings.
   """
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  path = paths.as_path(workdir) / 'config.json'
+  if not path.exists():
     return
-  with open(path, encoding='utf-8') as f:
-    saved = json.load(f)
+  saved = json.loads(path.read_text(encoding='utf-8'))
   if migrate is not None:
     saved = migrate(saved)
   differences = config_differences(saved, current_config)
