@@ -75,6 +75,7 @@ from longformer_jax.evaluation.architecture_overrides import (architecture_overr
                                                               given_settings, unread_overrides)
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
+from longformer_jax.storage import paths
 from longformer_jax.evaluation.task_report import evaluate_task_run
 from longformer_jax.train import initialization, phases
 from longformer_jax.evaluation.lm_evaluator import Evaluator
@@ -86,8 +87,7 @@ from longformer_jax.train.quiet_logs import show_own_info_only
 def saved_config(path: str, log: bool = False) -> dict:
   """The run's `config.json` in today's layout (an old run's flat model keys moved;
   `log`: one info line per moved or dropped key)."""
-  with open(path) as f:
-    values, changes = migrate_saved_config(json.load(f))
+  values, changes = migrate_saved_config(json.loads(paths.as_path(path).read_text()))
   if log:
     for old, new in changes:
       logging.info('%s: %s -> %s', path, old, new)
@@ -107,7 +107,7 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
   (`eval.batch_size > 0` replaces the run's `data.eval_batch_size`; for an imported
   checkpoint, `eval.chunk_len = 0` means its context, generation/context.py)."""
   path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  if not paths.as_path(path).exists():
     raise FileNotFoundError(f'{path} not found: is {workdir!r} a train.py workdir?')
   config = ml_collections.ConfigDict(saved_config(path, log=True))
   config.eval = cli_config.eval
@@ -220,16 +220,16 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   if spans:
     result['learned_spans'] = spans
   if jax.process_index() == 0:
-    out_dir = fresh_output_dir(workdir)
-    with open(os.path.join(out_dir, 'metrics.json'), 'w') as f:
-      json.dump(result, f, indent=2)
-    if len(rows) > 1:
-      plot_bits_per_byte(rows, os.path.join(out_dir, 'bits_per_byte_vs_mem_len.png'),
-                         f'{config.model.attention}, step {step}, {config.eval.split}')
+    with fresh_output_dir(workdir) as out_dir:
+      with open(os.path.join(out_dir, 'metrics.json'), 'w') as f:
+        json.dump(result, f, indent=2)
+      if len(rows) > 1:
+        plot_bits_per_byte(rows, os.path.join(out_dir, 'bits_per_byte_vs_mem_len.png'),
+                           f'{config.model.attention}, step {step}, {config.eval.split}')
+      if spans:
+        write_span_report(spans, out_dir, f'learned spans, step {step}')
     print(f'{config.eval.split} split, checkpoint step {step}, trained: {described}')
     print(markdown_table(rows))
-    if spans:
-      write_span_report(spans, out_dir, f'learned spans, step {step}')
   return result
 
 
@@ -274,7 +274,8 @@ def evaluate_memory_sweep(config, workdir: str, tokenizer, documents, mesh, rule
                 trained_chunk=config.data.chunk_len, corpus=config.data.corpus)
   if jax.process_index() == 0:
     title = f'{config.model.attention}-trained, step {step}, {config.eval.split}'
-    memory_sweep.write_sweep(rows, fresh_output_dir(workdir), title, header)
+    with fresh_output_dir(workdir) as out_dir:
+      memory_sweep.write_sweep(rows, out_dir, title, header)
     print(f'{config.eval.split} split, checkpoint step {step}, memory sweep:')
     print(memory_sweep.markdown_table(rows))
   return dict(header, memory_sweep=rows)
@@ -289,7 +290,7 @@ def check_overrides_apply(cli_config: ml_collections.ConfigDict, workdir: str) -
   overrides.
   """
   path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  if not paths.as_path(path).exists():
     return                                   # evaluate_run reports the missing file
   saved = saved_config(path)
   overrides = given_settings(cli_config.to_dict(),

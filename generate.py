@@ -53,6 +53,7 @@ from longformer_jax.generation.sampling import SamplingError, SamplingSettings
 from longformer_jax.generation.text_generation import generate_text
 from longformer_jax.models.decoder_lm import lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
+from longformer_jax.storage import paths
 from longformer_jax.train.quiet_logs import show_own_info_only
 
 FLAGS = flags.FLAGS
@@ -140,10 +141,11 @@ def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
   """The run's saved config with the default `parallel` section and `eval.step = step`
   (checked as eval.py checks it), at the phase of the checkpoint read."""
   import eval as eval_script  # pylint: disable=g-import-not-at-top
-  if not os.path.isdir(workdir):
+  paths.check_bucket(workdir, '--workdir')
+  if not paths.as_path(workdir).is_dir():
     raise UserError(f'--workdir: {workdir!r} is not a directory (a train.py workdir)')
   path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  if not paths.as_path(path).exists():
     raise UserError(f'--workdir: {path} not found: is {workdir!r} a train.py workdir?')
   config = ml_collections.ConfigDict(eval_script.saved_config(path))
   defaults = command_line.experiment_config(command_line.DEFAULT_CONFIG, [])

@@ -61,7 +61,8 @@ def test_fresh_output_dir_removes_only_eval_outputs(tmp_path):
   for name in ('bits_per_byte_vs_mem_len.png', 'memory_sweep.md', 'notes.txt', 'passkey_grid.json',
                'passkey_grid_attendre_lfa_128.png', 'passkey_grid_notes.txt'):
     (out / name).write_text('old')
-  assert report_files.fresh_output_dir(str(tmp_path)) == str(out)
+  with report_files.fresh_output_dir(str(tmp_path)) as out_dir:
+    assert out_dir == str(out)
   assert sorted(p.name for p in out.iterdir()) == ['notes.txt', 'passkey_grid_notes.txt']
 
 

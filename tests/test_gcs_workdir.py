@@ -13,10 +13,14 @@ import ml_collections
 import numpy as np
 import pytest
 
+import eval as eval_script
+import generate as generate_script
 import train as train_script
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.generation.sampling import SamplingSettings
+from longformer_jax.generation.text_generation import generate_text
 from longformer_jax.storage import paths
 from longformer_jax.train import metrics_logging, run_directory
 from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
@@ -66,24 +70,49 @@ def assert_trees_equal(a, b):
                          a, b)
 
 
-def test_a_gs_run_resumes_bit_identically_and_skips_a_broken_checkpoint(gcs_bucket, tmp_path):
-  reference, _ = train_script.train(small_run_config(num_steps=6), str(tmp_path / 'local'))
+@pytest.fixture(scope='module')
+def resumed_gcs_run(gcs_bucket, tmp_path_factory):
+  """A run on GCS stopped at step 4, step 4's arrays lost, resumed to 6; and the local run."""
+  local_run = str(tmp_path_factory.mktemp('local_run'))
+  reference, _ = train_script.train(small_run_config(num_steps=6), local_run)
   workdir = f'{gcs_bucket}/life_cycle'
   first, _ = train_script.train(small_run_config(num_steps=6, stop_after_steps=4), workdir)
   assert int(first.step) == 4
-  checkpoints = paths.as_path(workdir) / 'checkpoints'
   assert Checkpointer(workdir, 3).all_steps() == [3, 4]
   # Step 4's upload breaks off: its array objects are gone, its commit marker stays.
+  checkpoints = paths.as_path(workdir) / 'checkpoints'
   filesystem, name = fsspec.core.url_to_fs(os.fspath(checkpoints / '4' / 'state'))
   data_objects = [f for f in filesystem.find(name) if '/d/' in f]
   assert data_objects
   filesystem.rm(data_objects)
   resumed, _ = train_script.train(small_run_config(num_steps=6), workdir)
+  return workdir, local_run, jax.device_get(resumed), jax.device_get(reference)
+
+
+def test_a_gs_run_resumes_bit_identically_and_skips_a_broken_checkpoint(resumed_gcs_run):
+  workdir, _, resumed, reference = resumed_gcs_run
   assert int(resumed.step) == 6
   # Resumed from step 3, so steps 4-6 ran again: the same as one uninterrupted run.
-  assert_trees_equal(jax.device_get(resumed.params), jax.device_get(reference.params))
-  names = sorted(p.name for p in checkpoints.iterdir())
+  assert_trees_equal(resumed.params, reference.params)
+  names = sorted(p.name for p in (paths.as_path(workdir) / 'checkpoints').iterdir())
   assert '4.corrupt' in names, names                     # moved aside, not deleted
   steps = [json.loads(line)['step'] for line in
            (paths.as_path(workdir) / 'metrics.jsonl').read_text().splitlines()]
   assert steps == [1, 2, 3, 4, 5, 6]                      # no duplicate rows after the resume
+
+
+@pytest.mark.slow
+def test_eval_and_generate_read_a_gs_run_as_a_local_one(resumed_gcs_run):
+  workdir, local_run, _, _ = resumed_gcs_run
+  on_gcs = eval_script.evaluate_run(small_run_config(), workdir)
+  on_disk = eval_script.evaluate_run(small_run_config(), local_run)
+  assert on_gcs['bits_per_byte'] == on_disk['bits_per_byte']
+  report = json.loads((paths.as_path(workdir) / 'eval' / 'metrics.json').read_text())
+  assert report['checkpoint_step'] == 6 and report['bits_per_byte'] == on_gcs['bits_per_byte']
+  texts = []
+  for run in (workdir, local_run):
+    decoder, tokenizer, step = generate_script.load_decoder(run)
+    assert step == 6
+    texts.append(generate_text(decoder, tokenizer, 'The ', settings=SamplingSettings(temperature=0),
+                               max_new_tokens=8).text)
+  assert texts[0] == texts[1]

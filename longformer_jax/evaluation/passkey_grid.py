@@ -354,7 +354,8 @@ def evaluate_run_grid(config, workdir: str, tokenizer, mesh, rules, params, para
                 corpus=config.data.corpus, tokenizer=config.data.tokenizer)
   if jax.process_index() != 0:
     return dict(header, cells=cells)
-  result = write_grid(grid, cells, fresh_output_dir(workdir), header, costs, config.model)
+  with fresh_output_dir(workdir) as out_dir:
+    result = write_grid(grid, cells, out_dir, header, costs, config.model)
   print(f'checkpoint step {step}, passkey accuracy (mean over depths {list(grid.depths)}%, '
         f'{grid.documents} documents per cell, chunk {grid.chunk}):')
   print(markdown_table(grid, cells, costs))

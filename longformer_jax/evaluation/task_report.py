@@ -87,14 +87,15 @@ def evaluate_task_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   result = dict(checkpoint_step=int(state.step), split=config.eval.split, task=task,
                 model=describe_model(model_config), corpus=config.data.corpus, **metrics)
   if jax.process_index() == 0:
-    out_dir = fresh_output_dir(workdir)
-    with open(os.path.join(out_dir, 'metrics.json'), 'w') as f:
-      json.dump(result, f, indent=2)
+    with fresh_output_dir(workdir) as out_dir:
+      with open(os.path.join(out_dir, 'metrics.json'), 'w') as f:
+        json.dump(result, f, indent=2)
+      if task == 'image' and config.eval.image_samples:
+        image_sampling.save_samples(config, model, state.params,
+                                    os.path.join(out_dir, 'samples.png'))
     print(f'{config.eval.split} split, checkpoint step {result["checkpoint_step"]}, '
           f'task {task}:')
     print(markdown_table(task, result))
     if task == 'image' and config.eval.image_samples:
-      path = os.path.join(out_dir, 'samples.png')
-      image_sampling.save_samples(config, model, state.params, path)
-      print(f'{config.eval.image_samples} samples: {path}')
+      print(f'{config.eval.image_samples} samples: {os.path.join(workdir, "eval", "samples.png")}')
   return result

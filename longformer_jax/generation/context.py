@@ -28,6 +28,7 @@ import ml_collections
 
 from longformer_jax.command_line import UserError
 from longformer_jax.generation.kv_cache import kv_cache_refusal
+from longformer_jax.storage import paths
 
 IMPORT_FILE = 'hf_import.json'
 
@@ -35,11 +36,10 @@ IMPORT_FILE = 'hf_import.json'
 def read_import(workdir: str) -> Optional[dict]:
   """The workdir's `hf_import.json` (None for a run train.py started from scratch)."""
   path = os.path.join(workdir, IMPORT_FILE)
-  if not os.path.exists(path):
+  if not paths.as_path(path).exists():
     return None
   try:
-    with open(path) as f:
-      info = json.load(f)
+    info = json.loads(paths.as_path(path).read_text())
   except json.JSONDecodeError as error:
     raise UserError(f'--workdir: {path} is not valid JSON ({error})') from None
   if not isinstance(info, dict) or not isinstance(info.get('context_len'), int):
