@@ -12,6 +12,8 @@ from longformer_jax.data import sentencepiece_tokenizer
 from longformer_jax.data.document import Document
 from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer
 from longformer_jax.data.sentencepiece_tokenizer import train_sentencepiece
+from longformer_jax.storage import paths
+from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
 
 WORDS = ('the', 'quick', 'brown', 'fox', 'jumps', 'over', 'lazy', 'dog',
          'and', 'then', 'sleeps', 'under', 'a', 'tree')
@@ -39,6 +41,17 @@ def test_trained_model_ids(model_path):
   tokenizer = SentencePieceTokenizer.load(model_path)
   assert tokenizer.vocab_size == 300
   assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 2, 3)
+
+
+def test_a_gs_model_loads_as_the_local_file(model_path, gcs_bucket):
+  remote = f'{gcs_bucket}/tokenizers/tiny.model'
+  with open(model_path, 'rb') as f:
+    paths.as_path(remote).write_bytes(f.read())
+  local, on_gcs = SentencePieceTokenizer.load(model_path), SentencePieceTokenizer.load(remote)
+  text = 'the lazy dog sleeps under a tree.'
+  assert on_gcs.encode(text).tolist() == local.encode(text).tolist()
+  with pytest.raises(ConfigError, match='no SentencePiece model file at'):
+    SentencePieceTokenizer.load(f'{gcs_bucket}/tokenizers/missing.model')
 
 
 @pytest.mark.parametrize('text', [
@@ -160,6 +173,8 @@ import sys
 sys.path.insert(0, {root!r})
 from tests.test_data_sentencepiece import small_documents
 from longformer_jax.data.sentencepiece_tokenizer import train_sentencepiece
+from longformer_jax.storage import paths
+from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
 train_sentencepiece(small_documents(60), {prefix!r}, vocab_size=300,
                     max_sentences=120, num_threads=2)
 """

@@ -8,6 +8,8 @@ import pytest
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import text_files_corpus
 from longformer_jax.data.stdlib_corpus import split_of
+from longformer_jax.storage import paths
+from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
 
 
 def _names_in(split: str, count: int, pattern: str = 'doc_{}.txt') -> list[str]:
@@ -115,3 +117,20 @@ def test_a_path_without_files_is_a_one_line_config_error(tmp_path, suffix,
     text_files_corpus.load_documents(corpus, 'train')
   assert raised.value.key == 'data.corpus'
   assert corpus in str(raised.value) and '\n' not in str(raised.value)
+
+
+def test_a_gs_corpus_reads_as_the_same_files_on_disk(corpus_dir, gcs_bucket):
+  remote = f'{gcs_bucket}/corpus'
+  for path in corpus_dir.rglob('*'):
+    if path.is_file():
+      target = paths.as_path(f'{remote}/{path.relative_to(corpus_dir).as_posix()}')
+      target.write_bytes(path.read_bytes())
+  for corpus, local in ((remote, str(corpus_dir)), (f'{remote}/*.txt', f'{corpus_dir}/*.txt'),
+                        (f'{remote}/**/*.md', f'{corpus_dir}/**/*.md')):
+    for split in ('train', 'valid', 'test'):
+      on_gcs = text_files_corpus.load_documents(corpus, split)
+      assert on_gcs == text_files_corpus.load_documents(local, split), (corpus, split)
+  with pytest.raises(ConfigError, match='data.corpus: .*matches no files'):
+    text_files_corpus.list_files(f'{remote}/*.rst')
+  with pytest.raises(ConfigError, match='data.corpus: .*bucket gs://no-such-bucket-z does not'):
+    text_files_corpus.list_files('gs://no-such-bucket-z/texts')

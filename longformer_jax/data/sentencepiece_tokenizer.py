@@ -31,6 +31,7 @@ import sentencepiece as spm
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import corpus
 from longformer_jax.data.document import Document
+from longformer_jax.storage import paths
 
 MODEL_KEY = 'data.sentencepiece_model'
 SPACE_PIECE = '\u2581'  # '▁', SentencePiece's stand-in for a space.
@@ -117,11 +118,13 @@ def _load_processor(path: str) -> spm.SentencePieceProcessor:
     raise ConfigError(MODEL_KEY, 'is empty; set it to the path of a '
                       'SentencePiece .model file (train one with `python -m '
                       'longformer_jax.data.sentencepiece_tokenizer`)')
-  if not os.path.isfile(path):
+  paths.check_bucket(path, MODEL_KEY)
+  model_file = paths.as_path(path)
+  if not model_file.is_file():
     raise ConfigError(MODEL_KEY, f'no SentencePiece model file at {path!r}')
   processor = spm.SentencePieceProcessor()
-  try:
-    processor.load(path)
+  try:   # from its bytes: the same for a local file and a gs:// object
+    processor.LoadFromSerializedProto(model_file.read_bytes())
   except (RuntimeError, OSError) as error:
     raise ConfigError(
         MODEL_KEY, f'{path!r} is not a valid SentencePiece model file '

@@ -5,7 +5,8 @@ Design: a `data.corpus` value that contains a `/` or a glob character
 texts`, `/data/books`, `'/data/**/*.txt'`; `~` is expanded). A directory
 means every file below it, recursively, except hidden files and folders
 (names starting with `.`); any other value is a glob pattern (`**` matches
-folders recursively), which may also name a single file.
+folders recursively), which may also name a single file. The same holds for
+`gs://bucket/folder` and `gs://bucket/**/*.txt`.
 
 Each file is one document, read as UTF-8 text (kept as its bytes). A file
 that is empty or not valid UTF-8 is skipped with one warning line naming the
@@ -23,13 +24,16 @@ as a `ConfigError`.
 import glob
 import os
 import pathlib
+import posixpath
 
 from absl import logging
+import fsspec
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.document import Document
 from longformer_jax.data.stdlib_corpus import check_split
 from longformer_jax.data.stdlib_corpus import split_of
+from longformer_jax.storage import paths
 
 _KEY = 'data.corpus'
 _GLOB_CHARACTERS = frozenset('*?[')
@@ -47,24 +51,51 @@ def list_files(corpus: str) -> list[tuple[str, pathlib.Path]]:
   Raises:
     ConfigError: the directory does not exist, or the pattern matches no file.
   """
+  if paths.is_remote(corpus):
+    return _list_remote(corpus)
   pattern = os.path.expanduser(corpus)
   if os.path.isdir(pattern):
     root = pathlib.Path(pattern)
-    paths = []
+    files = []
     for folder, subfolders, names in os.walk(root):
       subfolders[:] = [d for d in subfolders if not d.startswith('.')]
-      paths += [pathlib.Path(folder) / n for n in names if not n.startswith('.')]
-    if not paths:
+      files += [pathlib.Path(folder) / n for n in names if not n.startswith('.')]
+    if not files:
       raise ConfigError(_KEY, f'directory {corpus!r} holds no files')
   else:
     root = _fixed_folder(pattern)
-    paths = [pathlib.Path(p) for p in glob.glob(pattern, recursive=True)]
-    paths = [p for p in paths if p.is_file()]
-    if not paths:
+    files = [pathlib.Path(p) for p in glob.glob(pattern, recursive=True)]
+    files = [p for p in files if p.is_file()]
+    if not files:
       what = 'matches no files' if _GLOB_CHARACTERS & set(pattern) else (
           'is not an existing directory or file')
       raise ConfigError(_KEY, f'{corpus!r} {what}')
-  return sorted((path.relative_to(root).as_posix(), path) for path in paths)
+  return sorted((path.relative_to(root).as_posix(), path) for path in files)
+
+
+def _list_remote(corpus: str) -> list:
+  """`list_files` of a `gs://` directory or glob (the same rules, through gcsfs)."""
+  paths.check_bucket(corpus, _KEY)
+  filesystem, pattern = fsspec.core.url_to_fs(corpus)
+
+  def visible(name: str) -> bool:   # as on disk: no hidden file or folder below the root
+    return not any(part.startswith('.') for part in posixpath.relpath(name, root).split('/'))
+
+  if filesystem.isdir(pattern):
+    root = pattern.rstrip('/')
+    names = [name for name in filesystem.find(root) if visible(name)]
+    if not names:
+      raise ConfigError(_KEY, f'directory {corpus!r} holds no files')
+  else:
+    root = _fixed_folder(pattern).as_posix()
+    names = [name for name in filesystem.glob(pattern)
+             if visible(name) and filesystem.isfile(name)]
+    if not names:
+      what = 'matches no files' if _GLOB_CHARACTERS & set(pattern) else (
+          'is not an existing directory or file')
+      raise ConfigError(_KEY, f'{corpus!r} {what}')
+  return sorted((posixpath.relpath(name, root), paths.as_path(f'gs://{name}'))
+                for name in names)
 
 
 def load_documents(corpus: str, split: str) -> list[Document]:
