@@ -6,6 +6,10 @@ through gcsfs and tensorstore exactly as it talks to Cloud Storage.
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import fsspec
 import jax
@@ -116,3 +120,65 @@ def test_eval_and_generate_read_a_gs_run_as_a_local_one(resumed_gcs_run):
     texts.append(generate_text(decoder, tokenizer, 'The ', settings=SamplingSettings(temperature=0),
                                max_new_tokens=8).text)
   assert texts[0] == texts[1]
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_RUN = ['--config=configs/default.py', '--config.model.num_layers=1',
+             '--config.model.d_model=32', '--config.model.d_ff=64', '--config.model.num_heads=2',
+             '--config.model.head_dim=16', '--config.data.chunk_len=64',
+             '--config.data.batch_size=8', '--config.train.eval_every=0',
+             '--config.train.log_every=1', '--config.train.checkpoint_every=2']
+
+
+def start_train(workdir: str, *flags) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, 'train.py', f'--workdir={workdir}', *SMALL_RUN, *flags],
+                          cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_checkpoint(workdir: str, process: subprocess.Popen, timeout: float = 300) -> None:
+  """Waits until `workdir` holds a finished checkpoint (its commit marker uploaded)."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline and process.poll() is None:
+    if Checkpointer(workdir, 3, async_save=False).all_steps():
+      return
+    time.sleep(0.5)
+  process.kill()
+  raise AssertionError(f'no checkpoint in {workdir}: {process.communicate()[1][-2000:]}')
+
+
+@pytest.mark.slow
+def test_the_command_line_life_cycle_on_gcs(gcs_bucket):
+  """train.py killed with SIGKILL resumes; SIGTERM saves and exits with status 143; a missing
+  bucket is one line with status 2 and writes nothing."""
+  workdir = f'{gcs_bucket}/command_line'
+  run = start_train(workdir, '--config.train.num_steps=100000')
+  wait_for_checkpoint(workdir, run)
+  run.send_signal(signal.SIGKILL)
+  run.communicate()
+  killed_at = Checkpointer(workdir, 3, async_save=False).latest_step()
+  resumed = subprocess.run([sys.executable, 'train.py', f'--workdir={workdir}', *SMALL_RUN,
+                            f'--config.train.num_steps={killed_at + 2}'], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  steps = [json.loads(line)['step'] for line in
+           (paths.as_path(workdir) / 'metrics.jsonl').read_text().splitlines()]
+  assert steps == list(range(1, killed_at + 3))           # each step once, across the kill
+
+  preempted_dir = f'{gcs_bucket}/sigterm'
+  run = start_train(preempted_dir, '--config.train.num_steps=100000')
+  wait_for_checkpoint(preempted_dir, run)
+  run.send_signal(signal.SIGTERM)
+  _, stderr = run.communicate(timeout=300)
+  assert run.returncode == train_script.PREEMPTED_EXIT_STATUS, stderr[-2000:]
+  stopped = Checkpointer(preempted_dir, 3, async_save=False).latest_step()
+  last_logged = json.loads(
+      (paths.as_path(preempted_dir) / 'metrics.jsonl').read_text().splitlines()[-1])['step']
+  assert stopped == last_logged, (stopped, last_logged, stderr[-3000:])  # saved where it stopped
+
+  bad = subprocess.run([sys.executable, 'train.py', '--workdir=gs://no-such-bucket-q/run',
+                        *SMALL_RUN], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 2
+  assert bad.stderr.strip().splitlines()[-1] == (
+      'error: --workdir: gs://no-such-bucket-q/run: bucket gs://no-such-bucket-q does not exist '
+      '(create it with `gcloud storage buckets create gs://no-such-bucket-q`)')
+  assert 'Traceback' not in bad.stderr

@@ -5,6 +5,7 @@ The gs:// tests run against a real GCS server on the loopback address
 """
 
 import os
+import urllib.request
 
 import pytest
 
@@ -53,3 +54,16 @@ def test_missing_bucket_is_one_line_naming_the_flag(gcs_bucket):
   with pytest.raises(ConfigError, match=r'--workdir: gs://no-such-bucket-x/run: bucket '
                                         r'gs://no-such-bucket-x does not exist \(create it'):
     paths.check_bucket('gs://no-such-bucket-x/run', '--workdir')
+
+
+def test_a_listing_sees_what_another_client_wrote_since(gcs_bucket, gcs_server_url):
+  folder = paths.as_path(f'{gcs_bucket}/listing')
+  (folder / 'a.txt').write_text('a')
+  assert [p.name for p in folder.iterdir()] == ['a.txt']
+  # Another process (here: a plain HTTP upload to the server) adds an object.
+  bucket = gcs_bucket[len('gs://'):]
+  request = urllib.request.Request(
+      f'{gcs_server_url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name=listing/b.txt',
+      data=b'b', method='POST', headers={'Content-Type': 'text/plain'})
+  urllib.request.urlopen(request, timeout=30).close()
+  assert sorted(p.name for p in folder.iterdir()) == ['a.txt', 'b.txt']

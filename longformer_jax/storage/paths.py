@@ -27,6 +27,11 @@ import fsspec  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from longformer_jax.config.errors import ConfigError  # pylint: disable=wrong-import-position
 
+# gcsfs caches folder listings per process; another process's new checkpoint or file must
+# be seen at once (a resumed run, the processes of one run), so listings are never cached.
+for _protocol in ('gs', 'gcs'):
+  fsspec.config.conf.setdefault(_protocol, {})['use_listings_cache'] = False
+
 REMOTE_SCHEMES = ('gs://',)
 CREDENTIALS_HELP = ('on a TPU or GCE VM the VM\'s service account is used (give it storage '
                     'access); elsewhere run `gcloud auth application-default login` or set '

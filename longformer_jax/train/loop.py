@@ -243,6 +243,7 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
         if step % train.checkpoint_every == 0 or preemption.requested:
           checked(pending)            # never save a state that went non-finite
           checkpointer.save(step, state, task.data_state())
+          logger.flush()              # the lines up to this checkpoint, durable with it
           throughput.restart()
         if preemption.requested:
           logging.warning('SIGTERM at step %d: checkpoint saved, stopping.', step)

@@ -17,8 +17,9 @@ In multi-host runs, create both with `enabled=jax.process_index() == 0`.
 
 A `gs://` workdir takes the same calls: an object cannot be appended to, so
 both files grow in a local folder and are uploaded whole (at most every
-`REMOTE_UPLOAD_SECONDS`, and at `close`); a resumed run drops the lines past
-its checkpoint in any case, so lines lost to a kill are logged again.
+`REMOTE_UPLOAD_SECONDS`, with each checkpoint (`flush`) and at `close`); a
+resumed run drops the lines past its checkpoint in any case, so lines lost to
+a kill are logged again.
 """
 
 import datetime
@@ -104,6 +105,12 @@ class MetricsLogger:
       self._tensorboard.add_scalar(f'{prefix}/{name}', value, step)
     self._tensorboard.flush()
     if self._staging and time.monotonic() - self._uploaded_at >= REMOTE_UPLOAD_SECONDS:
+      self._upload()
+
+  def flush(self) -> None:
+    """Makes every line written so far durable (on GCS: uploads now). The loop calls it
+    with each checkpoint, so a run resumed from that checkpoint has all its steps' lines."""
+    if self._staging:
       self._upload()
 
   def _upload(self) -> None:
