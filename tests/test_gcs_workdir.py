@@ -105,6 +105,17 @@ def test_a_gs_run_resumes_bit_identically_and_skips_a_broken_checkpoint(resumed_
   assert steps == [1, 2, 3, 4, 5, 6]                      # no duplicate rows after the resume
 
 
+def test_another_architecture_on_a_used_gs_workdir_is_refused(resumed_gcs_run):
+  workdir = resumed_gcs_run[0]
+  config_json = paths.as_path(workdir) / 'config.json'
+  before = config_json.read_text()
+  config = small_run_config(num_steps=8)
+  config.model.d_ff = 96
+  with pytest.raises(ConfigError, match=r'model.d_ff: cannot resume gs://.*saved 64, now 96'):
+    train_script.train(config, workdir)
+  assert config_json.read_text() == before
+
+
 @pytest.mark.slow
 def test_eval_and_generate_read_a_gs_run_as_a_local_one(resumed_gcs_run):
   workdir, local_run, _, _ = resumed_gcs_run

@@ -10,6 +10,7 @@ devices in all (8 x 1 or 4 x 2), all joined through `jax.distributed` with Gloo.
   (and the reverse) and training then continues as an uninterrupted run.
 """
 
+import json
 import os
 import re
 import socket
@@ -21,6 +22,8 @@ import pytest
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.parallel.parallel_config import ParallelConfig
+from longformer_jax.storage import paths
+from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO_ROOT, 'tests', 'multi_process_worker.py')
@@ -103,3 +106,18 @@ def test_two_processes_train_like_one_and_checkpoints_move_between_them(tmp_path
   assert_same_params(straight, train_params(tmp_path, 'one_then_two', [(1, 3), (2, 5)]))
   # The two steps after the checkpoint moved the parameters far beyond the tolerance.
   assert max(np.abs(straight[name] - one[name]).max() for name in one) > 1e-2
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_gs_workdir(tmp_path, gcs_bucket):
+  """Two processes train in one gs:// workdir (the local GCS server): process 0 writes the
+  run's files, both write their shards of the checkpoint, and one process resumes it."""
+  workdir = f'{gcs_bucket}/two_processes'
+  out = str(tmp_path / 'gcs.npz')
+  launch('train', 2, out, workdir, '3')
+  assert_same_params(train_params(tmp_path, 'one', [(1, 3)]), dict(np.load(out)))
+  launch('train', 1, out, workdir, '5')
+  assert_same_params(train_params(tmp_path, 'straight', [(1, 5)]), dict(np.load(out)))
+  steps = [json.loads(line)['step'] for line in
+           (paths.as_path(workdir) / 'metrics.jsonl').read_text().splitlines()]
+  assert steps == [1, 2, 3, 4, 5]
