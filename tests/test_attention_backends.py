@@ -21,7 +21,7 @@ import pytest
 
 from longformer_jax.attention.core import attention_backend
 from longformer_jax.attention.core.attention_backend import KernelPattern, resolve_backend
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask

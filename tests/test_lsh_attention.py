@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.lsh import (SELF_LOGIT, LSHAttention, hash_buckets,
                                           lsh_attention, random_rotations)
 from longformer_jax.attention.registry import attention_class

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.memorizing import MemorizingAttention
 from longformer_jax.attention.vanilla import VanillaAttention
 from longformer_jax.config.errors import ConfigError

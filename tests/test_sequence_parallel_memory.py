@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.longformer import LongformerAttention

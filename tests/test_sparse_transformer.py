@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import train as train_script
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.sparse_transformer import (SparseTransformerAttention,
                                                          sparse_transformer_attention)
 from longformer_jax.config.errors import ConfigError

@@ -52,7 +52,7 @@ import ml_collections
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.attention.core import bigbird_splash, block_scan, block_sparse, cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.config.section import Section
 

@@ -45,7 +45,7 @@ import ml_collections
 import numpy as np
 
 from longformer_jax.attention.core import block_sparse, cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section

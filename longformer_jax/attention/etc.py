@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import block_sparse, cached_context, global_tokens
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
 

@@ -44,7 +44,7 @@ from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core import image_local_splash
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section

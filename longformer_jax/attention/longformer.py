@@ -46,7 +46,7 @@ import ml_collections
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cached_context, cudnn_window, global_tokens
 from longformer_jax.attention.core.cudnn_two_sided_window import two_sided_window_attention
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dilated_window import dilated_window_attention
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part

@@ -68,7 +68,7 @@ import ml_collections
 import numpy as np
 
 from longformer_jax.attention.core import cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.lsh_chunk_scan import lsh_chunk_attention
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError

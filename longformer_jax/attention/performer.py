@@ -32,7 +32,7 @@ import ml_collections
 
 from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core import random_features
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.performer_kernel import (KERNELS, RELU_EPS, PerformerState,
                                                        bidirectional_performer_attention,
                                                        causal_performer_attention, empty_state)

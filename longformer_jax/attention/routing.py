@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import block_sparse, cached_context, online_kmeans
-from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
+from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.attention.core.partial_softmax import softmax_part
 from longformer_jax.attention.core.sliding_window import auto_block_size, blocked_window_attention
 from longformer_jax.config.errors import ConfigError

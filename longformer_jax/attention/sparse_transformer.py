@@ -66,7 +66,7 @@ from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.attention.core import block_scan, block_sparse, cached_context, partial_softmax
 from longformer_jax.attention.core import sparse_splash
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 

@@ -45,7 +45,7 @@ import ml_collections
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cached_context, cudnn_window
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.sliding_window import auto_block_size, blocked_window_attention
 from longformer_jax.config.section import Section

@@ -34,7 +34,7 @@ import ml_collections
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cached_context
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask

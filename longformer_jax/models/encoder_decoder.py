@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.layers.embeddings import TokenEmbedding

@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
