@@ -94,7 +94,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import projections
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax

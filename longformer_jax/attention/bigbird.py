@@ -51,7 +51,7 @@ import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
-from longformer_jax.attention.core import bigbird_splash, block_scan, block_sparse, cached_context
+from longformer_jax.attention.core import bigbird_splash, block_scan, block_sparse, projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.config.section import Section
@@ -268,7 +268,7 @@ class BigBirdAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
     backend = backends.resolve_backend(
         self.attention_backend, bigbird_splash.kernel_pattern(self, self),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
@@ -284,4 +284,4 @@ class BigBirdAttention(nn.Module):
                               window_blocks=self.window_blocks, global_blocks=self.global_blocks,
                               max_global_tokens=self.max_global_tokens, causal=self.causal)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

@@ -42,7 +42,7 @@ import numpy as np
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import projections
 from longformer_jax.attention.core import image_local_splash
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
@@ -218,7 +218,7 @@ class ImageLocalAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
     backend = backends.resolve_backend(
         self.attention_backend, image_local_splash.kernel_pattern(None, self.section),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
@@ -231,4 +231,4 @@ class ImageLocalAttention(nn.Module):
       out = gathered_local_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots,
                                      query_len)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

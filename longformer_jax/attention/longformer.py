@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
-from longformer_jax.attention.core import cached_context, cudnn_window, global_tokens
+from longformer_jax.attention.core import cudnn_window, global_tokens, projections
 from longformer_jax.attention.core.cudnn_two_sided_window import two_sided_window_attention
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dilated_window import dilated_window_attention
@@ -233,7 +233,7 @@ class LongformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
-    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+    context, new_state = projections.memory_and_chunk(state, x, ctx)
     chunk_len = x.shape[1]
     key_offset = context.positions.shape[1] - chunk_len
     make = lambda name: projection((self.num_heads, self.head_dim), kernel_axes=KERNEL_AXES,
@@ -297,7 +297,7 @@ class LongformerAttention(nn.Module):
       out = global_tokens.scatter_slots(out, slots, rows.astype(out.dtype))
     out = out.astype(self.dtype)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return (cached_context.project_output(out, self.d_model, self.dtype, self.out_bias),
+    return (projections.project_output(out, self.d_model, self.dtype, self.out_bias),
             new_state, aux)
 
   def _splits_over_sequence(self, chunk_len: int, key_offset: int) -> bool:

@@ -67,7 +67,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.lsh_chunk_scan import lsh_chunk_attention
 from longformer_jax.config.section import Section
@@ -373,8 +373,8 @@ class LSHAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    qk = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query_key', self.dtype)
-    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
+    qk = projections.project_heads(x, self.num_heads, self.head_dim, 'query_key', self.dtype)
+    v = projections.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
     if self.rotary:
       qk = apply_rotary(qk, ctx.positions - ctx.positions[:, :1])
     rotations = random_rotations(self.rotation_key(ctx), self.num_heads, self.head_dim,
@@ -383,4 +383,4 @@ class LSHAttention(nn.Module):
                         chunk_len=min(self.chunk_len, x.shape[1]), causal=self.causal,
                         logit_scale=self.logit_scale)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

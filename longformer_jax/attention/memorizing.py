@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import projections
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
@@ -181,7 +181,7 @@ class MemorizingAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state: dict, ctx: AttentionContext):
-    context, new_local = cached_context.memory_and_chunk(state['local'], x, ctx)
+    context, new_local = projections.memory_and_chunk(state['local'], x, ctx)
     q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
     k, v = self.heads.keys_values(context.values, self.num_heads, self.head_dim, self.dtype)
     if self.normalize_qk:

@@ -64,7 +64,7 @@ import numpy as np
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
-from longformer_jax.attention.core import block_scan, block_sparse, cached_context, partial_softmax
+from longformer_jax.attention.core import block_scan, block_sparse, partial_softmax, projections
 from longformer_jax.attention.core import sparse_splash
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.section import Section
@@ -352,7 +352,7 @@ class SparseTransformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
     backend = backends.resolve_backend(
         self.attention_backend, sparse_splash.kernel_pattern(None, self),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
@@ -367,4 +367,4 @@ class SparseTransformerAttention(nn.Module):
                                          summary_len=self.summary_len,
                                          integration=self.integration)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

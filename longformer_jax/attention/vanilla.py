@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import projections
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.cudnn_attention import cudnn_attention
@@ -81,7 +81,7 @@ class VanillaAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
-    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+    context, new_state = projections.memory_and_chunk(state, x, ctx)
     q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
     k, v = self.heads.keys_values(context.values, self.num_heads, self.head_dim, self.dtype)
     # Rotate relative to the chunk's first position: q.k depends only on the

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
@@ -122,9 +122,9 @@ class XLAttention(nn.Module):
   def _projections(self, x: jax.Array, context: fifo.FifoMemory):
     """`(q [b, c, h, d], k, v [b, k, h, d], u, v_bias [h, d])`: this layer's projections and
     biases (the variants built on XL share them, and their parameter names)."""
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'value', self.dtype)
+    q = projections.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    k = projections.project_heads(context.values, self.num_heads, self.head_dim, 'key', self.dtype)
+    v = projections.project_heads(context.values, self.num_heads, self.head_dim, 'value', self.dtype)
     bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('heads', 'head_dim'))
     u = self.param('content_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
     v_bias = self.param('position_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
@@ -189,11 +189,11 @@ class XLAttention(nn.Module):
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
     if self.relative_impl not in RELATIVE_IMPLS:
       raise ValueError(f'relative_impl must be one of {RELATIVE_IMPLS}, got {self.relative_impl!r}')
-    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+    context, new_state = projections.memory_and_chunk(state, x, ctx)
     if sequence_settings.sequence_axis_size() > 1:
       out = self._sequence_split_attention(x, context, ctx)
     else:
       logits, mask, v = self.attention_logits(x, context, ctx)
       out = attend(logits, mask, v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), new_state, {}
+    return projections.project_output(out, self.d_model, self.dtype), new_state, {}

@@ -1,4 +1,4 @@
-"""Pieces shared by variants that attend over [memory of past hidden states; chunk]."""
+"""The q/k/v and output projections of the variants, and their [memory of past hidden states; chunk]."""
 
 import jax
 import jax.numpy as jnp
