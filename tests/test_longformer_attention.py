@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.core.dilated_window import dilated_window_attention
-from longformer_jax.attention.longformer import LongformerAttention
+from longformer_jax.attention.longformer.dilated_window import dilated_window_attention
+from longformer_jax.attention.longformer.attention import LongformerAttention
 from longformer_jax.attention.core.sliding_window import blocked_window_attention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.model_config import migrate_flat_model, resolve_model

@@ -18,7 +18,7 @@ import pytest
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.memorizing import MemorizingAttention
-from longformer_jax.attention.vanilla import VanillaAttention
+from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.model_config import migrate_flat_model, resolve_model
 from tests.test_vanilla_attention import numpy_rotate

@@ -25,7 +25,7 @@ import pytest
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
-from longformer_jax.attention.longformer import LongformerAttention
+from longformer_jax.attention.longformer.attention import LongformerAttention
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh

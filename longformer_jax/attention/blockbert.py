@@ -1,6 +1,6 @@
 """BlockBERT blockwise attention (Qiu et al., 2020): one key block per query block and head.
 
-Within the chunk (stateless), rotary positions as in vanilla.py. The chunk of
+Within the chunk (stateless), rotary positions as in attention/vanilla/attention.py. The chunk of
 n tokens is cut into b blocks of L = ceil(n / b) slots (the last padded);
 b is the length of the permutations in the config. Head h uses a map pi_h of
 the blocks, and, with blk(t) = t // L on positions relative to the chunk's

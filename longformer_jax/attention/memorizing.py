@@ -3,7 +3,7 @@
 Each query attends to
 - its local context: the chunk (causal) and, with `mem_len > 0`, a FIFO cache
   of the previous `mem_len` hidden states, with rotary positions exactly as
-  in attention/vanilla.py (optionally with the LM-Infinite distance cap
+  in attention/vanilla/attention.py (optionally with the LM-Infinite distance cap
   `rope_max_distance`, layers/capped_rotary.py);
 - its top-`top_k` (key, value) pairs, per head, retrieved by dot product
   from a key-value memory of the `memory_size` most recent tokens of past

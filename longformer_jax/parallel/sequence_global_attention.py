@@ -1,6 +1,6 @@
 """Longformer's window + global attention with the chunk split over the `sequence` axis.
 
-The single-device layer (attention/longformer.py, attention/core/global_tokens.py)
+The single-device layer (attention/longformer/attention.py, attention/core/global_tokens.py)
 picks the first g flagged valid tokens of the chunk (`slots [batch, g]`) and
 computes, in one softmax per query:
 

@@ -14,7 +14,7 @@ two-sided (encoder) is the shared `model.causal`. Per-layer windows and
 dilations come from `model.layer_schedule.longformer` (the model builds
 layer i from its own config), so this module reads one value of each.
 
-Positions: RoPE (as attention/vanilla.py), rotated relative to the chunk's
+Positions: RoPE (as attention/vanilla/attention.py), rotated relative to the chunk's
 first position; the cache holds hidden states (keys are re-made and rotated at
 their stored positions), which keeps it exact. The cache is stop-gradient.
 
@@ -45,9 +45,9 @@ import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cudnn_window, global_tokens, projections
-from longformer_jax.attention.core.cudnn_two_sided_window import two_sided_window_attention
+from longformer_jax.attention.longformer.cudnn_two_sided_window import two_sided_window_attention
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.core.dilated_window import dilated_window_attention
+from longformer_jax.attention.longformer.dilated_window import dilated_window_attention
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
 from longformer_jax.attention.core.sliding_window import auto_block_size
@@ -203,7 +203,7 @@ class LongformerAttention(nn.Module):
     The cache slots join the sequence as slots whose queries are zeros and
     whose rows are dropped, so cuDNN's causal window over slots is the window
     over positions (core/cudnn_window.py); a two-sided window (no cache) is a
-    left and a right causal pass merged (core/cudnn_two_sided_window.py).
+    left and a right causal pass merged (attention/longformer/cudnn_two_sided_window.py).
     Inputs it cannot pack run the blocked XLA kernel instead. The causal
     log-sum-exp (with its gradient) is made only when global tokens are merged in.
     """

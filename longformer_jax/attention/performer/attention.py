@@ -1,7 +1,7 @@
 """Performer attention, FAVOR+ (Choromanski et al., 2021): the layer, its settings and state.
 
 The linear-attention kernel (random features, numerical shifts, the causal block scan and
-the bidirectional pair of scans) is `performer_kernel.py`.
+the bidirectional pair of scans) is `attention/performer/kernel.py`.
 
 Memory across chunks (docs/design.md, contracts 1 and 4): causal Performer is
 an RNN; with `carry_state` (default) the carry is the variant's state
@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import projections
-from longformer_jax.attention.core import random_features
+from longformer_jax.attention.performer import random_features
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.performer_kernel import (KERNELS, RELU_EPS, PerformerState,
+from longformer_jax.attention.performer.kernel import (KERNELS, RELU_EPS, PerformerState,
                                                        bidirectional_performer_attention,
                                                        causal_performer_attention, empty_state)
 from longformer_jax.config.section import Section

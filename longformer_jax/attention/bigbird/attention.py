@@ -1,6 +1,6 @@
 """BigBird block-sparse attention (Zaheer et al., 2020): window + global + random blocks.
 
-Within the chunk (stateless), rotary positions as in vanilla.py. The chunk is
+Within the chunk (stateless), rotary positions as in attention/vanilla/attention.py. The chunk is
 cut into blocks of `b` slots (block_sparse.py); with blk(t) = t // b on
 positions relative to the chunk's first token, query i may attend to key j
 (same document, real key, and j <= i when causal) iff
@@ -51,7 +51,8 @@ import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
-from longformer_jax.attention.core import bigbird_splash, block_scan, block_sparse, projections
+from longformer_jax.attention.core import block_scan, block_sparse, projections
+from longformer_jax.attention.bigbird import splash as bigbird_splash
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.config.section import Section
@@ -272,7 +273,7 @@ class BigBirdAttention(nn.Module):
     backend = backends.resolve_backend(
         self.attention_backend, bigbird_splash.kernel_pattern(self, self),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
-    if backend in ('splash', 'pallas_gpu'):   # static R, no flagged globals (bigbird_splash.py)
+    if backend in ('splash', 'pallas_gpu'):   # static R, no flagged globals (bigbird/splash.py)
       out = bigbird_splash.bigbird_splash(
           q, k, v, ctx.segment_ids, ctx.valid,
           bigbird_splash.static_random_blocks(self.pattern, x.shape[1]), block=self.block,

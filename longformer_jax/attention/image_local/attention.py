@@ -25,11 +25,11 @@ is not padding. Which slots form a memory block is static (the pattern is a
 function of the slot in the chunk), so a chunk must start at a block
 boundary (1D) or an image start (2D: `chunk_len` a multiple of
 `image_height * image_width`, validated). Stateless: attends within the
-chunk, rotary positions as in vanilla.py. Cost O(n * memory block), never an
+chunk, rotary positions as in attention/vanilla/attention.py. Cost O(n * memory block), never an
 n x n array: the keys of every query block are gathered by static indices.
 With `model.attention_backend` resolving to splash (TPU under `auto`), the 1D
 layout runs as one splash kernel whose mask is the same block rule
-(attention/core/image_local_splash.py; docs/kernels.md); 2D stays on XLA.
+(attention/image_local/splash.py; docs/kernels.md); 2D stays on XLA.
 """
 
 import dataclasses
@@ -43,7 +43,7 @@ import numpy as np
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.attention.core import projections
-from longformer_jax.attention.core import image_local_splash
+from longformer_jax.attention.image_local import splash as image_local_splash
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError

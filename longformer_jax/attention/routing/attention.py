@@ -2,7 +2,7 @@
 with Routing Transformers").
 
 Content-based sparse attention: tokens are clustered by online k-means
-(`core/online_kmeans.py`) and attend only within their cluster. Heads
+(`attention/routing/online_kmeans.py`) and attend only within their cluster. Heads
 `[0, local_heads)` are local heads (causal or two-sided sliding window of
 `local_window` positions, `core/sliding_window.py`), the rest routing heads,
 as the paper combines them (sec. 5).
@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import block_sparse, online_kmeans, projections
+from longformer_jax.attention.core import block_sparse, projections
+from longformer_jax.attention.routing import online_kmeans
 from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.attention.core.partial_softmax import softmax_part
 from longformer_jax.attention.core.sliding_window import auto_block_size, blocked_window_attention

@@ -1,6 +1,6 @@
 """Sparse Transformer attention (Child et al., 2019): strided and fixed factorized patterns.
 
-Causal, within the chunk (stateless), rotary positions as in vanilla.py. Both
+Causal, within the chunk (stateless), rotary positions as in attention/vanilla/attention.py. Both
 patterns are a union of two components, written as rules on the positions
 `i` (query) and `j` (key) relative to the chunk's first token, with stride
 (block length) `l` and summary length `c`:
@@ -51,7 +51,7 @@ cache, the backward pass recomputes them):
 With l ~ sqrt(n) the summaries are O(n * sqrt(n)), as in the paper; the
 local parts are O(n * l). With `model.attention_backend` resolving to splash
 (TPU under `auto`), the same rules run as one splash kernel with a mask on
-slots (attention/core/sparse_splash.py; docs/kernels.md).
+slots (attention/sparse_transformer/splash.py; docs/kernels.md).
 """
 
 import dataclasses
@@ -65,7 +65,7 @@ import numpy as np
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.attention.core import block_scan, block_sparse, partial_softmax, projections
-from longformer_jax.attention.core import sparse_splash
+from longformer_jax.attention.sparse_transformer import splash as sparse_splash
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError

@@ -34,7 +34,7 @@ Implementation (timings: docs/benchmarks.md, "Reformer LSH: scan over chunks"):
     rows (q and v side by side in one gather; keys normalised after sorting).
     The gather's VJP sums one gather per round by the inverse permutation
     (no scatter-add);
-  * `core/lsh_chunk_scan.py` scans over groups of G sorted chunks
+  * `attention/lsh/chunk_scan.py` scans over groups of G sorted chunks
     (`rows_per_step`), holding one step's `[batch * heads, G, m, 2m]` scores
     in cache and recomputing them in the backward pass, and returns each
     row's output and log-sum-exp;
@@ -69,7 +69,7 @@ import numpy as np
 
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.core.lsh_chunk_scan import lsh_chunk_attention
+from longformer_jax.attention.lsh.chunk_scan import lsh_chunk_attention
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.positional import apply_rotary

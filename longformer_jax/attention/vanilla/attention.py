@@ -35,7 +35,7 @@ from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.core.cudnn_attention import cudnn_attention
+from longformer_jax.attention.vanilla.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
