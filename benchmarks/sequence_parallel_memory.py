@@ -29,7 +29,7 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=wrong-import-position
 
 from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=wrong-import-position
-from longformer_jax.parallel.sequence_attention import (  # pylint: disable=wrong-import-position
+from longformer_jax.attention.sequence_parallel.attention import (  # pylint: disable=wrong-import-position
     METHODS, sequence_parallel_attention)
 
 SEQUENCE_SIZES = (1, 2, 4, 8)

@@ -30,7 +30,7 @@ from longformer_jax.memory import fifo
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.parallel.parallel_config import ParallelConfig
-from longformer_jax.parallel.sequence_attention import sequence_parallel_attention
+from longformer_jax.attention.sequence_parallel.attention import sequence_parallel_attention
 
 BATCH, CHUNK, MEM, HEADS, HEAD_DIM = 4, 32, 8, 2, 8
 DATA_2_SEQUENCE_4 = (2, 1, 1, 4)

@@ -1,5 +1,5 @@
 """Transformer-XL attention with the chunk split over the `sequence` axis
-(parallel/sequence_relative_attention.py) equals the unsplit layer.
+(attention/sequence_parallel/relative_attention.py) equals the unsplit layer.
 
 (1) The XL layer (memory of 8, chunks of 16) on data 2 x sequence 4 equals the
 unsplit layer with the same `relative_impl`: outputs and gradients with

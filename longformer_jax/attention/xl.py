@@ -21,7 +21,7 @@ all-gather (zigzag for load balance), the content term per key block and the
 position term looked up by each pair's distance i - j (clamped) in a
 per-device table of (q_i + v)^T W_kR R_d, the 'gather' formulation, whatever
 `relative_impl` says; the parts merged exactly by log-sum-exp
-(parallel/sequence_relative_attention.py; docs/scaling.md). It equals the
+(attention/sequence_parallel/relative_attention.py; docs/scaling.md). It equals the
 unsplit layer for both `relative_impl` values on continuous streams.
 """
 
@@ -42,7 +42,7 @@ from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import relative_shift, sinusoid_embedding
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
-from longformer_jax.parallel.sequence_relative_attention import (
+from longformer_jax.attention.sequence_parallel.relative_attention import (
     sequence_parallel_relative_attention)
 
 RELATIVE_IMPLS = ('shift', 'gather')
@@ -133,7 +133,7 @@ class XLAttention(nn.Module):
   def _sequence_split_attention(self, x: jax.Array, context: fifo.FifoMemory,
                                 ctx: AttentionContext) -> jax.Array:
     """The chunk split over the mesh's `sequence` axis, the memory whole on every device:
-    `[b, c, h, d]` (module docstring; parallel/sequence_relative_attention.py)."""
+    `[b, c, h, d]` (module docstring; attention/sequence_parallel/relative_attention.py)."""
     q, k, v, u, v_bias = self._projections(x, context)
     klen = context.positions.shape[1]
     mem = klen - x.shape[1]

@@ -30,8 +30,8 @@ else stays on the blocked XLA kernel (docs/kernels.md). On a mesh with a `sequen
 same window (no cache or dilation; a window within one device's share of the
 chunk) is computed with the chunk split along its length, each device taking a
 halo of `window` tokens from its neighbours
-(parallel/sequence_window_attention.py); global tokens are then gathered and
-their rows merged across the devices (parallel/sequence_global_attention.py;
+(attention/sequence_parallel/window_attention.py); global tokens are then gathered and
+their rows merged across the devices (attention/sequence_parallel/global_attention.py;
 docs/scaling.md).
 """
 
@@ -58,8 +58,7 @@ from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
-from longformer_jax.parallel.sequence_global_attention import sequence_parallel_global_attention
-from longformer_jax.parallel.sequence_window_attention import sequence_parallel_window_attention
+from longformer_jax.attention.sequence_parallel import global_attention, window_attention
 
 KERNEL_AXES = ('embed', 'heads', 'head_dim')
 
@@ -265,18 +264,18 @@ class LongformerAttention(nn.Module):
     split = self._splits_over_sequence(chunk_len, key_offset)
     if split and self.global_tokens:
       # The chunk split over the sequence axis: window halos, gathered global keys, global
-      # rows merged across devices (parallel/sequence_global_attention.py; docs/scaling.md).
+      # rows merged across devices (sequence_parallel/global_attention.py; docs/scaling.md).
       projected = self._global_projections(x, context, ctx, slots, origin, (query, key, value))
       q_g, k_g, v_g = projected if projected else (None, None, None)
-      out = sequence_parallel_global_attention(
+      out = global_attention.sequence_parallel_global_attention(
           q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots, found,
           mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
           scale=self.head_dim ** -0.5, block_size=self.block_size or None,
           global_queries=q_g, global_keys=k_g, global_values=v_g)
     elif split:
       # The chunk split along its length over the mesh's sequence axis, a halo of `window`
-      # tokens from each neighbour (parallel/sequence_window_attention.py; docs/scaling.md).
-      out = sequence_parallel_window_attention(
+      # tokens from each neighbour (sequence_parallel/window_attention.py; docs/scaling.md).
+      out = window_attention.sequence_parallel_window_attention(
           q, k, v, ctx.positions, ctx.segment_ids, key_valid,
           mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
           scale=self.head_dim ** -0.5, block_size=self.block_size or None)

@@ -14,7 +14,7 @@ cache). Every path computes the same masked softmax (docs/kernels.md).
 On a mesh with a `sequence` axis > 1, the softmax (no position bias; with or
 without a cache) is split along the chunk's length over that axis (ring or
 all-gather attention, the cache replicated on every device;
-parallel/sequence_attention.py; docs/scaling.md).
+attention/sequence_parallel/attention.py; docs/scaling.md).
 T5's relative position bias (`position_embedding='relative_buckets'`) is
 added to the logits on the XLA path only; splash and cuDNN are then
 unavailable (`auto` runs XLA).
@@ -41,7 +41,7 @@ from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
-from longformer_jax.parallel.sequence_attention import sequence_parallel_attention
+from longformer_jax.attention.sequence_parallel.attention import sequence_parallel_attention
 
 
 class VanillaAttention(nn.Module):
