@@ -42,7 +42,7 @@ import ml_collections
 
 from longformer_jax import command_line
 from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
-from longformer_jax.command_line import UserError
+from longformer_jax.config.errors import UserError
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.experiment_config import validate_config
 from longformer_jax.generation.chunk_window_decoder import ChunkWindowDecoder

@@ -14,7 +14,7 @@ import numpy as np
 
 from benchmarks.attention_case import AttentionCase
 from benchmarks.sparse_cases import DENSE_MAX_LEN, attention_flops, make_qkv, one_document, scaled
-from longformer_jax.attention import image_local
+from longformer_jax.attention.image_local import attention as image_local
 from longformer_jax.attention.core.dot_product import attend
 
 LOCAL_1D = image_local.ImageLocalConfig(layout='1d', query_len=256, memory_len=256)

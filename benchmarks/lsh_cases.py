@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.attention_case import AttentionCase
-from longformer_jax.attention.lsh import lsh_attention, random_rotations
+from longformer_jax.attention.lsh.attention import lsh_attention, random_rotations
 
 HEADS, HEAD_DIM = 8, 64
 

@@ -25,7 +25,9 @@ import jax.numpy as jnp
 from benchmarks.attention_case import AttentionCase
 from benchmarks.sparse_cases import (BIGBIRD, HEAD_DIM, HEADS, STRIDED, attention_flops,
                                      bigbird_pairs, bigbird_pattern, sparse_pairs)
-from longformer_jax.attention.core import bigbird_splash, block_sparse_flash, sparse_splash
+from longformer_jax.attention.core import block_sparse_flash
+from longformer_jax.attention.bigbird import splash as bigbird_splash
+from longformer_jax.attention.sparse_transformer import splash as sparse_splash
 
 BLOCK = 64
 

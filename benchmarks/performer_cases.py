@@ -26,8 +26,8 @@ import numpy as np
 
 from benchmarks.attention_case import AttentionCase, quick_check
 from benchmarks.sparse_cases import HEAD_DIM, HEADS, make_qkv, one_document
-from longformer_jax.attention import performer_kernel
-from longformer_jax.attention.core import random_features
+from longformer_jax.attention.performer import kernel as performer_kernel
+from longformer_jax.attention.performer import random_features
 
 NUM_FEATURES, BLOCK_LEN = 256, 64
 DENSE_MAX_LEN = 4096

@@ -28,8 +28,8 @@ import numpy as np
 
 from benchmarks.attention_case import AttentionCase, quick_check
 from benchmarks.sparse_cases import HEAD_DIM, HEADS, one_document
-from longformer_jax.attention import routing
-from longformer_jax.attention.core import online_kmeans
+from longformer_jax.attention.routing import attention as routing
+from longformer_jax.attention.routing import online_kmeans
 from longformer_jax.attention.core.dot_product import attend
 
 DENSE_MAX_LEN = 4096

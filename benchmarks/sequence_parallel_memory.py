@@ -6,7 +6,7 @@ For a fixed chunk length, each method ('all_gather', 'ring') and sequence
 axis size n = 1, 2, 4, 8 (fake CPU devices: the script sets
 `--xla_force_host_platform_device_count=8` unless XLA_FLAGS is set) it
 compiles, never runs, causal attention with load balancing
-(`parallel/sequence_attention.sequence_parallel_attention`, batch 1) on a
+(`attention/sequence_parallel/attention.sequence_parallel_attention`, batch 1) on a
 mesh `sequence n` with the inputs split along the length, forward alone and forward + backward (the gradient with
 respect to q, k, v), and prints XLA's `memory_analysis()` temporaries per
 device in MiB, with the arguments' bytes per device. The dense logits of one
@@ -29,7 +29,7 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=wrong-import-position
 
 from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=wrong-import-position
-from longformer_jax.parallel.sequence_attention import (  # pylint: disable=wrong-import-position
+from longformer_jax.attention.sequence_parallel.attention import (  # pylint: disable=wrong-import-position
     METHODS, sequence_parallel_attention)
 
 SEQUENCE_SIZES = (1, 2, 4, 8)

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.attention_case import AttentionCase, quick_check
-from longformer_jax.attention import bigbird, sparse_transformer
+from longformer_jax.attention.bigbird import attention as bigbird
+from longformer_jax.attention.sparse_transformer import attention as sparse_transformer
 from longformer_jax.attention.core.block_sparse import num_blocks_for
 from longformer_jax.attention.core.dot_product import attend
 

@@ -18,7 +18,7 @@ from typing import Callable
 from absl import app, flags
 
 from longformer_jax.config.overrides import load_config_file, with_overrides
-from longformer_jax.config.errors import ConfigError
+from longformer_jax.config.errors import ConfigError, UserError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'default.py')
@@ -27,10 +27,6 @@ USAGE_ERROR_STATUS = 2
 
 _CONFIG_PREFIX = '--config.'
 _config_overrides: list = []
-
-
-class UserError(Exception):
-  """A problem the user can fix (a missing file, a workdir that is a file): one line, exit 2."""
 
 
 def define_flags(workdir_help: str) -> None:

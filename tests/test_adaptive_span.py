@@ -9,7 +9,7 @@ from flax.core import unfreeze
 
 from longformer_jax.attention.adaptive_span import (AdaptiveSpanAttention, memory_sizes, span_mask,
                                                     trimmed_size_index)
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention import performer
+from longformer_jax.attention.performer import attention as performer
 from tests import test_routing
 from tests.test_performer import jit, reference_attention, reference_mask
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.attendre import AttendreAttention
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import policies
 from longformer_jax.config.migration import migrate_flat_model

@@ -21,13 +21,13 @@ import pytest
 
 from longformer_jax.attention.core import attention_backend
 from longformer_jax.attention.core.attention_backend import KernelPattern, resolve_backend
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.core.cudnn_attention import cudnn_attention
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.vanilla.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.splash_kernels import splash_attention
-from longformer_jax.attention.longformer import LongformerAttention
-from longformer_jax.attention.vanilla import VanillaAttention
+from longformer_jax.attention.longformer.attention import LongformerAttention
+from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
 from longformer_jax.models.model_config import resolve_model

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import train as train_script
-from longformer_jax.attention.bigbird import (BigBirdAttention, bigbird_attention, pattern_key,
-                                              random_block_pattern)
+from longformer_jax.attention.bigbird.attention import (BigBirdAttention, bigbird_attention,
+                                                        pattern_key, random_block_pattern)
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.decoder_lm import DecoderLM

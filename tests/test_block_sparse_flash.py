@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention import bigbird
-from longformer_jax.attention.core import bigbird_splash, block_sparse_flash, sparse_splash
+from longformer_jax.attention.bigbird import attention as bigbird
+from longformer_jax.attention.core import block_sparse_flash
+from longformer_jax.attention.bigbird import splash as bigbird_splash
+from longformer_jax.attention.sparse_transformer import splash as sparse_splash
 from tests.test_splash_layers import BB, bigbird_loop, loop_mask, random_table
 from tests.test_splash_layers import reference_mask as loop_reference_mask
 from tests.test_splash_masks import SUMMARY, STRIDE, compare, compare_with_mask
@@ -89,11 +91,11 @@ def test_strided_pattern_skips_most_blocks():
 # ---- the layers with attention_backend='pallas_gpu' (interpret mode here) ----
 
 def layer(kind):
-  from longformer_jax.attention.bigbird import BigBirdAttention
-  from longformer_jax.attention.image_local import ImageLocalAttention, ImageLocalConfig
-  from longformer_jax.attention.longformer import LongformerAttention
-  from longformer_jax.attention.sparse_transformer import SparseTransformerAttention
-  from longformer_jax.attention.vanilla import VanillaAttention
+  from longformer_jax.attention.bigbird.attention import BigBirdAttention
+  from longformer_jax.attention.image_local.attention import ImageLocalAttention, ImageLocalConfig
+  from longformer_jax.attention.longformer.attention import LongformerAttention
+  from longformer_jax.attention.sparse_transformer.attention import SparseTransformerAttention
+  from longformer_jax.attention.vanilla.attention import VanillaAttention
   common = dict(num_heads=2, head_dim=16, d_model=32)
   return {
       'vanilla': lambda b: VanillaAttention(causal=True, attention_backend=b, **common),

@@ -15,7 +15,7 @@ import pytest
 
 import train as train_script
 from longformer_jax.attention.compressive import CompressiveAttention, CompressiveMemory
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config

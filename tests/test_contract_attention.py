@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from tests.tiny_models import tiny_model_config
 

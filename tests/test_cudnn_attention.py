@@ -27,11 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.core.cudnn_attention import cudnn_attention
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.vanilla.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
-from longformer_jax.attention.vanilla import VanillaAttention
+from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.memory import fifo
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != 'gpu',
@@ -200,7 +200,7 @@ def test_longformer_layer_cudnn_equals_xla(global_tokens, causal):
   """The Longformer (causal: window cache; two-sided: two causal passes; documents, padding,
   global tokens) in bfloat16: 'cudnn' (auto's choice on a GPU) against 'xla', two chunks,
   outputs and gradients."""
-  from longformer_jax.attention.longformer import LongformerAttention
+  from longformer_jax.attention.longformer.attention import LongformerAttention
   from tests.test_cudnn_window_layers import CHUNK, chunk_contexts
   contexts = chunk_contexts(bool(global_tokens))
   valid = jnp.concatenate([c.valid for c in contexts], axis=1)

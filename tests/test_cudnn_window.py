@@ -213,7 +213,7 @@ def test_slots_outside_every_run_get_no_gradient():
       3.0 * np.asarray(valid)[..., None, None], g.shape))
 
 
-# ---- the two-sided window: two causal passes merged (attention/core/cudnn_two_sided_window.py)
+# ---- the two-sided window: two causal passes merged (longformer/cudnn_two_sided_window.py)
 
 def two_sided_mask(positions, segments, valid):
   mask = causal_document_mask(positions, segments, positions, segments, valid, causal=False)
@@ -225,7 +225,7 @@ def test_two_sided_window_equals_dense_reference(kind):
   """Left causal pass + right pass on the reversed, shifted queries, merged by log-sum-exp:
   outputs, log-sum-exp and gradients through both equal the dense two-sided rule ('hole':
   the XLA fallback)."""
-  from longformer_jax.attention.core.cudnn_two_sided_window import two_sided_window_attention
+  from longformer_jax.attention.longformer.cudnn_two_sided_window import two_sided_window_attention
   positions, segments, valid = layout(kind)
   q, k, v, probe, lse_probe = inputs(2)
   q, k, v = (a.astype(jnp.float32) for a in (q, k, v))    # the XLA description keeps float32

@@ -22,11 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention import longformer
+from longformer_jax.attention.longformer import attention as longformer
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cudnn_window
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.longformer import LongformerAttention
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.longformer.attention import LongformerAttention
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
 from longformer_jax.memory import fifo
 from tests.test_attention_backends import assert_trees_close

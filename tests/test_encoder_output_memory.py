@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longformer_jax.attention import encoder_output_memory as encoder_output
+from longformer_jax.models import encoder_output_memory as encoder_output
 
 B, CAP, D, H, HD = 2, 7, 16, 2, 8
 

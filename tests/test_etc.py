@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from benchmarks import etc_cases
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.etc import ETCAttention, etc_attention, num_labels
 from longformer_jax.config.errors import ConfigError
 from tests.gradient_checks import assert_gradients_match

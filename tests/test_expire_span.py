@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import train as train_script
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.expire_span import ExpireSpanAttention, soft_expire_mask
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.errors import ConfigError

@@ -9,8 +9,7 @@ import pytest
 
 import generate as generate_script
 import train as train_script
-from longformer_jax.command_line import UserError
-from longformer_jax.config.errors import ConfigError
+from longformer_jax.config.errors import ConfigError, UserError
 from longformer_jax.generation.sampling import SamplingSettings
 from longformer_jax.generation.text_generation import generate_text
 from tests.tiny_models import tiny_config

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
+from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.byte_tokenizer import ByteTokenizer

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.convert import hf
 from longformer_jax.models.decoder_lm import DecoderLM
 from tests.hf_checkpoints import conversion_error, edited_copy

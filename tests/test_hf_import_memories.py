@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.convert import hf
 from longformer_jax.evaluation import memory_sweep
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config

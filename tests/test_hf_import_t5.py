@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.relative_buckets import relative_position_bucket
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.convert import hf

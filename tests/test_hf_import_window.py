@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.convert import hf, loader
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.models.model_config import resolve_model

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention import image_local
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.image_local import attention as image_local
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.model_config import resolve_model
 from tests.gradient_checks import assert_gradients_match

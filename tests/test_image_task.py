@@ -23,7 +23,7 @@ import pytest
 import eval as eval_script
 import train as train_script
 from configs import image_digits
-from longformer_jax.attention.image_local import from_block_raster, to_block_raster
+from longformer_jax.attention.image_local.attention import from_block_raster, to_block_raster
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import image_data
 from longformer_jax.evaluation.task_metrics import task_metrics

@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from longformer_jax.command_line import UserError
+from longformer_jax.config.errors import UserError
 from longformer_jax.convert import hf
 from longformer_jax.generation.chunk_window_decoder import ChunkWindowDecoder, chunk_context
 from longformer_jax.generation.kv_cache import kv_cache_model_config

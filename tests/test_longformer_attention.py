@@ -15,9 +15,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.core.dilated_window import dilated_window_attention
-from longformer_jax.attention.longformer import LongformerAttention
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.longformer.dilated_window import dilated_window_attention
+from longformer_jax.attention.longformer.attention import LongformerAttention
 from longformer_jax.attention.core.sliding_window import blocked_window_attention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model

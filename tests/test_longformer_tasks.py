@@ -328,7 +328,7 @@ def test_layer_schedule_gives_each_layer_its_window():
   batch = 2, 32
   tokens = np.random.default_rng(0).integers(0, 256, batch).astype(np.int32)
   positions = np.tile(np.arange(32, dtype=np.int32), (2, 1))
-  from longformer_jax.attention.core.context import AttentionContext
+  from longformer_jax.attention.context import AttentionContext
   ctx = AttentionContext(positions=positions, segment_ids=np.zeros_like(positions),
                          reset=np.ones(2, bool), valid=np.ones(batch, bool),
                          global_flags=np.zeros(batch, bool))

@@ -16,8 +16,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.lsh import (SELF_LOGIT, LSHAttention, hash_buckets,
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.lsh.attention import (SELF_LOGIT, LSHAttention, hash_buckets,
                                           lsh_attention, random_rotations)
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.config.errors import ConfigError
@@ -383,7 +383,7 @@ def test_scan_steps_gradients_match_dense_reference(rows_per_step):
 
 def test_payload_sort_fallback_gives_the_same_output(monkeypatch):
   """Past the int32 range of bucket * n + rank, the (bucket, position, slot) sort."""
-  import longformer_jax.attention.lsh as lsh_module
+  import longformer_jax.attention.lsh.attention as lsh_module
   qk, v, positions, segments, valid = documents_restarting_positions(seed=13)
   rotations = random_rotations(jax.random.PRNGKey(14), H, D, 3, 4)
   args = (qk, v, positions, segments, valid, rotations)

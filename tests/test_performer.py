@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from benchmarks import performer_cases
-from longformer_jax.attention import performer
-from longformer_jax.attention.core import random_features
+from longformer_jax.attention.performer import attention as performer
+from longformer_jax.attention.performer import random_features
 from tests.test_sparse_transformer import largest_intermediate
 
 B, H, HD, D = 2, 2, 16, 32

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention import performer
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.performer import attention as performer
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from tests.test_performer import (B, BLOCK, D, H, HD, M, chunk_facts, jit, reference_attention,
                                   reference_mask)

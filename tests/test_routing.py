@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from benchmarks import routing_cases
-from longformer_jax.attention import routing
-from longformer_jax.attention.core import online_kmeans
+from longformer_jax.attention.routing import attention as routing
+from longformer_jax.attention.routing import online_kmeans
 from longformer_jax.config.errors import ConfigError
 from tests.test_sparse_transformer import largest_intermediate
 from tests.tiny_models import tiny_config

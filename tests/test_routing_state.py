@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention import routing
-from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
+from longformer_jax.attention.routing import attention as routing
+from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.train import optimizer as optimizer_lib

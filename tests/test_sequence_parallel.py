@@ -19,12 +19,13 @@ from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.sliding_window import window_allowed
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.parallel import load_balance
+from longformer_jax.attention.sequence_parallel import load_balance
 from longformer_jax.parallel.mesh import MESH_AXES, make_mesh, mesh_axis_sizes
 from longformer_jax.parallel.parallel_config import (ParallelConfig, check_sequence_split,
                                                      length_on_sequence)
-from longformer_jax.parallel.sequence_attention import sequence_parallel_attention
-from longformer_jax.parallel.sequence_window_attention import sequence_parallel_window_attention
+from longformer_jax.attention.sequence_parallel.attention import sequence_parallel_attention
+from longformer_jax.attention.sequence_parallel.window_attention import (
+    sequence_parallel_window_attention)
 
 BATCH, CHUNK, HEADS, HEAD_DIM = 4, 32, 2, 8
 DATA_2_SEQUENCE_4 = (2, 1, 1, 4)

@@ -22,15 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
-from longformer_jax.attention.longformer import LongformerAttention
+from longformer_jax.attention.longformer.attention import LongformerAttention
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.parallel.parallel_config import ParallelConfig
-from longformer_jax.parallel.sequence_attention import sequence_parallel_attention
+from longformer_jax.attention.sequence_parallel.attention import sequence_parallel_attention
 
 BATCH, CHUNK, MEM, HEADS, HEAD_DIM = 4, 32, 8, 2, 8
 DATA_2_SEQUENCE_4 = (2, 1, 1, 4)

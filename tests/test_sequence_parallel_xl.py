@@ -1,5 +1,5 @@
 """Transformer-XL attention with the chunk split over the `sequence` axis
-(parallel/sequence_relative_attention.py) equals the unsplit layer.
+(attention/sequence_parallel/relative_attention.py) equals the unsplit layer.
 
 (1) The XL layer (memory of 8, chunks of 16) on data 2 x sequence 4 equals the
 unsplit layer with the same `relative_impl`: outputs and gradients with
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sharding

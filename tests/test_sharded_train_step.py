@@ -72,7 +72,7 @@ def test_sharded_step_matches_single_device(single_device, mesh_shape):
                          state.memory, ref_state.memory)
 
 
-# ---- the sequence axis: a chunk split along its length (parallel/sequence_attention.py) ----
+# ---- the sequence axis: a chunk split along its length (sequence_parallel/attention.py) ----
 
 @pytest.fixture(scope='module')
 def single_device_vanilla():

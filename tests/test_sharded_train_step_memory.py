@@ -1,5 +1,5 @@
 """Train steps of a vanilla decoder with a cache (`mem_len > 0`) with the chunk split over
-the `sequence` axis equal the single-device steps (parallel/sequence_attention.py, `memory`)."""
+the `sequence` axis equal the single-device steps (attention/sequence_parallel/, `memory`)."""
 
 import functools
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import train as train_script
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.sparse_transformer import (SparseTransformerAttention,
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.sparse_transformer.attention import (SparseTransformerAttention,
                                                          sparse_transformer_attention)
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.decoder_lm import DecoderLM

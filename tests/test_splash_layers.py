@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention import bigbird
-from longformer_jax.attention.bigbird import BigBirdAttention
-from longformer_jax.attention.core import attention_backend, bigbird_splash
+from longformer_jax.attention.bigbird import attention as bigbird
+from longformer_jax.attention.bigbird.attention import BigBirdAttention
+from longformer_jax.attention.core import attention_backend
+from longformer_jax.attention.bigbird import splash as bigbird_splash
 from longformer_jax.attention.core import splash_kernels as sk
-from longformer_jax.attention.longformer import LongformerAttention
+from longformer_jax.attention.longformer.attention import LongformerAttention
 from longformer_jax.config.errors import ConfigError
 from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads, resolve
 from tests.test_splash_masks import chunk_facts, compare_with_mask, random_qkv
@@ -40,7 +41,7 @@ def dilated_loop(i: int, j: int, window: int, dilation: int, causal: bool) -> bo
 
 def bigbird_loop(i: int, j: int, table, block: int, window_blocks: int, global_blocks: int,
                  causal: bool, global_rows: bool = False) -> bool:
-  """BigBird (bigbird.py's docstring): window | random | global key (| global query)."""
+  """BigBird (bigbird/attention.py's docstring): window | random | global key (| global query)."""
   if causal and j > i:
     return False
   bi, bj = i // block, j // block

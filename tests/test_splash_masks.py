@@ -1,12 +1,12 @@
 """Splash masks beyond a window: Sparse Transformer and Image Transformer local 1D.
 
 The splash kernel (`attention/core/splash_kernels.py`, Pallas interpret mode on
-CPU) with the rules of `sparse_splash.py` and `image_local_splash.py` is held
-to the dense float32 masked softmax (`dot_product.attend`) with a mask built
-here independently, in numpy, from the papers' rules on positions (relative
-to the chunk's first token), documents and padding: outputs and gradients
-w.r.t. q, k, v. The mask objects themselves are checked against the rules
-written as Python loops over (query, key) at small sizes.
+CPU) with the rules of `attention/sparse_transformer/splash.py` and
+`attention/image_local/splash.py` is held to the dense float32 masked softmax
+(`dot_product.attend`) with a mask built here independently, in numpy, from
+the papers' rules on positions (relative to the chunk's first token),
+documents and padding: outputs and gradients w.r.t. q, k, v. The mask objects
+themselves are checked against the rules written as Python loops over (query, key) at small sizes.
 
 Inputs (as tests/test_attention_backends.py): two rows, positions starting at
 1000, row 0 padded from 3/4 on (a document id of its own: its queries see no
@@ -20,10 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core import attention_backend, sparse_splash
+from longformer_jax.attention.core import attention_backend
+from longformer_jax.attention.sparse_transformer import splash as sparse_splash
 from longformer_jax.attention.core import splash_kernels as sk
 from longformer_jax.attention.core.dot_product import attend
-from longformer_jax.attention.core.image_local_splash import image_local_1d_splash
+from longformer_jax.attention.image_local.splash import image_local_1d_splash
 from longformer_jax.attention.core.splash_kernels import splash_attention
 
 B, HD = 2, 16
@@ -259,7 +260,7 @@ def test_strided_merged_short_chunk_equals_dense_reference():
                                                   ('fixed', 'multihead')])
 def test_sparse_splash_equals_the_modules_blocked_xla(pattern, integration):
   """The same inputs through `sparse_transformer.sparse_transformer_attention` (XLA)."""
-  from longformer_jax.attention import sparse_transformer
+  from longformer_jax.attention.sparse_transformer import attention as sparse_transformer
   chunk, heads = 200, 4
   positions, segments, valid = (jnp.asarray(a) for a in chunk_facts(chunk))
   q, k, v, _ = random_qkv(chunk, heads)
@@ -274,7 +275,7 @@ def test_sparse_splash_equals_the_modules_blocked_xla(pattern, integration):
 
 @pytest.mark.slow
 def test_image_local_1d_splash_equals_the_modules_gathered_xla():
-  from longformer_jax.attention import image_local
+  from longformer_jax.attention.image_local import attention as image_local
   chunk, heads, query_len, memory_len = 200, 2, 24, 40
   positions, segments, valid = (jnp.asarray(a) for a in chunk_facts(chunk))
   q, k, v, _ = random_qkv(chunk, heads)
@@ -289,7 +290,7 @@ def test_image_local_1d_splash_equals_the_modules_gathered_xla():
 def test_image_local_1d_layer_splash_equals_xla():
   """The whole layer with `attention_backend='splash'` and 'xla': output and gradients."""
   from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads
-  from longformer_jax.attention.image_local import ImageLocalAttention, ImageLocalConfig
+  from longformer_jax.attention.image_local.attention import ImageLocalAttention, ImageLocalConfig
   section = ImageLocalConfig(query_len=8, memory_len=8)
   results = layer_outputs_and_grads(lambda backend: ImageLocalAttention(
       num_heads=2, head_dim=16, d_model=32, section=section, attention_backend=backend))
@@ -299,7 +300,7 @@ def test_image_local_1d_layer_splash_equals_xla():
 def test_sparse_transformer_layer_splash_equals_xla():
   """The whole layer (fixed, multihead) with `attention_backend='splash'` and 'xla'."""
   from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads
-  from longformer_jax.attention.sparse_transformer import SparseTransformerAttention
+  from longformer_jax.attention.sparse_transformer.attention import SparseTransformerAttention
   results = layer_outputs_and_grads(lambda backend: SparseTransformerAttention(
       num_heads=2, head_dim=16, d_model=32, pattern='fixed', stride=8, summary_len=2,
       integration='multihead', attention_backend=backend))

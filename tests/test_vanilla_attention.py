@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.vanilla import VanillaAttention
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.memory import fifo
 
 B, C, M, D, H, HD = 2, 5, 4, 16, 2, 8

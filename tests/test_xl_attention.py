@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.layers.positional import relative_shift
 from longformer_jax.memory import fifo

@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 
 from configs.default import get_config
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.config.migration import migrate_flat_model

@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import projections
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import soft_masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.config.section import Section
@@ -186,9 +186,9 @@ class AdaptiveSpanAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
-    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+    context, new_state = projections.memory_and_chunk(state, x, ctx)
     chunk = x.shape[1]
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    q = projections.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
     kernel_shape = dict(in_shape=(self.d_model,), features=(self.num_heads, self.head_dim),
                         kernel_axes=('embed', 'heads', 'head_dim'))
     w_key = ProjectionKernel(**kernel_shape, name='key')().astype(self.dtype)
@@ -235,4 +235,4 @@ class AdaptiveSpanAttention(nn.Module):
     else:
       mean_span = jnp.mean(z)
     aux = {'span_loss': mean_span, 'span_largest': jnp.max(z)}
-    return cached_context.project_output(out, self.d_model, self.dtype), new_state, aux
+    return projections.project_output(out, self.d_model, self.dtype), new_state, aux

@@ -1,6 +1,6 @@
 """BlockBERT blockwise attention (Qiu et al., 2020): one key block per query block and head.
 
-Within the chunk (stateless), rotary positions as in vanilla.py. The chunk of
+Within the chunk (stateless), rotary positions as in attention/vanilla/attention.py. The chunk of
 n tokens is cut into b blocks of L = ceil(n / b) slots (the last padded);
 b is the length of the permutations in the config. Head h uses a map pi_h of
 the blocks, and, with blk(t) = t // L on positions relative to the chunk's
@@ -44,8 +44,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from longformer_jax.attention.core import block_sparse, cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import block_sparse, projections
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
@@ -177,9 +177,9 @@ class BlockBERTAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
     key_blocks = key_block_maps(self.permutations, self.num_heads, self.causal)
     out = blockbert_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, key_blocks,
                               causal=self.causal)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

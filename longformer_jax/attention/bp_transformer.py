@@ -57,8 +57,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from longformer_jax.attention.core import block_sparse, cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import block_sparse, projections
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
 
@@ -243,7 +243,7 @@ class BPTransformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = cached_context.chunk_qkv(x, self.num_heads, self.head_dim, self.dtype)
+    q, k, v = projections.chunk_qkv(x, self.num_heads, self.head_dim, self.dtype)
     init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
                                         (None, None, 'heads', 'head_dim'))
     rel_keys = self.param('relative_keys', init, (self.num_levels + 1, num_offsets(self.k),
@@ -251,4 +251,4 @@ class BPTransformerAttention(nn.Module):
     out = bp_transformer_attention(q, k, v, rel_keys, ctx.positions, ctx.segment_ids, ctx.valid,
                                    radius=self.k, num_levels=self.num_levels, causal=self.causal)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

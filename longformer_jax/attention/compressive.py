@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import projections
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.xl import XLAttention
@@ -173,14 +173,14 @@ class CompressiveAttention(XLAttention):
   def __call__(self, x: jax.Array, state: CompressiveMemory, ctx: AttentionContext):
     memory = fifo.clear_rows(state.memory, ctx.reset)
     compressed = fifo.clear_rows(state.compressed, ctx.reset)
-    chunk = cached_context.chunk_entries(x, ctx)
+    chunk = projections.chunk_entries(x, ctx)
     context = fifo.concat(jax.lax.stop_gradient(fifo.concat(compressed, memory)), chunk)
     max_distance = self._max_distance(x.shape[1], memory.capacity, compressed.capacity)
     logits, mask, v = self.attention_logits(x, context, ctx, max_distance)
     weights = masked_softmax(logits, mask)
     out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    y = cached_context.project_output(out, self.d_model, self.dtype)
+    y = projections.project_output(out, self.d_model, self.dtype)
 
     # Memory: insert the chunk; the evicted entries carry their average usage.
     received = jax.lax.stop_gradient(

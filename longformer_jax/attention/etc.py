@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import block_sparse, cached_context, global_tokens
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import block_sparse, global_tokens, projections
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
 
@@ -249,7 +249,7 @@ class ETCAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = cached_context.chunk_qkv(x, self.num_heads, self.head_dim, self.dtype)
+    q, k, v = projections.chunk_qkv(x, self.num_heads, self.head_dim, self.dtype)
     init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
                                         (None, 'heads', 'head_dim'))
     rel_keys = self.param('relative_keys', init,
@@ -259,4 +259,4 @@ class ETCAttention(nn.Module):
                         structure=self.structure, causal=self.causal)
     out = nn.with_logical_constraint(out.astype(self.dtype),
                                      ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

@@ -46,8 +46,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import projections
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import soft_masked_softmax
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.section import Section
@@ -159,7 +159,7 @@ class ExpireSpanAttention(XLAttention):
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
     memory = fifo.clear_rows(state, ctx.reset)
-    chunk = cached_context.chunk_entries(x, ctx)
+    chunk = projections.chunk_entries(x, ctx)
     context = fifo.concat(jax.lax.stop_gradient(memory), chunk)
     # Keys farther than L + R are masked (m = 0): their relative position is irrelevant.
     logits, mask, v = self.attention_logits(x, context, ctx, self.max_span + self.ramp)
@@ -174,7 +174,7 @@ class ExpireSpanAttention(XLAttention):
     weights = soft_masked_softmax(logits, mask & (soft > 0), soft[:, None])
     out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    y = cached_context.project_output(out, self.d_model, self.dtype)
+    y = projections.project_output(out, self.d_model, self.dtype)
 
     t_next, segment = next_query(ctx)
     alive = (context.valid & (context.segment_ids == segment[:, None])

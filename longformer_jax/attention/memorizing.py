@@ -3,7 +3,7 @@
 Each query attends to
 - its local context: the chunk (causal) and, with `mem_len > 0`, a FIFO cache
   of the previous `mem_len` hidden states, with rotary positions exactly as
-  in attention/vanilla.py (optionally with the LM-Infinite distance cap
+  in attention/vanilla/attention.py (optionally with the LM-Infinite distance cap
   `rope_max_distance`, layers/capped_rotary.py);
 - its top-`top_k` (key, value) pairs, per head, retrieved by dot product
   from a key-value memory of the `memory_size` most recent tokens of past
@@ -48,9 +48,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import projections
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.config.section import Section
@@ -175,7 +175,7 @@ class MemorizingAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state: dict, ctx: AttentionContext):
-    context, new_local = cached_context.memory_and_chunk(state['local'], x, ctx)
+    context, new_local = projections.memory_and_chunk(state['local'], x, ctx)
     q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
     k, v = self.heads.keys_values(context.values, self.num_heads, self.head_dim, self.dtype)
     if self.normalize_qk:

@@ -1,25 +1,26 @@
 """Attention variants by config name (`model.attention`).
 
-A new variant is one file in this folder plus one line here.
+A new variant is one file in this folder (or a folder, with the kernels only it uses) plus one
+line here.
 """
 
 from longformer_jax.attention.adaptive_span import AdaptiveSpanAttention
 from longformer_jax.attention.attendre import AttendreAttention
-from longformer_jax.attention.bigbird import BigBirdAttention
+from longformer_jax.attention.bigbird.attention import BigBirdAttention
 from longformer_jax.attention.blockbert import BlockBERTAttention
 from longformer_jax.attention.bp_transformer import BPTransformerAttention
 from longformer_jax.attention.compressive import CompressiveAttention
 from longformer_jax.attention.etc import ETCAttention
 from longformer_jax.attention.expire_span import ExpireSpanAttention
-from longformer_jax.attention.image_local import ImageLocalAttention
-from longformer_jax.attention.longformer import LongformerAttention
-from longformer_jax.attention.lsh import LSHAttention
+from longformer_jax.attention.image_local.attention import ImageLocalAttention
+from longformer_jax.attention.longformer.attention import LongformerAttention
+from longformer_jax.attention.lsh.attention import LSHAttention
 from longformer_jax.attention.memorizing import MemorizingAttention
-from longformer_jax.attention.performer import PerformerAttention
-from longformer_jax.attention.routing import RoutingAttention
-from longformer_jax.attention.sparse_transformer import SparseTransformerAttention
+from longformer_jax.attention.performer.attention import PerformerAttention
+from longformer_jax.attention.routing.attention import RoutingAttention
+from longformer_jax.attention.sparse_transformer.attention import SparseTransformerAttention
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
-from longformer_jax.attention.vanilla import VanillaAttention
+from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.errors import ConfigError
 

@@ -43,9 +43,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
-from longformer_jax.attention.core import cached_context, cudnn_window
+from longformer_jax.attention.core import cudnn_window, projections
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.sliding_window import auto_block_size, blocked_window_attention
 from longformer_jax.config.section import Section
@@ -175,7 +175,7 @@ class StreamingSinkAttention(nn.Module):
 
     q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
     k, v = self.heads.keys_values(x, self.num_heads, self.head_dim, self.dtype)
-    chunk = cached_context.chunk_entries(jnp.concatenate([k, v], axis=-1), ctx)
+    chunk = projections.chunk_entries(jnp.concatenate([k, v], axis=-1), ctx)
     keys = fifo.concat(fifo.concat(jax.lax.stop_gradient(sinks), jax.lax.stop_gradient(window)),
                        chunk)
     all_k, all_v = jnp.split(keys.values, 2, axis=-1)

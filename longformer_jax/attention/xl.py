@@ -21,7 +21,7 @@ all-gather (zigzag for load balance), the content term per key block and the
 position term looked up by each pair's distance i - j (clamped) in a
 per-device table of (q_i + v)^T W_kR R_d, the 'gather' formulation, whatever
 `relative_impl` says; the parts merged exactly by log-sum-exp
-(parallel/sequence_relative_attention.py; docs/scaling.md). It equals the
+(attention/sequence_parallel/relative_attention.py; docs/scaling.md). It equals the
 unsplit layer for both `relative_impl` values on continuous streams.
 """
 
@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import projections
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.config.section import Section
@@ -42,7 +42,7 @@ from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import relative_shift, sinusoid_embedding
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
-from longformer_jax.parallel.sequence_relative_attention import (
+from longformer_jax.attention.sequence_parallel.relative_attention import (
     sequence_parallel_relative_attention)
 
 RELATIVE_IMPLS = ('shift', 'gather')
@@ -120,9 +120,9 @@ class XLAttention(nn.Module):
   def _projections(self, x: jax.Array, context: fifo.FifoMemory):
     """`(q [b, c, h, d], k, v [b, k, h, d], u, v_bias [h, d])`: this layer's projections and
     biases (the variants built on XL share them, and their parameter names)."""
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(context.values, self.num_heads, self.head_dim, 'value', self.dtype)
+    q = projections.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    k = projections.project_heads(context.values, self.num_heads, self.head_dim, 'key', self.dtype)
+    v = projections.project_heads(context.values, self.num_heads, self.head_dim, 'value', self.dtype)
     bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('heads', 'head_dim'))
     u = self.param('content_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
     v_bias = self.param('position_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
@@ -131,7 +131,7 @@ class XLAttention(nn.Module):
   def _sequence_split_attention(self, x: jax.Array, context: fifo.FifoMemory,
                                 ctx: AttentionContext) -> jax.Array:
     """The chunk split over the mesh's `sequence` axis, the memory whole on every device:
-    `[b, c, h, d]` (module docstring; parallel/sequence_relative_attention.py)."""
+    `[b, c, h, d]` (module docstring; attention/sequence_parallel/relative_attention.py)."""
     q, k, v, u, v_bias = self._projections(x, context)
     klen = context.positions.shape[1]
     mem = klen - x.shape[1]
@@ -187,11 +187,11 @@ class XLAttention(nn.Module):
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
     if self.relative_impl not in RELATIVE_IMPLS:
       raise ValueError(f'relative_impl must be one of {RELATIVE_IMPLS}, got {self.relative_impl!r}')
-    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+    context, new_state = projections.memory_and_chunk(state, x, ctx)
     if sequence_settings.sequence_axis_size() > 1:
       out = self._sequence_split_attention(x, context, ctx)
     else:
       logits, mask, v = self.attention_logits(x, context, ctx)
       out = attend(logits, mask, v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), new_state, {}
+    return projections.project_output(out, self.d_model, self.dtype), new_state, {}

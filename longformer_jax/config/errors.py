@@ -1,4 +1,4 @@
-"""The one exception type for bad configuration values.
+"""The exception types for bad input: `ConfigError` for configuration values, `UserError` else.
 
 Every check of a user-facing setting raises `ConfigError` with the dotted
 config key that is wrong (for example `model.lsh.num_buckets`), so the
@@ -16,6 +16,11 @@ class ConfigError(ValueError):
     self.message = message
     where = key if key.startswith('-') else f'config.{key}'
     super().__init__(f'{where}: {message}')
+
+
+class UserError(Exception):
+  """A problem the user can fix that is not a config key (a missing file, a workdir that is a
+  file, a bad prompt): the scripts print it on one line and exit with status 2."""
 
 
 def require(condition: bool, key: str, message: str) -> None:

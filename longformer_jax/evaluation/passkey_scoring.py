@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from longformer_jax.attention.core.context import MODEL_STATE
+from longformer_jax.attention.context import MODEL_STATE
 from longformer_jax.evaluation import memory_accounting, trained_memory
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.parallel import sharding

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
+from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.models.chunk_driver import scan_chunks
 from longformer_jax.models.decoder_lm import DecoderLM
 

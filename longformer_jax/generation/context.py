@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import ml_collections
 
-from longformer_jax.command_line import UserError
+from longformer_jax.config.errors import UserError
 from longformer_jax.generation.kv_cache import kv_cache_refusal
 from longformer_jax.storage import paths
 

@@ -25,7 +25,7 @@ relative buckets (the cache rotates; it has no bias table).
 
 import ml_collections
 
-from longformer_jax.command_line import UserError
+from longformer_jax.config.errors import UserError
 from longformer_jax.evaluation import memory_sweep
 from longformer_jax.models.decoder_lm import lm_model_config
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.norms import norm_from_config

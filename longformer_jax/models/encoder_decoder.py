@@ -42,8 +42,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import projections
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.layers.embeddings import TokenEmbedding
@@ -88,14 +88,14 @@ class CrossAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, source: jax.Array, source_valid: jax.Array) -> jax.Array:
-    heads = lambda h, name: cached_context.project_heads(h, self.num_heads, self.head_dim, name,
+    heads = lambda h, name: projections.project_heads(h, self.num_heads, self.head_dim, name,
                                                          self.dtype, self.qkv_bias)
     q, k, v = heads(x, 'query'), heads(source, 'key'), heads(source, 'value')  # [b, ., h, hd]
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / jnp.sqrt(self.head_dim).astype(self.dtype)
     mask = jnp.broadcast_to(source_valid[:, None, :], (x.shape[0], x.shape[1], source.shape[1]))
     out = attend(logits, mask, v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype, self.out_bias)
+    return projections.project_output(out, self.d_model, self.dtype, self.out_bias)
 
 
 class DecoderLayer(nn.Module):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.norms import norm_from_config
 from longformer_jax.models.decoder_lm import compute_dtype

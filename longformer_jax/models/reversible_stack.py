@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError

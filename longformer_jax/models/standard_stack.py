@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
+from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.models.block_registry import block_class
 from longformer_jax.models.layer_schedule import layer_config

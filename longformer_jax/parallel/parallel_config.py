@@ -18,7 +18,7 @@ class ParallelConfig(Section):
 
   `mesh_shape` has 3 sizes (the `sequence` axis is then 1) or 4. With a
   `sequence` axis > 1 a chunk's length is split over it
-  (parallel/sequence_attention.py, docs/scaling.md): `sequence_parallel`
+  (attention/sequence_parallel/attention.py, docs/scaling.md): `sequence_parallel`
   picks how attention sees the other devices' keys ('all_gather' or
   'ring'), and `load_balance` lays a causal chunk out in the zigzag order
   (device i holds slices i and 2n-1-i of 2n) so no device idles.

@@ -5,7 +5,7 @@ evaluation), a mesh whose `sequence` axis is larger than 1 makes the layers
 that support it (the vanilla attention, with or without a cache;
 Transformer-XL's relative attention with its memory; the Longformer's
 cache-free window with or without global tokens; docs/scaling.md) attend
-through `parallel/sequence_attention.py` and its siblings with the method
+through `attention/sequence_parallel/attention.py` and its siblings with the method
 and load balancing of `config.parallel` (`sequence_parallel`,
 `load_balance`); everything else in the model is per token and follows the
 `length` -> `sequence` sharding rule. Outside it (or with a sequence axis of

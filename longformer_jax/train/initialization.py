@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from longformer_jax.attention.core.context import MODEL_STATE
+from longformer_jax.attention.context import MODEL_STATE
 from longformer_jax.models.decoder_lm import DecoderLM, state_logical_axes
 from longformer_jax.parallel import sharding
 from longformer_jax.train.lm_objective import chunk_context

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
+from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.chunk_driver import scan_chunks
 

@@ -5,7 +5,7 @@
 - `'splash'`: Pallas splash attention (`splash_kernels.py`), compiled on TPU,
   in Pallas interpret mode on CPU (tests); not on GPU;
 - `'cudnn'`: cuDNN flash attention through `jax.nn.dot_product_attention`
-  (`cudnn_attention.py`), or its causal sliding window with documents as
+  (`attention/vanilla/cudnn_attention.py`), or its causal sliding window with documents as
   packed segments (`cudnn_window.py`, windowed layers), on GPU with
   `model.dtype='bfloat16'`;
 - `'pallas_gpu'`: the block-sparse flash kernel in Pallas (`block_sparse_flash.py`),
@@ -54,7 +54,7 @@ class KernelPattern:
     cudnn_window: the layer runs its window through `cudnn_window.py`
       (documents and padding as packed segments, a memory before the chunk as
       extra slots, other parts merged by log-sum-exp; a two-sided window as
-      two causal passes, `cudnn_two_sided_window.py`), so cuDNN needs no dense
+      two causal passes, `attention/longformer/cudnn_two_sided_window.py`), so cuDNN needs no dense
       mask and takes a memory.
     cudnn_only: what the cuDNN window path computes and splash does not
       ('' if none), e.g. the Longformer's global tokens.

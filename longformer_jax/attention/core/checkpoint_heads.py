@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import projections
 from longformer_jax.attention.core.relative_buckets import RelativePositionBias
 from longformer_jax.layers.capped_rotary import capped_rotary_scores, rotary_scores
 from longformer_jax.layers.positional import apply_rotary, rotary_inv_freq
@@ -65,15 +65,15 @@ class CheckpointHeads:
 
   def query(self, x: jax.Array, num_heads: int, head_dim: int, dtype) -> jax.Array:
     """`x [b, l, d_model]` -> `[b, l, num_heads, head_dim]` (scope `query`), unrotated."""
-    return cached_context.project_heads(x, num_heads, head_dim, 'query', dtype, self.qkv_bias)
+    return projections.project_heads(x, num_heads, head_dim, 'query', dtype, self.qkv_bias)
 
   def keys_values(self, x: jax.Array, num_heads: int, head_dim: int,
                   dtype) -> tuple[jax.Array, jax.Array]:
     """`x [b, l, d_model]` -> `(k, v)`, each `[b, l, num_heads, head_dim]` (scopes `key`,
     `value`), unrotated; grouped heads repeated so that query head h reads group h // g."""
     kv_heads = self.num_kv_heads or num_heads
-    k = cached_context.project_heads(x, kv_heads, head_dim, 'key', dtype, self.qkv_bias)
-    v = cached_context.project_heads(x, kv_heads, head_dim, 'value', dtype, self.qkv_bias)
+    k = projections.project_heads(x, kv_heads, head_dim, 'key', dtype, self.qkv_bias)
+    v = projections.project_heads(x, kv_heads, head_dim, 'value', dtype, self.qkv_bias)
     if kv_heads != num_heads:
       group = num_heads // kv_heads
       k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
@@ -81,7 +81,7 @@ class CheckpointHeads:
 
   def output(self, out: jax.Array, d_model: int, dtype) -> jax.Array:
     """`[b, l, heads, head_dim]` -> `[b, l, d_model]` (scope `out`)."""
-    return cached_context.project_output(out, d_model, dtype, self.out_bias)
+    return projections.project_output(out, d_model, dtype, self.out_bias)
 
   def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """`x [b, l, heads, head_dim]` rotated at `positions [b, l]` (unchanged without RoPE)."""

@@ -197,7 +197,7 @@ def blocked_window_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     k_positions, k_segments, k_valid: `[batch, lk]`.
     window: reach in key SLOTS on each allowed side (the slab size); the
       position rule is `window_allowed(..., window, dilation)`. Dilated
-      heads call this on an interleaved layout (see dilated_window.py) where
+      heads call this on an interleaved layout (see attention/longformer/dilated_window.py) where
       one slot is `dilation` positions.
     block_size: queries per block.
     scale: multiplies the logits (1/sqrt(head_dim)).

@@ -18,15 +18,16 @@ window, a hashable rule on slot ids (`allowed(i, j) = valid_j & seg_i == seg_j
 `DilatedWindow(left, right, dilation)`, the Sparse Transformer's
 `Strided(l, 'local' | 'summary')` and `Fixed(l, 'local' | 'summary', c)`, the
 Image Transformer's local 1D `BlockLocal(query_len, memory_len)`, a `Union` of
-rules, BigBird's static block pattern (bigbird_splash.py), or a tuple of one
+rules, BigBird's static block pattern (attention/bigbird/splash.py), or a tuple of one
 rule per head (a `MultiHeadMask` with different heads). A window becomes the package's `LocalMask` (or `FullMask`); every other
 rule a `RuleMask`, a `_ComputableMask` whose mask function is the rule, so no
 n x n array is built: the kernel evaluates the rule in-kernel on each block
 when every head has the same rule, and with different heads loads the few
 distinct partial blocks, which the package finds block by block when the
-kernel is built (sparse_splash.py, image_local_splash.py). A rule that looks up
-a table (`in_kernel = False`: BigBird's random blocks) becomes a
-`LoadedRuleMask`, whose partial blocks are always loaded.
+kernel is built (attention/sparse_transformer/splash.py,
+attention/image_local/splash.py). A rule that looks up a table
+(`in_kernel = False`: BigBird's random blocks) becomes a `LoadedRuleMask`,
+whose partial blocks are always loaded.
 
 How each rule reaches the kernel (`jax.experimental.pallas.ops.tpu.splash_attention`):
 - the window and causal rules are its static `LocalMask` on array slots. They

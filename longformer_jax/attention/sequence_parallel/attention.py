@@ -29,7 +29,7 @@ the ring's blocks (`merge_parts`); all-gather simply puts them in front of
 the gathered keys. Only the chunk is split and balanced.
 
 A per-pair logit bias that depends on the queries' and keys' absolute
-positions (Transformer-XL's position term; `parallel/sequence_relative_attention.py`)
+positions (Transformer-XL's position term; `relative_attention.py`)
 enters through `logit_bias(q_positions, k_positions, *bias_args)`, called
 for every part with the local queries' positions and that part's keys'
 positions; `bias_args` are this device's arrays (e.g. a per-device table).
@@ -37,7 +37,7 @@ positions; `bias_args` are this device's arrays (e.g. a per-device table).
 Masks are functions of absolute positions and document ids
 (docs/design.md, contract 2; `attention/core/masking.py`), never of array
 slots, so both ways are exact in any token layout, including the
-load-balanced zigzag of `parallel/load_balance.py`.
+load-balanced zigzag of `load_balance.py`.
 """
 
 import functools
@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
-from longformer_jax.parallel import load_balance as zigzag
+from longformer_jax.attention.sequence_parallel import load_balance as zigzag
 from longformer_jax.parallel.mesh import SEQUENCE_AXIS
 
 METHODS = ('all_gather', 'ring')
@@ -197,7 +197,7 @@ def sequence_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     causal: causal (decoder) or bidirectional (encoder) mask.
     method: 'all_gather' or 'ring'.
     load_balance: permute the tokens into the zigzag layout before and back
-      after (`parallel/load_balance.py`); a model permutes once at its input
+      after (`load_balance.py`); a model permutes once at its input
       instead and passes `False`.
     scale: logit scale, default `1 / sqrt(head_dim)`.
     batch_axes, head_axis: the mesh axes that shard `batch` and `heads`.

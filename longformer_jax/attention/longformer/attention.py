@@ -14,7 +14,7 @@ two-sided (encoder) is the shared `model.causal`. Per-layer windows and
 dilations come from `model.layer_schedule.longformer` (the model builds
 layer i from its own config), so this module reads one value of each.
 
-Positions: RoPE (as attention/vanilla.py), rotated relative to the chunk's
+Positions: RoPE (as attention/vanilla/attention.py), rotated relative to the chunk's
 first position; the cache holds hidden states (keys are re-made and rotated at
 their stored positions), which keeps it exact. The cache is stop-gradient.
 
@@ -30,8 +30,8 @@ else stays on the blocked XLA kernel (docs/kernels.md). On a mesh with a `sequen
 same window (no cache or dilation; a window within one device's share of the
 chunk) is computed with the chunk split along its length, each device taking a
 halo of `window` tokens from its neighbours
-(parallel/sequence_window_attention.py); global tokens are then gathered and
-their rows merged across the devices (parallel/sequence_global_attention.py;
+(attention/sequence_parallel/window_attention.py); global tokens are then gathered and
+their rows merged across the devices (attention/sequence_parallel/global_attention.py;
 docs/scaling.md).
 """
 
@@ -44,10 +44,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
-from longformer_jax.attention.core import cached_context, cudnn_window, global_tokens
-from longformer_jax.attention.core.cudnn_two_sided_window import two_sided_window_attention
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.core.dilated_window import dilated_window_attention
+from longformer_jax.attention.core import cudnn_window, global_tokens, projections
+from longformer_jax.attention.longformer.cudnn_two_sided_window import two_sided_window_attention
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.longformer.dilated_window import dilated_window_attention
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
 from longformer_jax.attention.core.sliding_window import auto_block_size
@@ -58,8 +58,7 @@ from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
-from longformer_jax.parallel.sequence_global_attention import sequence_parallel_global_attention
-from longformer_jax.parallel.sequence_window_attention import sequence_parallel_window_attention
+from longformer_jax.attention.sequence_parallel import global_attention, window_attention
 
 KERNEL_AXES = ('embed', 'heads', 'head_dim')
 
@@ -199,7 +198,7 @@ class LongformerAttention(nn.Module):
     The cache slots join the sequence as slots whose queries are zeros and
     whose rows are dropped, so cuDNN's causal window over slots is the window
     over positions (core/cudnn_window.py); a two-sided window (no cache) is a
-    left and a right causal pass merged (core/cudnn_two_sided_window.py).
+    left and a right causal pass merged (attention/longformer/cudnn_two_sided_window.py).
     Inputs it cannot pack run the blocked XLA kernel instead. The causal
     log-sum-exp (with its gradient) is made only when global tokens are merged in.
     """
@@ -229,7 +228,7 @@ class LongformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
-    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+    context, new_state = projections.memory_and_chunk(state, x, ctx)
     chunk_len = x.shape[1]
     key_offset = context.positions.shape[1] - chunk_len
     make = lambda name: projection((self.num_heads, self.head_dim), kernel_axes=KERNEL_AXES,
@@ -261,18 +260,18 @@ class LongformerAttention(nn.Module):
     split = self._splits_over_sequence(chunk_len, key_offset)
     if split and self.global_tokens:
       # The chunk split over the sequence axis: window halos, gathered global keys, global
-      # rows merged across devices (parallel/sequence_global_attention.py; docs/scaling.md).
+      # rows merged across devices (sequence_parallel/global_attention.py; docs/scaling.md).
       projected = self._global_projections(x, context, ctx, slots, origin, (query, key, value))
       q_g, k_g, v_g = projected if projected else (None, None, None)
-      out = sequence_parallel_global_attention(
+      out = global_attention.sequence_parallel_global_attention(
           q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots, found,
           mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
           scale=self.head_dim ** -0.5, block_size=self.block_size or None,
           global_queries=q_g, global_keys=k_g, global_values=v_g)
     elif split:
       # The chunk split along its length over the mesh's sequence axis, a halo of `window`
-      # tokens from each neighbour (parallel/sequence_window_attention.py; docs/scaling.md).
-      out = sequence_parallel_window_attention(
+      # tokens from each neighbour (sequence_parallel/window_attention.py; docs/scaling.md).
+      out = window_attention.sequence_parallel_window_attention(
           q, k, v, ctx.positions, ctx.segment_ids, key_valid,
           mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
           scale=self.head_dim ** -0.5, block_size=self.block_size or None)
@@ -293,7 +292,7 @@ class LongformerAttention(nn.Module):
       out = global_tokens.scatter_slots(out, slots, rows.astype(out.dtype))
     out = out.astype(self.dtype)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return (cached_context.project_output(out, self.d_model, self.dtype, self.out_bias),
+    return (projections.project_output(out, self.d_model, self.dtype, self.out_bias),
             new_state, aux)
 
   def _splits_over_sequence(self, chunk_len: int, key_offset: int) -> bool:

@@ -1,7 +1,7 @@
 """Performer attention, FAVOR+ (Choromanski et al., 2021): the layer, its settings and state.
 
 The linear-attention kernel (random features, numerical shifts, the causal block scan and
-the bidirectional pair of scans) is `performer_kernel.py`.
+the bidirectional pair of scans) is `attention/performer/kernel.py`.
 
 Memory across chunks (docs/design.md, contracts 1 and 4): causal Performer is
 an RNN; with `carry_state` (default) the carry is the variant's state
@@ -30,10 +30,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import cached_context
-from longformer_jax.attention.core import random_features
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.performer_kernel import (KERNELS, RELU_EPS, PerformerState,
+from longformer_jax.attention.core import projections
+from longformer_jax.attention.performer import random_features
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.performer.kernel import (KERNELS, RELU_EPS, PerformerState,
                                                        bidirectional_performer_attention,
                                                        causal_performer_attention, empty_state)
 from longformer_jax.config.section import Section
@@ -132,9 +132,9 @@ class PerformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
+    q = projections.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    k = projections.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
+    v = projections.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
     if self.rotary:
       q, k = apply_rotary(q, ctx.positions), apply_rotary(k, ctx.positions)
     period = self.feature_period(ctx)
@@ -153,4 +153,4 @@ class PerformerAttention(nn.Module):
                                               block_len=self.block_len, relu_eps=self.relu_eps)
     out = nn.with_logical_constraint(out.astype(self.dtype),
                                      ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

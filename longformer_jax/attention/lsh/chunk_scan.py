@@ -6,7 +6,7 @@ heads, G chunks of m rows per step). Query chunk c attends to the keys of
 chunk c and c - 1 (the previous one only when `has_previous(c)`, i.e. not the
 first chunk of a hash round), masked by: same bucket, causal / document /
 padding rule of `masking.causal_document_mask`, and the self key's logit
-replaced by `SELF_LOGIT` (lsh.py's module docstring).
+replaced by `SELF_LOGIT` (attention/lsh/attention.py's module docstring).
 
 Step s holds the `[batch', G, m, 2m]` scores of its G chunks only (they stay
 in cache); the backward pass recomputes them (FlashAttention, Dao et al.,

@@ -25,11 +25,11 @@ is not padding. Which slots form a memory block is static (the pattern is a
 function of the slot in the chunk), so a chunk must start at a block
 boundary (1D) or an image start (2D: `chunk_len` a multiple of
 `image_height * image_width`, validated). Stateless: attends within the
-chunk, rotary positions as in vanilla.py. Cost O(n * memory block), never an
+chunk, rotary positions as in attention/vanilla/attention.py. Cost O(n * memory block), never an
 n x n array: the keys of every query block are gathered by static indices.
 With `model.attention_backend` resolving to splash (TPU under `auto`), the 1D
 layout runs as one splash kernel whose mask is the same block rule
-(attention/core/image_local_splash.py; docs/kernels.md); 2D stays on XLA.
+(attention/image_local/splash.py; docs/kernels.md); 2D stays on XLA.
 """
 
 import dataclasses
@@ -42,9 +42,9 @@ import numpy as np
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
-from longformer_jax.attention.core import cached_context
-from longformer_jax.attention.core import image_local_splash
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import projections
+from longformer_jax.attention.image_local import splash as image_local_splash
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
@@ -218,7 +218,7 @@ class ImageLocalAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
     backend = backends.resolve_backend(
         self.attention_backend, image_local_splash.kernel_pattern(None, self.section),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
@@ -231,4 +231,4 @@ class ImageLocalAttention(nn.Module):
       out = gathered_local_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots,
                                      query_len)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

@@ -2,7 +2,7 @@
 with Routing Transformers").
 
 Content-based sparse attention: tokens are clustered by online k-means
-(`core/online_kmeans.py`) and attend only within their cluster. Heads
+(`attention/routing/online_kmeans.py`) and attend only within their cluster. Heads
 `[0, local_heads)` are local heads (causal or two-sided sliding window of
 `local_window` positions, `core/sliding_window.py`), the rest routing heads,
 as the paper combines them (sec. 5).
@@ -42,8 +42,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import block_sparse, cached_context, online_kmeans
-from longformer_jax.attention.core.context import MODEL_STATE, AttentionContext
+from longformer_jax.attention.core import block_sparse, projections
+from longformer_jax.attention.routing import online_kmeans
+from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.attention.core.partial_softmax import softmax_part
 from longformer_jax.attention.core.sliding_window import auto_block_size, blocked_window_attention
 from longformer_jax.config.errors import ConfigError
@@ -181,7 +182,7 @@ class RoutingAttention(nn.Module):
 
   def local_attention(self, x, q, v, ctx: AttentionContext) -> jax.Array:
     """Heads `[0, local_heads)`: a sliding window over the chunk, `[b, c, local_heads, d]`."""
-    k = cached_context.project_heads(x, self.local_heads, self.head_dim, 'key', self.dtype)
+    k = projections.project_heads(x, self.local_heads, self.head_dim, 'key', self.dtype)
     if self.rotary:
       k = apply_rotary(k, ctx.positions - ctx.positions[:, :1])
     facts = (ctx.positions, ctx.segment_ids)
@@ -193,8 +194,8 @@ class RoutingAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    z = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
+    z = projections.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    v = projections.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
     rotated = apply_rotary(z, ctx.positions - ctx.positions[:, :1]) if self.rotary else z
     q = rotated / jnp.asarray(math.sqrt(self.head_dim), self.dtype)
     split = self.local_heads
@@ -214,4 +215,4 @@ class RoutingAttention(nn.Module):
         mu.value = online_kmeans.ema_update(mu.value, route, clusters, ctx.valid, self.decay)
     out = jnp.concatenate(outputs, axis=2) if len(outputs) > 1 else outputs[0]
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, aux
+    return projections.project_output(out, self.d_model, self.dtype), state, aux

@@ -16,7 +16,7 @@ The layout is contiguous (device i holds tokens `[i c/n, (i+1) c/n)`): the
 work of a window is the same on every device, so the zigzag layout is not
 needed, and the kernel picks key candidates by slot, which requires slot
 distance to equal position distance. Longformer's global tokens add a part to
-this window (`sequence_global_attention.py`).
+this window (`global_attention.py`).
 """
 
 import functools
@@ -56,7 +56,7 @@ def window_attention_local(q, k, v, positions, segment_ids, valid, *, window: in
   Args:
     q, k, v: `[b, c_local, h, d]`; positions, segment_ids, valid: `[b, c_local]`.
     return_lse: also return the float32 log-sum-exp `[b, c_local, h]`, to merge
-      the window with another part (global keys: sequence_global_attention.py).
+      the window with another part (global keys: global_attention.py).
   Returns:
     `[b, c_local, h, d]` in `v`'s dtype (and the lse with `return_lse`).
   """

@@ -34,7 +34,7 @@ Implementation (timings: docs/benchmarks.md, "Reformer LSH: scan over chunks"):
     rows (q and v side by side in one gather; keys normalised after sorting).
     The gather's VJP sums one gather per round by the inverse permutation
     (no scatter-add);
-  * `core/lsh_chunk_scan.py` scans over groups of G sorted chunks
+  * `attention/lsh/chunk_scan.py` scans over groups of G sorted chunks
     (`rows_per_step`), holding one step's `[batch * heads, G, m, 2m]` scores
     in cache and recomputing them in the backward pass, and returns each
     row's output and log-sum-exp;
@@ -67,9 +67,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from longformer_jax.attention.core import cached_context
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.core.lsh_chunk_scan import lsh_chunk_attention
+from longformer_jax.attention.core import projections
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.lsh.chunk_scan import lsh_chunk_attention
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.positional import apply_rotary
@@ -369,8 +369,8 @@ class LSHAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    qk = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query_key', self.dtype)
-    v = cached_context.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
+    qk = projections.project_heads(x, self.num_heads, self.head_dim, 'query_key', self.dtype)
+    v = projections.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
     if self.rotary:
       qk = apply_rotary(qk, ctx.positions - ctx.positions[:, :1])
     rotations = random_rotations(self.rotation_key(ctx), self.num_heads, self.head_dim,
@@ -379,4 +379,4 @@ class LSHAttention(nn.Module):
                         chunk_len=min(self.chunk_len, x.shape[1]), causal=self.causal,
                         logit_scale=self.logit_scale)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

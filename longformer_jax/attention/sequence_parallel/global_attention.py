@@ -1,6 +1,6 @@
 """Longformer's window + global attention with the chunk split over the `sequence` axis.
 
-The single-device layer (attention/longformer.py, attention/core/global_tokens.py)
+The single-device layer (attention/longformer/attention.py, attention/core/global_tokens.py)
 picks the first g flagged valid tokens of the chunk (`slots [batch, g]`) and
 computes, in one softmax per query:
 
@@ -13,7 +13,7 @@ With the chunk split contiguously over n devices (device i holds slots
 `[i c/n, (i+1) c/n)`):
 
   * the window part is the halo exchange of
-    `sequence_window_attention.window_attention_local`;
+    `window_attention.window_attention_local`;
   * the g global keys, values, positions and document ids are gathered onto
     every device: each device contributes the global slots it holds and zeros
     elsewhere, and a `psum` adds them (exact: one non-zero term per slot);
@@ -38,7 +38,8 @@ from longformer_jax.attention.core import global_tokens
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.partial_softmax import merge_parts, softmax_part
 from longformer_jax.parallel.mesh import SEQUENCE_AXIS
-from longformer_jax.parallel.sequence_window_attention import split_settings, window_attention_local
+from longformer_jax.attention.sequence_parallel.window_attention import (split_settings,
+                                                                 window_attention_local)
 
 
 def _local_slots(slots: jax.Array, local_length: int, axis_name: str):

@@ -6,7 +6,7 @@ decomposition of A^rel_ij) is
   A_ij = (q_i + u)^T k_j + (q_i + v)^T W_kR R_{i-j}
 
 scaled by 1/sqrt(head_dim). Keys are `[memory; chunk]` as in the cache path of
-`parallel/sequence_attention.py`: the memory is whole on every device, the
+`attention.py`: the memory is whole on every device, the
 chunk is split (ring or all-gather, zigzag load balancing) and the parts are
 merged exactly with their log-sum-exps (`merge_parts`). The content term is
 the ordinary dot product of the queries q + u with the keys. The position
@@ -27,10 +27,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from longformer_jax.parallel import load_balance as zigzag
+from longformer_jax.attention.sequence_parallel import load_balance as zigzag
 from longformer_jax.parallel.mesh import SEQUENCE_AXIS
-from longformer_jax.parallel.sequence_attention import (METHODS, all_gather_attention_local,
-                                                        ring_attention_local)
+from longformer_jax.attention.sequence_parallel.attention import (METHODS,
+                                                          all_gather_attention_local,
+                                                          ring_attention_local)
 
 
 def position_term(q_positions: jax.Array, k_positions: jax.Array, table: jax.Array, *,

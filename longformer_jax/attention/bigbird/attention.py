@@ -1,6 +1,6 @@
 """BigBird block-sparse attention (Zaheer et al., 2020): window + global + random blocks.
 
-Within the chunk (stateless), rotary positions as in vanilla.py. The chunk is
+Within the chunk (stateless), rotary positions as in attention/vanilla/attention.py. The chunk is
 cut into blocks of `b` slots (block_sparse.py); with blk(t) = t // b on
 positions relative to the chunk's first token, query i may attend to key j
 (same document, real key, and j <= i when causal) iff
@@ -51,8 +51,9 @@ import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
-from longformer_jax.attention.core import bigbird_splash, block_scan, block_sparse, cached_context
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import block_scan, block_sparse, projections
+from longformer_jax.attention.bigbird import splash as bigbird_splash
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.config.section import Section
 
@@ -263,11 +264,11 @@ class BigBirdAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
     backend = backends.resolve_backend(
         self.attention_backend, bigbird_splash.kernel_pattern(self, self),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
-    if backend in ('splash', 'pallas_gpu'):   # static R, no flagged globals (bigbird_splash.py)
+    if backend in ('splash', 'pallas_gpu'):   # static R, no flagged globals (bigbird/splash.py)
       out = bigbird_splash.bigbird_splash(
           q, k, v, ctx.segment_ids, ctx.valid,
           bigbird_splash.static_random_blocks(self.pattern, x.shape[1]), block=self.block,
@@ -279,4 +280,4 @@ class BigBirdAttention(nn.Module):
                               window_blocks=self.window_blocks, global_blocks=self.global_blocks,
                               max_global_tokens=self.max_global_tokens, causal=self.causal)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

@@ -14,7 +14,7 @@ cache). Every path computes the same masked softmax (docs/kernels.md).
 On a mesh with a `sequence` axis > 1, the softmax (no position bias; with or
 without a cache) is split along the chunk's length over that axis (ring or
 all-gather attention, the cache replicated on every device;
-parallel/sequence_attention.py; docs/scaling.md).
+attention/sequence_parallel/attention.py; docs/scaling.md).
 T5's relative position bias (`position_embedding='relative_buckets'`) is
 added to the logits on the XLA path only; splash and cuDNN are then
 unavailable (`auto` runs XLA).
@@ -32,16 +32,16 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import projections
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
-from longformer_jax.attention.core.context import AttentionContext
-from longformer_jax.attention.core.cudnn_attention import cudnn_attention
+from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.vanilla.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
-from longformer_jax.parallel.sequence_attention import sequence_parallel_attention
+from longformer_jax.attention.sequence_parallel.attention import sequence_parallel_attention
 
 
 class VanillaAttention(nn.Module):
@@ -81,7 +81,7 @@ class VanillaAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
-    context, new_state = cached_context.memory_and_chunk(state, x, ctx)
+    context, new_state = projections.memory_and_chunk(state, x, ctx)
     q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
     k, v = self.heads.keys_values(context.values, self.num_heads, self.head_dim, self.dtype)
     # Rotate relative to the chunk's first position: q.k depends only on the

@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from longformer_jax.attention.core import cached_context
+from longformer_jax.attention.core import projections
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.memory import data_only
 from longformer_jax.memory.entries import MemoryEntries, entries_from_chunk
@@ -96,10 +96,10 @@ class EncoderMemoryCrossAttention(nn.Module):
   def __call__(self, x: jax.Array, memory: MemoryEntries,
                query_segment_ids: Optional[jax.Array] = None) -> jax.Array:
     entries = get_all(memory)
-    q = cached_context.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = cached_context.project_heads(entries.data, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = cached_context.project_heads(entries.data, self.num_heads, self.head_dim, 'value', self.dtype)
+    q = projections.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
+    k = projections.project_heads(entries.data, self.num_heads, self.head_dim, 'key', self.dtype)
+    v = projections.project_heads(entries.data, self.num_heads, self.head_dim, 'value', self.dtype)
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / jnp.sqrt(self.head_dim).astype(self.dtype)
     out = attend(logits, cross_attention_mask(entries, query_segment_ids, x.shape[1]), v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype)
+    return projections.project_output(out, self.d_model, self.dtype)

@@ -1,9 +1,9 @@
-"""Pieces shared by variants that attend over [memory of past hidden states; chunk]."""
+"""The q/k/v and output projections of the variants, and their [memory of past hidden states; chunk]."""
 
 import jax
 import jax.numpy as jnp
 
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo

@@ -10,7 +10,7 @@ token:
                 j is in the first g blocks (a global key);
                 and j <= i when causal             -> one splash kernel, `BigBirdBlocks`
   global rows   a valid query in the first g blocks attends to the whole chunk
-                (j <= i when causal)               -> dense XLA, [batch, G, n], as bigbird.py
+                (j <= i when causal)               -> dense XLA, [batch, G, n], as attention.py
 
 documents and padding on top (segment ids), 0 for a query with no key.
 
@@ -21,7 +21,7 @@ so it is evaluated here once, as numpy, and becomes part of the hashable rule
 (the kernel cache key). The ITC global slots are the first g blocks (static);
 padding never is global, which the segment ids express for the keys, and for
 the queries by keeping the sparse row where the global query is padding (as
-bigbird.py does). Tokens flagged in `ctx.global_flags` are data: their key
+bigbird/attention.py does). Tokens flagged in `ctx.global_flags` are data: their key
 columns are not static, so `max_global_tokens > 0` stays on xla.
 
 The rule looks up R by query block, which the kernel cannot do in-kernel; it is

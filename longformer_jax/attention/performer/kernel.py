@@ -1,7 +1,7 @@
 """The Performer kernel, FAVOR+ (Choromanski et al., 2021, "Rethinking Attention with Performers").
 
 Softmax attention exp(q . k / sqrt(d)) is replaced by a random-feature kernel
-phi(q) . phi(k) (`core/random_features.py`: positive orthogonal features for
+phi(q) . phi(k) (`attention/performer/random_features.py`: positive orthogonal features for
 the softmax kernel, or the ReLU kernel of generalised attention), and the
 attention is computed in O(n) by associativity (sec. 2.2, eq. for Att):
 
@@ -46,7 +46,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from longformer_jax.attention.core import random_features
+from longformer_jax.attention.performer import random_features
 from longformer_jax.attention.core.masking import causal_document_mask
 
 KERNELS = ('softmax', 'relu')

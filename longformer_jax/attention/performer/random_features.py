@@ -87,7 +87,7 @@ def positive_softmax_features(x: jax.Array, features: jax.Array) -> jax.Array:
   """phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m), unshifted: E[phi(q) . phi(k)] = exp(q.k / sqrt(d)).
 
   `[..., d]` -> `[..., m]` float32. The attention itself uses shifted
-  versions (performer.py) whose shifts cancel in the normalised output.
+  versions (attention/performer/attention.py) whose shifts cancel in the normalised output.
   """
   return jnp.exp(softmax_logits(x, features)) / math.sqrt(features.shape[0])
 

@@ -1,6 +1,6 @@
 """Sparse Transformer attention (Child et al., 2019): strided and fixed factorized patterns.
 
-Causal, within the chunk (stateless), rotary positions as in vanilla.py. Both
+Causal, within the chunk (stateless), rotary positions as in attention/vanilla/attention.py. Both
 patterns are a union of two components, written as rules on the positions
 `i` (query) and `j` (key) relative to the chunk's first token, with stride
 (block length) `l` and summary length `c`:
@@ -51,7 +51,7 @@ cache, the backward pass recomputes them):
 With l ~ sqrt(n) the summaries are O(n * sqrt(n)), as in the paper; the
 local parts are O(n * l). With `model.attention_backend` resolving to splash
 (TPU under `auto`), the same rules run as one splash kernel with a mask on
-slots (attention/core/sparse_splash.py; docs/kernels.md).
+slots (attention/sparse_transformer/splash.py; docs/kernels.md).
 """
 
 import dataclasses
@@ -64,9 +64,9 @@ import numpy as np
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
-from longformer_jax.attention.core import block_scan, block_sparse, cached_context, partial_softmax
-from longformer_jax.attention.core import sparse_splash
-from longformer_jax.attention.core.context import AttentionContext
+from longformer_jax.attention.core import block_scan, block_sparse, partial_softmax, projections
+from longformer_jax.attention.sparse_transformer import splash as sparse_splash
+from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 
@@ -349,7 +349,7 @@ class SparseTransformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = cached_context.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
     backend = backends.resolve_backend(
         self.attention_backend, sparse_splash.kernel_pattern(None, self),
         dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
@@ -364,4 +364,4 @@ class SparseTransformerAttention(nn.Module):
                                          summary_len=self.summary_len,
                                          integration=self.integration)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return cached_context.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, self.d_model, self.dtype), state, {}

@@ -1,0 +1,1 @@
+"""BigBird attention: the layer and its patterns as splash masks."""

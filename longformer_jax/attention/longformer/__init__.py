@@ -1,0 +1,1 @@
+"""Longformer attention: the layer, dilated windows and the two-sided cuDNN window."""

@@ -1,0 +1,1 @@
+"""Reformer LSH attention: the layer and its scan over sorted hash chunks."""

@@ -1,0 +1,1 @@
+"""Performer attention (FAVOR+): the layer, its linear-attention kernel and random features."""

@@ -1,0 +1,1 @@
+"""Routing Transformer attention: the layer and its online k-means."""

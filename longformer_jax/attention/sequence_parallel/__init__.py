@@ -1,0 +1,1 @@
+"""Attention with the chunk split over the `sequence` mesh axis: ring, all-gather, halo, zigzag."""

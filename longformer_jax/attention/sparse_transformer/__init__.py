@@ -1,0 +1,1 @@
+"""Sparse Transformer attention: the layer and its patterns as splash masks."""

@@ -1,0 +1,1 @@
+"""Vanilla softmax attention: the layer and its cuDNN flash path."""
