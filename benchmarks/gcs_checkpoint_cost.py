@@ -93,6 +93,7 @@ def main(argv):
             restored, _ = checkpointer.restore(None, state)
             jax.block_until_ready(restored)
             restores[name].append(time.perf_counter() - start)
+        print(f'restore {name}: {spread(restores[name])} s', flush=True)
     finally:
       process.terminate()
       process.wait()
@@ -102,7 +103,8 @@ def main(argv):
   stall = {name: [(t - n) / saves for t, n in zip(times[name], times['none'])]
            for name in ('local', 'gcs')}
   size = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(state)) / 2**20
-  print(f'\nmatmul rate: {rate_before:.0f} GFLOP/s before, {rate_after:.0f} after')
+  print(f'\nmatmul rate (median): {rate_before.median_flops_per_s / 1e9:.0f} GFLOP/s before, '
+        f'{rate_after.median_flops_per_s / 1e9:.0f} after')
   print(f'default model, {steps} steps, a save every {every} ({saves} beyond the last step\'s); '
         f'train state {size:.1f} MiB; {FLAGS.repeats} repeats')
   print('| quantity | seconds, median (min-max) |\n|---|---:|')
