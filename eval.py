@@ -61,7 +61,8 @@ import ml_collections
 from longformer_jax import command_line
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.experiment_config import migrate_saved_config, parse_int_list, validate_config
+from longformer_jax.experiment_config import parse_int_list, validate_config
+from longformer_jax.models.saved_config import migrate_saved_config
 from longformer_jax.generation.context import read_import
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.data.corpus import load_corpus, tokenize_documents

@@ -23,13 +23,12 @@ import ml_collections
 
 from longformer_jax.config.section import unknown_key_error
 from longformer_jax.config.errors import ConfigError, require
-from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.data.data_config import TASK_KEYS, DataConfig
 from longformer_jax.data.image_data import image_source
 from longformer_jax.evaluation.eval_config import EvalConfig
-from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.models.hibert import HIBERT_TASKS, HibertConfig
-from longformer_jax.models.model_config import ModelConfig, resolve_model, section_classes
+from longformer_jax.models.model_config import ModelConfig, resolve_model
+from longformer_jax.models.saved_config import plain_dict
 from longformer_jax.parallel.mesh import mesh_axis_sizes
 from longformer_jax.parallel.parallel_config import ParallelConfig, check_sequence_split
 from longformer_jax.train.optimizer_config import OptimizerConfig
@@ -39,12 +38,6 @@ TASKS = ('lm', 'classification', 'qa', 'seq2seq', 'image') + HIBERT_TASKS
 SECTIONS = {'data': DataConfig, 'optimizer': OptimizerConfig, 'train': TrainConfig,
             'parallel': ParallelConfig, 'eval': EvalConfig}
 TOP_LEVEL = ('seed', 'task', 'model') + tuple(SECTIONS)
-
-
-def _plain(values) -> dict:
-  if isinstance(values, ml_collections.ConfigDict):
-    return values.to_dict()
-  return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in dict(values).items()}
 
 
 def chunk_lengths(task: str, data: DataConfig, train: TrainConfig, eval_: EvalConfig,
@@ -65,7 +58,7 @@ def chunk_lengths(task: str, data: DataConfig, train: TrainConfig, eval_: EvalCo
 
 def resolve_config(values: Mapping) -> dict:
   """The complete, checked experiment config from a (possibly sparse) mapping."""
-  values = _plain(values)
+  values = plain_dict(values)
   for key in values:
     if key not in TOP_LEVEL:
       raise unknown_key_error('', key, TOP_LEVEL)
@@ -205,42 +198,6 @@ def validate_mesh(config: ml_collections.ConfigDict, device_count: int) -> None:
   for key, size in (('model.num_heads', model.num_heads), ('model.d_ff', model.d_ff),
                     ('model.vocab_multiple', model.vocab_multiple)):
     require(size % tensor == 0, key, f'{size} is not divisible by the tensor axis ({tensor})')
-
-
-def migrate_saved_config(values: Mapping) -> tuple:
-  """An old run's `config.json` (flat `model` keys) in today's layout: `(values, changes)`.
-
-  Old flat keys move to the section that owns them now (`model.window` ->
-  `model.longformer.window`). Settings the old code did not read (a section
-  of a variant the model does not use, `mem_len` of a variant without a
-  cache) are dropped: the run did not use them. `changes` lists
-  `(old key, what happened)` for a log line.
-  """
-  values = _plain(values)
-  model = values.get('model')
-  if not isinstance(model, Mapping) or not any(k not in ModelConfig.field_names() and k not in
-                                               section_classes() and k != 'hibert' for k in model):
-    return values, []
-  model, moved = migrate_flat_model(model)
-  schedule = str(dict(model.get('layer_schedule') or {}).get('attention', ''))
-  attentions = {model.get('attention', ModelConfig.attention)} | {
-      name.strip() for name in schedule.split(',') if name.strip()}
-  used = attentions | {model.get('block', ModelConfig.block), model.get('stack', ModelConfig.stack)}
-  changes = [(f'model.{old}', f'model.{new}' if new.split('.')[0] in used
-               else 'dropped (no layer reads it)') for old, new in moved]
-  for name in [k for k in model if k in section_classes() and k not in used]:
-    del model[name]
-  schedule_values = dict(model.get('layer_schedule') or {})
-  for name in [k for k in schedule_values if k in section_classes() and k not in used]:
-    del schedule_values[name]
-  if 'layer_schedule' in model:
-    model['layer_schedule'] = schedule_values
-  readers = [a for a in attentions if getattr(ATTENTION_VARIANTS.get(a), 'reads_mem_len', False)]
-  if model.get('mem_len') and not readers:
-    del model['mem_len']
-    changes.append(('model.mem_len', 'dropped (the attention keeps no cache)'))
-  values['model'] = model
-  return values, changes
 
 
 def parse_int_list(text, key: str) -> list[int]:

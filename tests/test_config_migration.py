@@ -1,6 +1,6 @@
 """Every earlier layout of `config.json` loads through eval.py, each old key at its new path.
 
-The layouts `config/migration.py` and `experiment_config.migrate_saved_config`
+The layouts `config/migration.py` and `models/saved_config.migrate_saved_config`
 migrate, each written here as the `config.json` of an old run:
 
 1. flat model: every old key of a section beside the shared settings

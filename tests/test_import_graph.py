@@ -41,8 +41,8 @@ FLOORS = (
     ('convert',),               # importers and exporters (CLIs over everything)
 )
 # Upward edges not yet removed, each with what removes it: the task package (issue 30,
-# item 2) owns the encoder tasks' evaluation, the saved config's migration and the HF
-# initialisation, so that train/ no longer reaches up for them.
+# item 2) owns the tasks' evaluation and their initialisation from a checkpoint or HF
+# weights, so that train/ no longer reaches up for them.
 PENDING_UPWARD = {
     ('train.encoder_task', 'evaluation.model_description'): 'tasks/',
     ('train.encoder_task', 'evaluation.task_evaluator'): 'tasks/',
@@ -52,7 +52,6 @@ PENDING_UPWARD = {
     ('train.lm_task', 'evaluation.lm_evaluator'): 'tasks/',
     ('train.lm_task', 'evaluation.model_description'): 'tasks/',
     ('train.hibert_init', 'experiment_config'): 'tasks/ (init from a checkpoint)',
-    ('train.loop', 'experiment_config'): 'the saved-config migration moves below train',
     ('train.hf_init', 'convert'): 'tasks/ (init from HF weights)',
     ('train.hf_init', 'convert.errors'): 'tasks/ (init from HF weights)',
     ('train.hf_init', 'convert.loader'): 'tasks/ (init from HF weights)',

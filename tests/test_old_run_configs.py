@@ -11,7 +11,8 @@ import pathlib
 import pytest
 
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.experiment_config import migrate_saved_config, resolve_config
+from longformer_jax.experiment_config import resolve_config
+from longformer_jax.models.saved_config import migrate_saved_config
 
 OLD = pathlib.Path(__file__).resolve().parent / 'data' / 'old_run_configs'
 

@@ -5,7 +5,7 @@ was flat: `model.lsh_num_buckets`, `model.window`, `model.gtrxl_gate`, and a
 `layer_schedule` could hold the same flat names (`{'window': '16,32'}`).
 `OLD_MODEL_KEYS` maps each old flat key to the `(section, field)` pairs that
 took it over; `migrate_flat_model` rewrites such a dict in the nested layout
-(`experiment_config.migrate_saved_config` runs it on a whole `config.json`).
+(`models/saved_config.migrate_saved_config` runs it on a whole `config.json`).
 
 The map is plain data, so this module imports nothing above `config/`;
 tests/test_config_migration.py checks that every pair names a field that

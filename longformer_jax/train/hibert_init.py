@@ -18,7 +18,8 @@ import ml_collections
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.data.tokenizers import make_tokenizer
-from longformer_jax.experiment_config import migrate_saved_config, validate_config
+from longformer_jax.experiment_config import validate_config
+from longformer_jax.models.saved_config import migrate_saved_config
 from longformer_jax.train import encoder_models, hibert_task
 from longformer_jax.train.optimizer import make_optimizer
 

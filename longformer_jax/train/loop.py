@@ -25,7 +25,7 @@ import ml_collections
 
 from longformer_jax.checkpoint import resume_checks
 from longformer_jax.checkpoint.checkpointer import Checkpointer
-from longformer_jax.experiment_config import migrate_saved_config
+from longformer_jax.models.saved_config import migrate_saved_config
 from longformer_jax.parallel import sharding
 from longformer_jax.train.metrics_logging import MetricsLogger, ProgressBar
 from longformer_jax.train.run_directory import write_config
