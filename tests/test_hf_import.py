@@ -24,6 +24,7 @@ from safetensors.numpy import load_file, save_file
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.convert import hf
 from longformer_jax.models.decoder_lm import DecoderLM
+from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
 from tests.hf_checkpoints import conversion_error, edited_copy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -348,3 +349,34 @@ def test_byte_level_bpe_counts_bytes_exactly(tmp_path):
   assert tokenizer.decode(ids) == text
   assert tokenizer.token_byte_lengths()[ids].sum() == len(text.encode('utf-8'))
   assert tokenizer.token_byte_lengths()[0] == 0
+
+
+def test_a_checkpoint_in_a_bucket_imports_into_a_gs_workdir(gcs_bucket):
+  """`--hf_dir` and `--workdir` in a bucket (the local GCS server): the run restores to the
+  reference logits, and its tokenizer and hf_dir are the bucket's."""
+  sys.path.insert(0, REPO)
+  import eval as eval_script  # pylint: disable=g-import-not-at-top
+  import generate  # pylint: disable=g-import-not-at-top
+  from longformer_jax.convert.workdir_cli import convert_to_workdir  # pylint: disable=g-import-not-at-top
+  from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
+  from longformer_jax.models.decoder_lm import lm_model_config  # pylint: disable=g-import-not-at-top
+  from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
+  from longformer_jax.storage import paths  # pylint: disable=g-import-not-at-top
+  hf_dir, workdir = f'{gcs_bucket}/hf/llama', f'{gcs_bucket}/imported/llama'
+  for name in os.listdir(f'{DATA}/llama'):
+    with open(f'{DATA}/llama/{name}', 'rb') as f:
+      paths.as_path(f'{hf_dir}/{name}').write_bytes(f.read())
+  convert_to_workdir(hf_dir, workdir)
+  record = json.loads((paths.as_path(workdir) / 'hf_import.json').read_text())
+  assert record['hf_dir'] == hf_dir
+  config = generate.run_config(workdir, -1)
+  assert config.data.tokenizer_file == f'{hf_dir}/tokenizer.json'
+  tokenizer = make_tokenizer(config.data)
+  params, _, step, _ = eval_script.restore_params(
+      config, tokenizer, workdir, make_mesh(config.parallel.mesh_shape),
+      config.parallel.logical_axis_rules)
+  assert step == 0
+  logits = our_logits(lm_model_config(config.model, tokenizer.vocab_size),
+                      jax.device_get(params), fixture('llama', 'input_ids.npy'),
+                      fixture('llama', 'attention_mask.npy'))
+  assert_matches_reference('llama', logits)

@@ -54,6 +54,7 @@ PENDING_UPWARD = {
     ('train.hibert_init', 'experiment_config'): 'tasks/ (init from a checkpoint)',
     ('train.hf_init', 'convert'): 'tasks/ (init from HF weights)',
     ('train.hf_init', 'convert.errors'): 'tasks/ (init from HF weights)',
+    ('train.hf_init', 'convert.hf_source'): 'tasks/ (init from HF weights)',
     ('train.hf_init', 'convert.loader'): 'tasks/ (init from HF weights)',
 }
 STALE_REFERENCES = ('DESIGN.md', 'NOTES.md', '../shared')

@@ -23,7 +23,9 @@ from absl import app, flags
 
 from longformer_jax import command_line
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.convert import hf_source
 from longformer_jax.convert.errors import ConversionError
+from longformer_jax.storage import paths
 
 FLAGS = flags.FLAGS
 DEFAULT_CHUNK_LEN = 256   # config.data.chunk_len's default
@@ -67,29 +69,30 @@ IMPORT_FILE = 'hf_import.json'  # the checkpoint's context and config.json (gene
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer.model', 'spiece.model')  # spiece: T5's
 
 
-def tokenizer_settings(hf_dir: str, tokenizer_file: str) -> dict:
+def tokenizer_settings(hf_dir: str, tokenizer_file: str, source_dir: str = '') -> dict:
   """`config.data` tokenizer keys for the checkpoint's own tokenizer: `tokenizer_file`, else
-  the first of `TOKENIZER_FILES` in `hf_dir`."""
+  the first of `TOKENIZER_FILES` in `hf_dir` (the local copy of `source_dir`, when given:
+  the keys then name the file in `source_dir`)."""
   if tokenizer_file:
-    if not os.path.isfile(tokenizer_file):
+    if not paths.as_path(tokenizer_file).is_file():
       raise ConversionError(f'--tokenizer_file={tokenizer_file}: no such file')
-    path = tokenizer_file
+    path = tokenizer_file if paths.is_remote(tokenizer_file) else os.path.abspath(tokenizer_file)
   else:
     found = [os.path.join(hf_dir, name) for name in TOKENIZER_FILES
              if os.path.isfile(os.path.join(hf_dir, name))]
     if not found:
-      raise ConversionError(f'{hf_dir}: no tokenizer ({", ".join(TOKENIZER_FILES)}); pass '
-                            f'--tokenizer_file=PATH')
-    path = found[0]
+      raise ConversionError(f'{source_dir or hf_dir}: no tokenizer ({", ".join(TOKENIZER_FILES)}); '
+                            f'pass --tokenizer_file=PATH')
+    path = hf_source.source_file(source_dir or hf_dir, hf_dir, found[0])
   if path.endswith('.json'):
-    return {'tokenizer': 'hf', 'tokenizer_file': os.path.abspath(path)}
+    return {'tokenizer': 'hf', 'tokenizer_file': path}
   if path.endswith('.model'):
-    return {'tokenizer': 'sentencepiece', 'sentencepiece_model': os.path.abspath(path)}
+    return {'tokenizer': 'sentencepiece', 'sentencepiece_model': path}
   raise ConversionError(f'--tokenizer_file={tokenizer_file}: neither a tokenizer.json (.json) '
                         f'nor a SentencePiece model (.model)')
 
 
-def write_task_config(hf_dir: str, workdir: str, task: str, dtype: str,
+def write_task_config(hf_dir: str, source_dir: str, workdir: str, task: str, dtype: str,
                       tokenizer_file: str) -> None:
   """An encoder (Longformer: classification, qa) or encoder-decoder (LED: seq2seq):
   `workdir/import_config.py`, the task's config with the checkpoint's model settings and
@@ -105,7 +108,7 @@ def write_task_config(hf_dir: str, workdir: str, task: str, dtype: str,
     raise ConversionError(f'--task={task}: a {hf_config["model_type"]!r} checkpoint fine-tunes '
                           f'for task {" or ".join(tasks)} (pass --task=...; in Python: '
                           f'longformer_jax.convert.hf.load_model)')
-  data = tokenizer_settings(hf_dir, tokenizer_file)
+  data = tokenizer_settings(hf_dir, tokenizer_file, source_dir)
   tokenizer = make_tokenizer(ml_collections.ConfigDict(data), task)
   model = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
   model.pop('vocab_size', None)
@@ -117,16 +120,29 @@ def write_task_config(hf_dir: str, workdir: str, task: str, dtype: str,
   if task == 'classification':
     model['num_classes'] = 2
   values = {'task': task, 'model': model, 'data': data,
-            'train': {'init_from_hf': os.path.abspath(hf_dir)}}
+            'train': {'init_from_hf': recorded_dir(source_dir)}}
   validate_config(ml_collections.ConfigDict(resolve_config(values)), jax.device_count())
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, TRAIN_CONFIG_FILE), 'w') as f:
-    f.write(TASK_CONFIG_SOURCE.format(values=json.dumps(values, indent=2, sort_keys=True)))
+  paths.write_text_atomically(
+      paths.as_path(workdir) / TRAIN_CONFIG_FILE,
+      TASK_CONFIG_SOURCE.format(values=json.dumps(values, indent=2, sort_keys=True)))
+
+
+def recorded_dir(hf_dir: str) -> str:
+  """`hf_dir` as the run records it: a bucket path as given, a local one absolute."""
+  return hf_dir if paths.is_remote(hf_dir) else os.path.abspath(hf_dir)
 
 
 def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
                        tokenizer_file: str = '', task: str = 'lm') -> None:
-  """Writes `workdir` (module docstring) from the Hugging Face checkpoint in `hf_dir`."""
+  """Writes `workdir` (module docstring) from the Hugging Face checkpoint in `hf_dir`
+  (a local or gs:// directory)."""
+  with hf_source.local_hf_dir(hf_dir) as local_dir:
+    _convert(local_dir, hf_dir, workdir, dtype, tokenizer_file, task)
+
+
+def _convert(hf_dir: str, source_dir: str, workdir: str, dtype: str, tokenizer_file: str,
+             task: str) -> None:
+  """`convert_to_workdir` reading the files of `hf_dir`, the local copy of `source_dir`."""
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -140,16 +156,16 @@ def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
   from longformer_jax.train.optimizer import make_optimizer  # pylint: disable=g-import-not-at-top
 
   run_directory.check_workdir(workdir)
-  if os.path.isdir(os.path.join(workdir, 'checkpoints')):
+  if (paths.as_path(workdir) / 'checkpoints').is_dir():
     raise ConversionError(f'{workdir}: already holds checkpoints; pass a new --workdir')
   hf_config, settings = hf.model_settings(hf_dir)
   if hf.is_encoder(hf_config) or hf.is_encoder_decoder(hf_config):
-    write_task_config(hf_dir, workdir, task, dtype, tokenizer_file)
+    write_task_config(hf_dir, source_dir, workdir, task, dtype, tokenizer_file)
     return
   if task != 'lm':
     raise ConversionError(f'--task={task}: a {hf_config["model_type"]!r} checkpoint is a '
                           f'decoder; it imports for task lm')
-  data = tokenizer_settings(hf_dir, tokenizer_file)
+  data = tokenizer_settings(hf_dir, tokenizer_file, source_dir)
   tokenizer = make_tokenizer(ml_collections.ConfigDict(data))
   model_values = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
   if settings.get('position_embedding') == 'learned':  # chunks within the learned table
@@ -184,12 +200,11 @@ def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
   with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
     checkpointer.save(0, state, {'step': 0})
   run_directory.write_config(config, workdir)
-  with open(os.path.join(workdir, TRAIN_CONFIG_FILE), 'w') as f:
-    f.write(TRAIN_CONFIG_SOURCE)
-  with open(os.path.join(workdir, IMPORT_FILE), 'w') as f:
-    json.dump({'model_type': hf_config['model_type'], 'context_len': context,
-               'hf_dir': os.path.abspath(hf_dir), 'dtype': dtype, 'hf_config': hf_config}, f,
-              indent=2, sort_keys=True)
+  paths.write_text_atomically(paths.as_path(workdir) / TRAIN_CONFIG_FILE, TRAIN_CONFIG_SOURCE)
+  paths.write_text_atomically(paths.as_path(workdir) / IMPORT_FILE, json.dumps(
+      {'model_type': hf_config['model_type'], 'context_len': context,
+       'hf_dir': recorded_dir(source_dir), 'dtype': dtype, 'hf_config': hf_config},
+      indent=2, sort_keys=True))
 
 
 def context_len(hf_config: dict) -> int:

@@ -22,6 +22,7 @@ from typing import Iterable
 import numpy as np
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.storage import paths
 
 KEY = 'data.tokenizer_file'
 BOS_NAMES = ('<s>', '<|begin_of_text|>', '<|endoftext|>', '<bos>')
@@ -37,7 +38,8 @@ class HfTokenizer:
     import tokenizers  # pylint: disable=g-import-not-at-top
     self.path = str(path)
     try:
-      self._tokenizer = tokenizers.Tokenizer.from_file(self.path)
+      # From its text: the same for a local file and a gs:// object.
+      self._tokenizer = tokenizers.Tokenizer.from_str(paths.as_path(self.path).read_text())
     except Exception as e:  # pylint: disable=broad-except
       raise ConfigError(KEY, f'{self.path!r} is not a readable tokenizer.json '
                         f'({str(e).splitlines()[0] if str(e) else type(e).__name__})') from None

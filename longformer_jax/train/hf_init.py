@@ -44,13 +44,14 @@ def flat_settings(values: dict, prefix: str = '') -> dict:
 def imported(config: ml_collections.ConfigDict) -> tuple[dict, dict, object]:
   """`(hf_config, settings, family module)` of `config.train.init_from_hf`, checked against
   the task and `config.model` (`ConfigError` naming the key)."""
-  from longformer_jax.convert import loader  # pylint: disable=g-import-not-at-top
+  from longformer_jax.convert import hf_source, loader  # pylint: disable=g-import-not-at-top
   hf_dir = config.train.init_from_hf
   if config.task not in TASKS:
     raise ConfigError(KEY, f'is for the tasks {", ".join(TASKS)} (task is {config.task!r}); '
                       f'a decoder is imported as a workdir: python -m longformer_jax.convert.hf')
   try:
-    hf_config, settings = loader.model_settings(hf_dir)
+    with hf_source.local_hf_dir(hf_dir, only=('config.json',)) as local_dir:
+      hf_config, settings = loader.model_settings(local_dir)
   except ConversionError as e:
     raise ConfigError(KEY, str(e)) from None
   family = loader.family(hf_config)
@@ -72,10 +73,11 @@ def with_imported_params(config: ml_collections.ConfigDict, state):
   """`state` with the parameters of `config.train.init_from_hf` (if set; module docstring)."""
   if not config.train.init_from_hf:
     return state
-  from longformer_jax.convert import loader  # pylint: disable=g-import-not-at-top
+  from longformer_jax.convert import hf_source, loader  # pylint: disable=g-import-not-at-top
   hf_config, settings, family = imported(config)
   try:
-    params = loader.load_params(config.train.init_from_hf, hf_config, settings)
+    with hf_source.local_hf_dir(config.train.init_from_hf) as local_dir:
+      params = loader.load_params(local_dir, hf_config, settings)
   except ConversionError as e:
     raise ConfigError(KEY, str(e)) from None
   heads = getattr(family, 'HEAD_SCOPES', ())
