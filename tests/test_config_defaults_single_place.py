@@ -38,6 +38,8 @@ ALLOWED = {
         'the sparse input: the top-level task default is declared here (no section holds it)',
     ('longformer_jax/experiment_config.py', "dict(model.get('layer_schedule') or {})", 'attention'):
         "layer_schedule is a free mapping; its 'attention' key is optional ('' = not scheduled)",
+    ('longformer_jax/models/saved_config.py', "dict(model.get('layer_schedule') or {})", 'attention'):
+        "an old run's layer_schedule, before resolving: its 'attention' key is optional",
     ('longformer_jax/config/migration.py', "dict(values.get('layer_schedule') or {})",
      'attention'):
         "an old flat config's free layer_schedule mapping; its 'attention' key is optional",
