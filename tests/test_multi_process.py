@@ -13,7 +13,6 @@ devices in all (8 x 1 or 4 x 2), all joined through `jax.distributed` with Gloo.
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -23,19 +22,13 @@ import pytest
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.parallel.parallel_config import ParallelConfig
 from longformer_jax.storage import paths
-from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
+from tests.gcs_server import free_port, gcs_bucket, gcs_server_url  # pylint: disable=unused-import
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO_ROOT, 'tests', 'multi_process_worker.py')
 TOTAL_DEVICES = 8
 # The worker's result line: `process 1 of 2, 8 devices, sum 140.0`.
 RESULT_LINE = re.compile(r'process \d+ of \d+, \d+ devices, sum [-\d.e]+\n')
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def launch(mode: str, num_processes: int, out: str = '-', *extra, timeout=600) -> list[str]:
