@@ -14,7 +14,6 @@ import time
 import fsspec
 import jax
 import ml_collections
-import numpy as np
 import pytest
 
 import eval as eval_script
@@ -29,6 +28,7 @@ from longformer_jax.storage import paths
 from longformer_jax.train import metrics_logging, run_directory
 from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
 from tests.tiny_models import tiny_config
+from tests.tree_checks import assert_trees_equal
 
 
 def read_steps(path) -> list:
@@ -67,11 +67,6 @@ def small_run_config(**train_overrides):
   config.train.update(eval_every=0, log_every=1, checkpoint_every=3, keep_checkpoints=3)
   config.train.update(**train_overrides)
   return config
-
-
-def assert_trees_equal(a, b):
-  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
-                         a, b)
 
 
 @pytest.fixture(scope='module')

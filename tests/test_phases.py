@@ -24,6 +24,7 @@ from longformer_jax.train import phases as phasing
 from longformer_jax.train.train_config import TrainConfig
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from tests.tiny_models import tiny_config
+from tests.tree_checks import assert_trees_equal
 
 
 # Longformer (window 4, x2 in phase 1).
@@ -108,11 +109,6 @@ def test_phased_optimizer_scales_updates_by_the_phase_factor():
   base_lr = learning_rate_schedule(config.optimizer, 4)
   np.testing.assert_allclose([float(lr(s)) for s in range(4)],
                              [float(base_lr(s)) * f for s, f in zip(range(4), (1, 1, .5, .5))])
-
-
-def assert_trees_equal(a, b):
-  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
-                         a, b)
 
 
 def run_phased(workdir: str, stop_after: int = 0):

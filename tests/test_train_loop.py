@@ -16,6 +16,7 @@ from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.train.loop import NonFiniteLossError
 from tests.tiny_models import tiny_config
+from tests.tree_checks import assert_trees_equal
 
 
 def small_run_config(**train_overrides):
@@ -24,11 +25,6 @@ def small_run_config(**train_overrides):
   config.train.update(**train_overrides)
   config.eval.max_tokens = 2048
   return config
-
-
-def assert_trees_equal(a, b):
-  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
-                         a, b)
 
 
 @pytest.fixture(scope='module')
