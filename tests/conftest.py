@@ -4,24 +4,31 @@ imported), the repo on sys.path, and JAX's compiled programs released after each
 Where the suite's time goes (docs/design.md, "Where the suite's time goes"): about 80% of it is
 JAX tracing and XLA compiling tiny models, so the suite
 - compiles with LLVM's cheap passes (`--xla_backend_optimization_level=0`,
-  `--xla_llvm_disable_expensive_passes=true`): the programs run once or twice;
+  `--xla_llvm_disable_expensive_passes=true`) and XLA's older CPU fusion code generator
+  (`--xla_cpu_use_fusion_emitters=false`), which compiles a third faster: the programs
+  run once or twice;
 - releases every compiled program after each test module (`jax.clear_caches()`): each
   CPU executable holds memory maps, and a single process compiling the whole suite
   otherwise passes Linux's 65,530-map limit and aborts inside whatever maps next;
-- keeps compiled programs on disk between runs (JAX's persistent compilation cache,
-  keyed by the program, the flags and the jax version) when
-  `LONGFORMER_JAX_TEST_CACHE` names a folder.
+- shares compiled programs between tests, modules and the two workers through JAX's
+  persistent compilation cache (keyed by the program, the flags and the jax version):
+  a quarter of the suite's programs are ones another test compiled already. The cache
+  is a temporary folder of the run, removed at its end; `LONGFORMER_JAX_TEST_CACHE=DIR`
+  keeps it in DIR between runs instead.
 """
 
 import gc
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 _TEST_XLA_FLAGS = ('--xla_force_host_platform_device_count=8',
                    '--xla_backend_optimization_level=0',
-                   '--xla_llvm_disable_expensive_passes=true')
+                   '--xla_llvm_disable_expensive_passes=true',
+                   '--xla_cpu_use_fusion_emitters=false')
 
 
 def _with_test_flags(flags: str) -> str:
@@ -34,13 +41,36 @@ def _with_test_flags(flags: str) -> str:
 os.environ['XLA_FLAGS'] = _with_test_flags(os.environ.get('XLA_FLAGS', ''))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-if os.environ.get('LONGFORMER_JAX_TEST_CACHE'):
-  os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.environ['LONGFORMER_JAX_TEST_CACHE'])
-  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
   sys.path.insert(0, REPO_ROOT)
+
+
+# The run's compilation cache: named by the main process (pytest_configure runs there before
+# xdist starts its workers, which inherit the variable), used by every process that tests.
+_RUN_CACHE_VARIABLE = 'LONGFORMER_JAX_RUN_CACHE'
+
+
+def pytest_configure(config):
+  """Points JAX's persistent compilation cache at the run's folder (see the docstring)."""
+  if not hasattr(config, 'workerinput') and not os.environ.get(_RUN_CACHE_VARIABLE):
+    kept = os.environ.get('LONGFORMER_JAX_TEST_CACHE')
+    folder = kept or tempfile.mkdtemp(prefix='longformer_jax_xla_cache_')
+    os.environ[_RUN_CACHE_VARIABLE] = folder
+    config.run_cache_to_remove = None if kept else folder
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update('jax_compilation_cache_dir', os.environ[_RUN_CACHE_VARIABLE])
+  # Every program, however quick to compile: the tiny test programs are most of them.
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+
+
+def pytest_unconfigure(config):
+  folder = getattr(config, 'run_cache_to_remove', None)
+  if folder:
+    shutil.rmtree(folder, ignore_errors=True)
+    os.environ.pop(_RUN_CACHE_VARIABLE, None)
 
 
 @pytest.fixture(scope='module', autouse=True)

@@ -134,11 +134,11 @@ def test_memory_held_is_the_configured_size_at_every_length(one_layer_model, lab
   assert cells[0]['memory_bytes'] == by_hand // 8
 
 
-@pytest.mark.parametrize('memories, want', [('knn:4096;top_k=4096', 1.0), ('knn:96', 0.0)])
+@pytest.mark.parametrize('memories, want', [('knn:512;top_k=512', 1.0), ('knn:96', 0.0)])
 def test_needle_in_top_k_counts_answer_queries_that_retrieve_the_needle(one_layer_model,
                                                                         memories, want):
-  """Needle at depth 0 of 512 tokens, chunk 64: a kNN memory of the whole document returning
-  every entry (top_k >= entries) hands every answer query the needle, whose share of what a
+  """Needle at depth 0 of 512 tokens, chunk 64: a kNN memory of the whole document (512
+  entries) returning every entry (top_k >= entries) hands every answer query the needle, whose share of what a
   query retrieves is then the needle's length over the 448 tokens of the 7 chunks before the
   answer's; a FIFO of 96 entries has evicted it long before the question, whatever the
   random model's scores."""
