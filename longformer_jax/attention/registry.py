@@ -4,6 +4,8 @@ A new variant is one file in this folder (or a folder, with the kernels only it 
 line here.
 """
 
+import ml_collections
+
 from longformer_jax.attention.adaptive_span import AdaptiveSpanAttention
 from longformer_jax.attention.attendre import AttendreAttention
 from longformer_jax.attention.bigbird.attention import BigBirdAttention
@@ -18,6 +20,7 @@ from longformer_jax.attention.lsh.attention import LSHAttention
 from longformer_jax.attention.memorizing import MemorizingAttention
 from longformer_jax.attention.performer.attention import PerformerAttention
 from longformer_jax.attention.routing.attention import RoutingAttention
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.sparse_transformer.attention import SparseTransformerAttention
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
 from longformer_jax.attention.vanilla.attention import VanillaAttention
@@ -52,3 +55,19 @@ def attention_class(name: str):
     raise ConfigError('model.attention',
                       f'unknown attention {name!r}; choose one of {sorted(ATTENTION_VARIANTS)}')
   return ATTENTION_VARIANTS[name]
+
+
+def attention_layer(config: ml_collections.ConfigDict, dtype, name: str = 'attention'):
+  """The attention module of a layer whose resolved model config is `config`: its variant's
+  section (`config.<variant>`, checked again as the typed section) and the shared settings
+  (attention/shared_settings.py)."""
+  cls = attention_class(config.attention)
+  if hasattr(cls, 'from_config'):     # not yet converted to (config, shared)
+    return cls.from_config(config, dtype, name=name)
+  kwargs = {}
+  section_class = getattr(cls, 'Config', None)
+  if section_class is not None:
+    values = config[config.attention]
+    kwargs['config'] = section_class.build(
+        values.to_dict() if hasattr(values, 'to_dict') else values, f'model.{config.attention}')
+  return cls(shared=SharedSettings.of(config), dtype=dtype, name=name, **kwargs)

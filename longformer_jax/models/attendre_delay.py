@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.registry import attention_class
+from longformer_jax.attention.registry import attention_layer
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.layers.feed_forward import feed_forward_from_config
@@ -124,7 +124,7 @@ class TimeShiftedBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state: dict, ctx: AttentionContext):
     cfg = self.config
-    attention = attention_class(cfg.attention).from_config(cfg, self.dtype, name='attention')
+    attention = attention_layer(cfg, self.dtype)
     h, attention_state, aux = attention(layer_norm('attention_norm', self.dtype)(x),
                                         state['attention'], ctx)
     residual, skip = delayed(state['residual'], x, ctx)

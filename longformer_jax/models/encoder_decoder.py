@@ -45,7 +45,7 @@ import ml_collections
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
-from longformer_jax.attention.registry import attention_class
+from longformer_jax.attention.registry import attention_class, attention_layer
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.norms import norm_from_config
@@ -123,9 +123,8 @@ class DecoderLayer(nn.Module):
       x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
       return norm(name)(x) if post_ln else x
 
-    attention_cls = attention_class(cfg.attention)
-    state = attention_cls.init_state(cfg, x.shape[0], self.dtype)
-    h, _, aux = attention_cls.from_config(cfg, self.dtype, name='self_attention')(
+    state = attention_class(cfg.attention).init_state(cfg, x.shape[0], self.dtype)
+    h, _, aux = attention_layer(cfg, self.dtype, name='self_attention')(
         sublayer_input(x, 'self_attention_norm'), state, ctx)
     x = add(x, h, 'self_attention_norm')
     h = CrossAttention(cfg.num_heads, cfg.head_dim, cfg.d_model, self.dtype,

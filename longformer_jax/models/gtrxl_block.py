@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.registry import attention_class
+from longformer_jax.attention.registry import attention_layer
 from longformer_jax.config.section import Section
 from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.gating import GATE_TYPES, Gate
@@ -54,7 +54,7 @@ class GatedBlock(nn.Module):
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
     cfg = self.config
     kind, bias = cfg.gtrxl.gate, cfg.gtrxl.gate_bias
-    attention = attention_class(cfg.attention).from_config(cfg, self.dtype, name='attention')
+    attention = attention_layer(cfg, self.dtype)
     y, state, aux = attention(layer_norm('attention_norm', self.dtype)(x), state, ctx)
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=ctx.deterministic)
     x = Gate(kind, bias, self.dtype, name='attention_gate')(x, self._activate(y))

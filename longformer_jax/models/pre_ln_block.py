@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.registry import attention_class
+from longformer_jax.attention.registry import attention_layer
 from longformer_jax.layers.feed_forward import feed_forward_from_config
 from longformer_jax.layers.norms import norm_from_config
 
@@ -26,7 +26,7 @@ class DecoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
     cfg = self.config
-    attention = attention_class(cfg.attention).from_config(cfg, self.dtype, name='attention')
+    attention = attention_layer(cfg, self.dtype)
     h, state, aux = attention(norm_from_config(cfg, 'attention_norm', self.dtype)(x), state, ctx)
     x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))

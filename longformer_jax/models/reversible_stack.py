@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.registry import attention_class
+from longformer_jax.attention.registry import attention_class, attention_layer
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.feed_forward import feed_forward_from_config
@@ -75,7 +75,7 @@ class ReversibleLayer(nn.Module):
   def __call__(self, x: jax.Array, state, ctx: AttentionContext, half: str):
     cfg = self.config
     if half == 'attention':
-      attention = attention_class(cfg.attention).from_config(cfg, self.dtype, name='attention')
+      attention = attention_layer(cfg, self.dtype)
       h, state, aux = attention(layer_norm('attention_norm', self.dtype)(x), state, ctx)
       extra = (state, aux)
     else:

@@ -1,0 +1,49 @@
+"""The model-wide settings an attention layer reads, next to its own section.
+
+An attention module receives two frozen values and nothing else (besides its dtype):
+
+  config  its variant's section, as `config.model.<variant>` declares and checks it
+          (e.g. `XLConfig`; a variant with no settings of its own has none);
+  shared  `SharedSettings` below: the few `config.model` settings every layer shares.
+
+`attention/registry.attention_layer` builds both from a layer's resolved model config, the
+one place where settings are read for a layer's attention. So a setting is declared once,
+with its default, in the section that owns it; a module reads `self.config.window` or
+`self.shared.num_heads`, and a test builds a layer from the same two values.
+"""
+
+import dataclasses
+
+import ml_collections
+
+from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedSettings:
+  """The shared settings of one layer (`config.model`; models/model_config.py documents them).
+
+  Attributes:
+    num_heads, head_dim, d_model: the layer's shape (`[batch, chunk, num_heads, head_dim]`
+      heads of a `[batch, chunk, d_model]` input).
+    causal: False for bidirectional encoders.
+    mem_len: the cache of past hidden states (variants with `reads_mem_len`).
+    attention_backend: the softmax kernel asked for (attention/core/attention_backend.py).
+    heads: how the layer projects and positions its heads (imported checkpoints:
+      grouped keys and values, biases, RoPE settings; attention/core/checkpoint_heads.py).
+  """
+  num_heads: int
+  head_dim: int
+  d_model: int
+  causal: bool = True
+  mem_len: int = 0
+  attention_backend: str = 'auto'
+  heads: CheckpointHeads = CheckpointHeads()
+
+  @classmethod
+  def of(cls, config: ml_collections.ConfigDict) -> 'SharedSettings':
+    """The shared settings of a layer's resolved model config."""
+    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
+               causal=config.causal, mem_len=config.mem_len,
+               attention_backend=config.attention_backend,
+               heads=CheckpointHeads.from_config(config))
