@@ -59,11 +59,16 @@ def pytest_configure(config):
     folder = kept or tempfile.mkdtemp(prefix='longformer_jax_xla_cache_')
     os.environ[_RUN_CACHE_VARIABLE] = folder
     config.run_cache_to_remove = None if kept else folder
+  # Every program, however quick to compile: the tiny test programs are most of them. Set in
+  # the environment too, so that the scripts tests run (train.py, eval.py, the importer's
+  # command line) share the cache: a killed run's restart compiles what the run compiled.
+  settings = {'jax_compilation_cache_dir': os.environ[_RUN_CACHE_VARIABLE],
+              'jax_persistent_cache_min_compile_time_secs': 0.0,
+              'jax_persistent_cache_min_entry_size_bytes': 0}
   import jax  # pylint: disable=g-import-not-at-top
-  jax.config.update('jax_compilation_cache_dir', os.environ[_RUN_CACHE_VARIABLE])
-  # Every program, however quick to compile: the tiny test programs are most of them.
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+  for name, value in settings.items():
+    jax.config.update(name, value)
+    os.environ[name.upper()] = str(value)
 
 
 def pytest_unconfigure(config):
