@@ -4,9 +4,14 @@ The gs:// tests run against a real GCS server on the loopback address
 (tests/gcs_server.py: fake-gcs-server), through the same gcsfs client a TPU VM uses.
 """
 
+import http.server
+import json
+import logging
 import os
+import threading
 import urllib.request
 
+import gcsfs
 import pytest
 
 from longformer_jax.config.errors import ConfigError
@@ -54,6 +59,60 @@ def test_missing_bucket_is_one_line_naming_the_flag(gcs_bucket):
   with pytest.raises(ConfigError, match=r'--workdir: gs://no-such-bucket-x/run: bucket '
                                         r'gs://no-such-bucket-x does not exist \(create it'):
     paths.check_bucket('gs://no-such-bucket-x/run', '--workdir')
+
+
+class _RefusingServer(http.server.BaseHTTPRequestHandler):
+  """Answers every request as GCS answers one it refuses: the status and GCS's JSON error."""
+  status, message = 401, ''
+
+  def _refuse(self):
+    body = json.dumps({'error': {'code': self.status, 'message': self.message,
+                                 'errors': [{'message': self.message, 'domain': 'global',
+                                             'reason': 'required'}]}}).encode()
+    self.send_response(self.status)
+    self.send_header('Content-Type', 'application/json; charset=UTF-8')
+    self.send_header('Content-Length', str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  do_GET = do_POST = do_PUT = _refuse
+
+  def log_message(self, *args):
+    del args
+
+
+# GCS's own messages: a caller with no credentials is anonymous (401); credentials of an
+# account without a role on the bucket get 403.
+REFUSALS = [
+    (401, 'Anonymous caller does not have storage.objects.list access to the Google Cloud '
+          'Storage bucket. Permission \'storage.objects.list\' denied on resource (or it may '
+          'not exist).', r'--workdir: gs://private/run: no credentials for gs://private \('
+          r'Anonymous caller .*\): on a TPU or GCE VM .* GOOGLE_APPLICATION_CREDENTIALS'),
+    (403, 'runner@project.iam.gserviceaccount.com does not have storage.objects.list access '
+          'to the Google Cloud Storage bucket.', r'--workdir: gs://private/run: no access to '
+          r'bucket gs://private \(runner@project.* does not have storage.objects.list access'),
+]
+
+
+@pytest.mark.parametrize('status, message, error', REFUSALS, ids=['401', '403'])
+def test_refused_credentials_are_one_line_naming_the_flag(monkeypatch, caplog, status, message,
+                                                         error):
+  """Missing credentials and credentials without access each give one line, at once (no
+  retries), and gcsfs's own traceback of the refusal is not shown (logged at warning or above)."""
+  handler = type('Refusing', (_RefusingServer,), {'status': status, 'message': message})
+  server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  monkeypatch.setenv('STORAGE_EMULATOR_HOST', f'http://127.0.0.1:{server.server_port}')
+  gcsfs.GCSFileSystem.clear_instance_cache()   # clients are cached with their endpoint
+  try:
+    with caplog.at_level(logging.DEBUG), pytest.raises(ConfigError, match=error):
+      paths.check_bucket('gs://private/run', '--workdir')
+    shown = [r for r in caplog.records if r.levelno >= logging.WARNING and r.exc_info]
+    assert not shown, 'gcsfs logged a traceback'
+  finally:
+    server.shutdown()
+    server.server_close()
+    gcsfs.GCSFileSystem.clear_instance_cache()
 
 
 def test_a_listing_sees_what_another_client_wrote_since(gcs_bucket, gcs_server_url):

@@ -14,6 +14,8 @@ login`) and honours `STORAGE_EMULATOR_HOST`, so the tests' local GCS server
 runs the very client users run. TensorFlow's client has a fixed endpoint.
 """
 
+import contextlib
+import logging
 import os
 
 # Read by etils at each call and by gcsfs at import: set before either sees a gs:// path.
@@ -24,6 +26,7 @@ os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
 
 from etils import epath  # pylint: disable=g-import-not-at-top,wrong-import-position
 import fsspec  # pylint: disable=g-import-not-at-top,wrong-import-position
+from gcsfs import retry as gcsfs_retry  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from longformer_jax.config.errors import ConfigError  # pylint: disable=wrong-import-position
 
@@ -97,14 +100,41 @@ def check_bucket(path: 'str | os.PathLike', flag: str) -> None:
   bucket = text[len('gs://'):].split('/', 1)[0]
   filesystem, _ = fsspec.core.url_to_fs(text)
   try:
-    exists = filesystem.exists(bucket)
-  except PermissionError as error:
-    raise ConfigError(flag, f'{text}: no access to bucket gs://{bucket} ({error})') from None
-  except OSError as error:
-    if 'credential' in str(error).lower() or '401' in str(error):
-      raise ConfigError(flag, f'{text}: no credentials for gs://{bucket}: {CREDENTIALS_HELP}'
-                        ) from None
-    raise
+    with _quiet_client_log():
+      exists = filesystem.exists(bucket)
+  except (OSError, gcsfs_retry.HttpError) as error:
+    refusal = _refusal(error)
+    if refusal is None:
+      raise
+    raise ConfigError(flag, f'{text}: {refusal.format(bucket=bucket)}') from None
   if not exists:
     raise ConfigError(flag, f'{text}: bucket gs://{bucket} does not exist (create it with '
                       f'`gcloud storage buckets create gs://{bucket}`)')
+
+
+def _refusal(error: Exception) -> 'str | None':
+  """What a refused request means, from gcsfs's error (None: not a refusal).
+
+  GCS answers 401 to a caller without credentials (gcsfs: `HttpError` with code 401) and
+  403 to credentials without access (gcsfs: `OSError('Forbidden: ...')`).
+  """
+  code = getattr(error, 'code', None)
+  reason = str(getattr(error, 'message', '') or error).strip().splitlines()[-1]
+  if code == 401 or 'credential' in reason.lower():
+    return f'no credentials for gs://{{bucket}} ({reason}): {CREDENTIALS_HELP}'
+  if code == 403 or isinstance(error, PermissionError) or str(error).startswith('Forbidden'):
+    return f'no access to bucket gs://{{bucket}} ({reason}); grant the account storage access'
+  return None
+
+
+@contextlib.contextmanager
+def _quiet_client_log():
+  """gcsfs logs a refused request with its traceback before raising it; the caller's one-line
+  error says the same."""
+  client_log = logging.getLogger('gcsfs')
+  level = client_log.level
+  client_log.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    client_log.setLevel(level)
