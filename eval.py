@@ -5,8 +5,10 @@ held-out documents, over one or more memory lengths or a memory sweep.
 Encoder tasks: accuracy (classification), span F1 and exact match (qa),
 ROUGE-1/2/L of greedy decoding (seq2seq, LED); the image task: bits per
 dimension; HIBERT: masked-sentence token accuracy (sentence_mask), ROUGE-1/2/L
-of the top sentences (extractive); `longformer_jax/evaluation/task_report.py`. Every evaluation replaces the
-report files of the previous one in `DIR/eval` (evaluation/report_files.py).
+of the top sentences (extractive); what each task reports is its own
+(`longformer_jax/tasks/`, run by `longformer_jax/evaluation/task_report.py`).
+Every evaluation replaces the report files of the previous one in `DIR/eval`
+(evaluation/report_files.py).
 
   python eval.py                                     # default workdir, latest step
   python eval.py --workdir=DIR --config.eval.mem_lens=0,128,512 \
@@ -78,6 +80,7 @@ from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
 from longformer_jax.storage import paths
 from longformer_jax.evaluation.task_report import evaluate_task_run
+from longformer_jax.tasks.registry import readers, task_for, task_keys
 from longformer_jax.train import initialization, phases
 from longformer_jax.evaluation.lm_evaluator import Evaluator
 from longformer_jax.evaluation.line_plots import save_line_plot
@@ -172,19 +175,26 @@ def plot_bits_per_byte(rows: list[dict], path: str, title: str) -> None:
   save_line_plot(series, path, xlabel='evaluation mem_len', ylabel='bits per byte', title=title)
 
 
+def check_eval_keys(config: ml_collections.ConfigDict, task) -> None:
+  """An `eval` setting only other tasks read (their `eval_keys`) is an error, naming the key."""
+  for name in task_keys('eval_keys'):
+    value = config.eval[name]
+    if value and name not in task.eval_keys:
+      shown = f'{value} ' if isinstance(value, int) else ''
+      raise ConfigError(f'eval.{name}', f'{shown}is read only by task '
+                        f'{" or ".join(repr(n) for n in readers("eval_keys", name))} '
+                        f"(this run's task is {config.task!r})")
+
+
 def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Evaluates the run in `workdir`; returns what it writes to metrics.json."""
   parallel = cli_config.get('parallel')
   distributed.initialize(ParallelConfig.build(parallel.to_dict() if parallel else None, 'parallel'))
   config = run_config(cli_config, workdir, jax.device_count())
-  if config.eval.image_samples and config.task != 'image':
-    raise ConfigError('eval.image_samples', f'{config.eval.image_samples} is read only by task '
-                      f"'image' (this run's task is {config.task!r})")
-  if config.eval.passkey_grid and config.task != 'lm':
-    raise ConfigError('eval.passkey_grid', f"is read only by task 'lm' (this run's task is "
-                      f'{config.task!r})')
-  if config.task != 'lm':
-    return evaluate_task_run(config, workdir)
+  task = task_for(config.task)
+  check_eval_keys(config, task)
+  if not task.carries_memory:      # every task but lm: fixed-size examples
+    return evaluate_task_run(config, workdir, task)
   mem_lens = parse_int_list(config.eval.mem_lens, 'eval.mem_lens') or [config.model.mem_len]
   chunk_len = config.eval.chunk_len or config.data.chunk_len
   tokenizer = make_tokenizer(config.data)

@@ -4,7 +4,7 @@
 
 Builds the train state's shapes and shardings with `jax.eval_shape`
 (`longformer_jax/train/initialization.abstract_train_state`), jits the train
-step exactly as training does (`longformer_jax/train/lm_task.py`: the same in/out shardings, donation
+step exactly as training does (`longformer_jax/tasks/lm_training.py`: the same in/out shardings, donation
 and activation sharding rules, on the config's mesh), lowers it with
 abstract arguments and compiles it, without running it or creating the
 state. XLA's `memory_analysis()` of the compiled per-device program gives
@@ -39,6 +39,7 @@ from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh, mesh_axis_sizes
 from longformer_jax.parallel.parallel_config import check_sequence_split
+from longformer_jax.tasks.registry import readers, task_for
 from longformer_jax.train import initialization, phases as phasing, steps
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from longformer_jax.train.train_config import TrainConfig
@@ -91,8 +92,9 @@ def train_step_memory(config: ml_collections.ConfigDict, devices=None) -> list[S
     config: a complete experiment config (`validate_config`), task 'lm'.
     devices: the mesh's devices (default: all).
   """
-  require(config.task == 'lm', 'task',
-          f"{config.task!r}: the memory check compiles the train step of task 'lm' only")
+  streamed = ' or '.join(repr(name) for name in readers('carries_memory'))
+  require(task_for(config.task).carries_memory, 'task',
+          f'{config.task!r}: the memory check compiles the train step of task {streamed} only')
   devices = list(jax.devices() if devices is None else devices)
   check_mesh(config, len(devices))
   mesh = make_mesh(config.parallel.mesh_shape, devices)

@@ -8,13 +8,16 @@ data position), `metrics.jsonl`, TensorBoard events and `config.json`
 (written once the config is valid and the checkpoint, if any, restored). A
 run started on a workdir with checkpoints resumes from the newest intact one.
 
-`config.task` picks what is trained: 'lm' (default; `train/lm_task.py`, with
-phased training when `train.phases > 1`, Longformer sec. 4.2) or an encoder
-task, 'classification' | 'qa' | 'seq2seq' (LED; `train/encoder_task.py`), or 'image'
-(a causal decoder over whole images, bits per dimension; `train/image_task.py`),
-or HIBERT's 'sentence_mask' (pretraining) | 'extractive' (summarisation;
-`train/hibert_task.py`), run by the same fixed-size-example task.
-Both run in the one loop of `train/loop.py`.
+`config.task` picks what is trained, a task of `longformer_jax/tasks/`
+(`tasks/registry.py`): 'lm' (default; `tasks/lm.py`, with phased training
+when `train.phases > 1`, Longformer sec. 4.2) or a fixed-size-example task,
+'classification' | 'qa' | 'seq2seq' (LED) | 'image' (a causal decoder over
+whole images, bits per dimension) | HIBERT's 'sentence_mask' (pretraining) |
+'extractive' (summarisation), one file each in `tasks/`. The task gives the
+loop its `TrainingTask` (`tasks/lm_training.py`, `tasks/example_training.py`);
+every one runs in the one loop of `train/loop.py`. `train.init_from_hf`
+fine-tunes imported weights: this script hands the task the importer
+(`convert/hf_init.py`).
 
 Exit status: 0 when training stopped at `train.num_steps` or
 `train.stop_after_steps`; 143 (128 + SIGTERM) when SIGTERM (preemption,
@@ -35,12 +38,12 @@ import jax
 import ml_collections
 
 from longformer_jax import command_line
+from longformer_jax.convert import hf_init
 from longformer_jax.experiment_config import validate_config
 from longformer_jax.parallel import distributed
 from longformer_jax.parallel.parallel_config import ParallelConfig
+from longformer_jax.tasks.registry import task_for
 from longformer_jax.train import loop
-from longformer_jax.train.encoder_task import EncoderTask
-from longformer_jax.train.lm_task import LanguageModelTask
 from longformer_jax.train.quiet_logs import show_own_info_only
 from longformer_jax.train.run_directory import check_workdir
 
@@ -57,8 +60,8 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   distributed.initialize(ParallelConfig.build(parallel.to_dict() if parallel else None, 'parallel'))
   validate_config(config, jax.device_count())
   check_workdir(workdir)
-  task = LanguageModelTask(config) if config.task == 'lm' else EncoderTask(config)
-  return loop.run(task, config, workdir)
+  training = task_for(config.task).training_task(config, param_import=hf_init)
+  return loop.run(training, config, workdir)
 
 
 def finish(result: dict) -> None:

@@ -38,6 +38,7 @@ from longformer_jax import command_line
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import lm_model_config
 from longformer_jax.models.flop_count import train_flops_per_token
+from longformer_jax.tasks.lm import TASK as LM_TASK
 from longformer_jax.train.quiet_logs import show_own_info_only
 import train as train_script
 
@@ -114,14 +115,15 @@ def main(argv):
                       checkpoint_every=10 * steps, async_checkpointing=False)
   probes = []
 
-  def probed_task(task_config):
-    probes.append(MatmulProbeTask(real_task(task_config), steps // 2))
+  def probed_task(task_config, param_import=None):
+    probes.append(MatmulProbeTask(real_task(task_config, param_import), steps // 2))
     return probes[-1]
 
-  real_task = train_script.LanguageModelTask
+  real_task = LM_TASK.training_task
   with tempfile.TemporaryDirectory() as workdir:
-    # train()'s own setup and loop; only the task is wrapped, to time the matmul mid-run.
-    with mock.patch.object(train_script, 'LanguageModelTask', probed_task):
+    # train()'s own setup and loop; only the LM's training task is wrapped, to time the
+    # matmul mid-run.
+    with mock.patch.object(LM_TASK, 'training_task', probed_task):
       train_script.train(config, workdir)
     if not probes:
       sys.exit(f'train_throughput: config.task={config.task!r}: only language models are timed')

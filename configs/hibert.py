@@ -1,6 +1,6 @@
 """HIBERT pretraining (Zhang, Wei & Zhou, 2019, sec. 3.2): masked sentence prediction.
 
-Task `sentence_mask` (`train/hibert_task.py`): documents are the standard
+Task `sentence_mask` (`tasks/sentence_mask.py`): documents are the standard
 library's docstrings split into sentences (`data/hibert_documents.py`), byte
 level; 15% of each document's sentences are picked (80% [MASK] tokens, 10% a
 random sentence, 10% unchanged) and a small decoder predicts their tokens from

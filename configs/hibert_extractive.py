@@ -1,6 +1,6 @@
 """HIBERT extractive summarisation (Zhang, Wei & Zhou, 2019, sec. 4).
 
-Task `extractive` (`train/hibert_task.py`, `train/hibert_extractive.py`): one
+Task `extractive` (`tasks/extractive.py`, `tasks/hibert_extractive.py`): one
 logit per sentence from the document encoder, binary cross-entropy against
 greedy-ROUGE oracle labels; the metric is ROUGE-1/2/L of the top 3 sentences
 (`model.hibert.summary_sentences`) in document order against the reference.

@@ -1,6 +1,6 @@
 """The whole experiment config: its sections, checked before anything is built.
 
-  seed, task                 top-level settings
+  seed, task                 top-level settings (task: tasks/registry.py)
   data                       data/data_config.py
   model                      models/model_config.py (with one section per variant)
   optimizer                  train/optimizer_config.py
@@ -12,9 +12,10 @@
 and the command line set) and returns the complete plain dict; each section
 checks its own values, and this module checks only what spans sections (a
 data setting the task does not read, the chunk lengths the model sees, how
-the batch splits). `validate_config` does the same for a `ConfigDict` and
-completes it in place. Checks that need the device count (the mesh) take it
-as an argument, so they run in tests without devices.
+the batch splits) and asks the task (tasks/base.py) for its own checks.
+`validate_config` does the same for a `ConfigDict` and completes it in place.
+Checks that need the device count (the mesh) take it as an argument, so they
+run in tests without devices.
 """
 
 from typing import Mapping, Optional
@@ -23,18 +24,17 @@ import ml_collections
 
 from longformer_jax.config.section import unknown_key_error
 from longformer_jax.config.errors import ConfigError, require
-from longformer_jax.data.data_config import TASK_KEYS, DataConfig
-from longformer_jax.data.image_data import image_source
+from longformer_jax.data.data_config import DataConfig
 from longformer_jax.evaluation.eval_config import EvalConfig
-from longformer_jax.models.hibert import HIBERT_TASKS, HibertConfig
-from longformer_jax.models.model_config import ModelConfig, resolve_model
+from longformer_jax.models.hibert import HibertConfig
+from longformer_jax.models.model_config import resolve_model
 from longformer_jax.models.saved_config import plain_dict
 from longformer_jax.parallel.mesh import mesh_axis_sizes
 from longformer_jax.parallel.parallel_config import ParallelConfig, check_sequence_split
+from longformer_jax.tasks.registry import readers, task_for, task_keys
 from longformer_jax.train.optimizer_config import OptimizerConfig
 from longformer_jax.train.train_config import TrainConfig, int_list
 
-TASKS = ('lm', 'classification', 'qa', 'seq2seq', 'image') + HIBERT_TASKS
 SECTIONS = {'data': DataConfig, 'optimizer': OptimizerConfig, 'train': TrainConfig,
             'parallel': ParallelConfig, 'eval': EvalConfig}
 TOP_LEVEL = ('seed', 'task', 'model') + tuple(SECTIONS)
@@ -42,18 +42,10 @@ TOP_LEVEL = ('seed', 'task', 'model') + tuple(SECTIONS)
 
 def chunk_lengths(task: str, data: DataConfig, train: TrainConfig, eval_: EvalConfig,
                   hibert: HibertConfig = HibertConfig()) -> tuple:
-  """Every chunk length the model will see: training phases, evaluation (tasks: seq_len;
-  image: the positions of one image of `data.corpus`; HIBERT: sentence tokens and sentences)."""
-  if task in HIBERT_TASKS:
-    return tuple(sorted({hibert.max_sentence_tokens, hibert.max_sentences}))
-  if task == 'image':
-    return (image_source(data.corpus).length,)
-  if task != 'lm':
-    return (data.seq_len,)
-  lengths = {data.chunk_len * train.phase_length_factor ** p for p in range(train.phases)}
-  if eval_.chunk_len:
-    lengths.add(eval_.chunk_len)
-  return tuple(sorted(lengths))
+  """Every chunk length the model will see (the task's `chunk_lengths`: training phases and
+  evaluation for lm; tasks: seq_len; image: the positions of one image of `data.corpus`;
+  HIBERT: sentence tokens and sentences)."""
+  return task_for(task).chunk_lengths(data, train, eval_, hibert)
 
 
 def resolve_config(values: Mapping) -> dict:
@@ -62,96 +54,82 @@ def resolve_config(values: Mapping) -> dict:
   for key in values:
     if key not in TOP_LEVEL:
       raise unknown_key_error('', key, TOP_LEVEL)
-  seed, task = values.get('seed', 0), values.get('task', 'lm')
+  seed, task_name = values.get('seed', 0), values.get('task', 'lm')
   require(isinstance(seed, int) and not isinstance(seed, bool), 'seed',
           f'{seed!r} must be an integer')
-  require(task in TASKS, 'task', f'{task!r} is not a task; choose one of {TASKS}')
+  task = task_for(task_name)
   sections = {name: cls.build(values.get(name), name) for name, cls in SECTIONS.items()}
   data, train = sections['data'], sections['train']
   _check_task_keys(task, data, train, values)
+  task.check_data(data)
   model_values = dict(values.get('model') or {})
   hibert = _hibert_section(task, model_values)
   model = resolve_model(model_values, 'model',
-                        chunk_lengths(task, data, train, sections['eval'], hibert))
+                        task.chunk_lengths(data, train, sections['eval'], hibert))
   _check_model_for_task(task, model)
-  if task in HIBERT_TASKS:
-    model['hibert'] = hibert.to_dict()
-  if task == 'image':
-    _check_image_model(data, model)
+  task.check_model(data, model)
+  task.complete_model(model, hibert)
   accum = sections['optimizer'].grad_accum_steps
   require(data.batch_size % accum == 0, 'optimizer.grad_accum_steps',
           f'{accum} must divide data.batch_size={data.batch_size}')
-  require(task == 'lm' or accum == 1, 'optimizer.grad_accum_steps',
+  require(task.accumulates_gradients or accum == 1, 'optimizer.grad_accum_steps',
           f'{accum}: task training supports only 1')
-  resolved = {'seed': seed, 'task': task, 'model': model}
+  resolved = {'seed': seed, 'task': task.name, 'model': model}
   resolved.update({name: section.to_dict() for name, section in sections.items()})
   return resolved
 
 
-def _check_task_keys(task: str, data: DataConfig, train: TrainConfig, values: Mapping) -> None:
-  """A data or train setting the task does not read is an error, not silently ignored."""
+def _check_task_keys(task, data: DataConfig, train: TrainConfig, values: Mapping) -> None:
+  """A data or train setting the task does not read is an error, not silently ignored
+  (the settings only some tasks read: their `data_keys` and `train_keys`)."""
   defaults = DataConfig()
-  for name, tasks in TASK_KEYS.items():
-    if task not in tasks and getattr(data, name) != getattr(defaults, name):
-      raise ConfigError(f'data.{name}', f'{getattr(data, name)!r} is ignored: only '
-                        f'task {" or ".join(tasks)} reads it (task is {task!r})')
-  if task == 'qa':   # checked here: only the qa task reads question_len
-    require(data.question_len <= data.seq_len - 3, 'data.question_len',
-            f'{data.question_len} must be in [1, seq_len - 3 = {data.seq_len - 3}]')
-  lm_only = ('eval_max_tokens', 'phases', 'phase_steps', 'phase_length_factor',
-             'phase_window_factor', 'phase_lr_factor')
+  for name in task_keys('data_keys'):
+    if name not in task.data_keys and getattr(data, name) != getattr(defaults, name):
+      raise ConfigError(f'data.{name}', f'{getattr(data, name)!r} is ignored: only task '
+                        f'{" or ".join(readers("data_keys", name))} reads it '
+                        f'(task is {task.name!r})')
   given = dict(values.get('train') or {})
-  if task not in ('classification', 'qa', 'seq2seq'):
-    lm_only += ('init_from_hf',)
-  for name in lm_only if task != 'lm' else ('eval_max_examples', 'init_from_hf'):
-    if name in given and getattr(train, name) != getattr(TrainConfig(), name):
-      raise ConfigError(f'train.{name}', f'{getattr(train, name)!r} is ignored by task {task!r}')
+  for name in task_keys('train_keys'):
+    if (name not in task.train_keys and name in given
+        and getattr(train, name) != getattr(TrainConfig(), name)):
+      raise ConfigError(f'train.{name}',
+                        f'{getattr(train, name)!r} is ignored by task {task.name!r}')
 
 
-def _hibert_section(task: str, model_values: dict) -> HibertConfig:
-  """`model.hibert` (popped from `model_values`), checked for `task`; HIBERT's encoders take their
-  depths from it, so `model.num_layers` and `model.layer_schedule` are errors there."""
-  hibert = HibertConfig.build(model_values.pop('hibert', None), 'model.hibert', task)
-  if task in HIBERT_TASKS:
-    for key in ('num_layers', 'layer_schedule'):
-      if model_values.get(key, getattr(ModelConfig(), key)) != getattr(ModelConfig(), key):
-        raise ConfigError(f'model.{key}', f'{model_values[key]!r} is ignored by task {task!r}: '
-                          'set model.hibert.sentence_layers and model.hibert.document_layers')
+def _hibert_section(task, model_values: dict) -> HibertConfig:
+  """`model.hibert` (popped from `model_values`): its keys the task does not read (its
+  `hibert_keys`) are errors; then the task checks the model settings it was given."""
+  hibert = HibertConfig.build(model_values.pop('hibert', None), 'model.hibert')
+  defaults = HibertConfig()
+  for name in HibertConfig.field_names():
+    value = getattr(hibert, name)
+    if name in task.hibert_keys or value == getattr(defaults, name):
+      continue
+    if not task.hibert_keys:
+      raise ConfigError(f'model.hibert.{name}', f'{value!r} is ignored: only tasks '
+                        f'{" and ".join(readers("hibert_keys"))} read model.hibert '
+                        f'(task is {task.name!r})')
+    raise ConfigError(f'model.hibert.{name}', f'{value!r} is ignored: only task '
+                      f'{readers("hibert_keys", name)[0]!r} reads it (task is {task.name!r})')
+  task.check_model_values(model_values)
   return hibert
 
 
-def _check_image_model(data: DataConfig, model: dict) -> None:
-  """Task image: a causal model; 2D image_local attention sized to the images of `data.corpus`."""
-  require(model['causal'], 'model.causal', 'False: task image trains a causal decoder')
-  source = image_source(data.corpus)
-  section = model.get('image_local') or {}
-  if model['attention'] != 'image_local' or section.get('layout') != '2d':
-    return
-  for key, want in (('image_height', source.height), ('image_width', source.row_len)):
-    require(section[key] == want, f'model.image_local.{key}',
-            f'{section[key]} must be {want} for {data.corpus!r} images of {source.height} x '
-            f'{source.width} x {source.channels} (width counts channels)')
-
-
-def _check_model_for_task(task: str, model: dict) -> None:
-  if task == 'classification':
-    require(model['num_classes'] >= 2, 'model.num_classes',
-            f"{model['num_classes']} must be >= 2 for task 'classification'")
-  elif model['num_classes']:
-    raise ConfigError('model.num_classes', f"{model['num_classes']} is ignored by task {task!r}")
-  if task == 'seq2seq':
-    require(model['decoder_layers'] >= 1, 'model.decoder_layers',
-            f"{model['decoder_layers']} must be >= 1 for task 'seq2seq'")
-  elif model['decoder_layers']:
-    raise ConfigError('model.decoder_layers',
-                      f"{model['decoder_layers']} is ignored by task {task!r}")
-  if task != 'seq2seq' and model.get('logits_bias'):
-    raise ConfigError('model.logits_bias', f"is read by task 'seq2seq' only (task is {task!r})")
+def _check_model_for_task(task, model: dict) -> None:
+  """The model settings only some tasks read (their `model_keys`), and routing's model state."""
+  for key in ('num_classes', 'decoder_layers'):
+    if key not in task.model_keys and model[key]:
+      raise ConfigError(f'model.{key}', f'{model[key]} is ignored by task {task.name!r}')
+  if 'logits_bias' not in task.model_keys and model.get('logits_bias'):
+    raise ConfigError('model.logits_bias', f'is read by task '
+                      f'{" or ".join(repr(n) for n in readers("model_keys", "logits_bias"))} '
+                      f'only (task is {task.name!r})')
   scheduled = str(dict(model.get('layer_schedule') or {}).get('attention', ''))
   attentions = {model['attention']} | {name.strip() for name in scheduled.split(',')}
-  if task != 'lm' and 'routing' in attentions:
+  if not task.carries_model_state and 'routing' in attentions:
+    keepers = ' or '.join(repr(n) for n in readers('carries_model_state'))
     raise ConfigError('model.attention', f"routing keeps its centroids as model state, which "
-                      f"only task 'lm' carries (task is {task!r})")
+                      f"only task {keepers} carries (task is {task.name!r})")
 
 
 def validate_config(config: ml_collections.ConfigDict,

@@ -63,12 +63,12 @@ def test_curriculum_setting_is_read_only_by_passkey():
 
 
 def test_language_model_task_reads_short_documents_first():
-  from longformer_jax.train.lm_task import LanguageModelTask
+  from longformer_jax.tasks.lm import TASK
   from tests.tiny_models import tiny_config
   config = tiny_config(attention='vanilla', mem_len=0)
   config.data.update(corpus='passkey', chunk_len=128, chunks_per_step=1, passkey_max_length=1024,
                      passkey_min_length=512, passkey_curriculum_steps=2)
-  task = LanguageModelTask(config)
+  task = TASK.training_task(config)
   assert isinstance(task.streams.units, CurriculumStreams)
   for _ in range(2):                  # documents of 128 tokens at most (BOS included)
     assert (task.streams.next_batch(1).doc_start.sum(axis=1) >= 1).all()
@@ -76,4 +76,4 @@ def test_language_model_task_reads_short_documents_first():
   assert all((b.doc_start.sum(axis=1) == 0).any() for b in longer[1:])
   config.data.passkey_curriculum_steps = config.train.num_steps
   with pytest.raises(ConfigError, match='data.passkey_curriculum_steps'):
-    LanguageModelTask(config)
+    TASK.training_task(config)

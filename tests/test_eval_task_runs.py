@@ -14,7 +14,7 @@ from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.evaluation.greedy_decoding import greedy_decode, until_eos
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.encoder_decoder import decoder_context
-from longformer_jax.train import encoder_models
+from longformer_jax.tasks.registry import task_for
 from tests.test_longformer_tasks import tiny_task_config, trainable_task_config
 from tests.tiny_models import tiny_config
 
@@ -50,11 +50,11 @@ def test_seq2seq_eval_reports_rouge_of_greedy_decoding(tmp_path, capsys):
 
 def test_greedy_decoding_feeds_back_its_own_predictions():
   config = tiny_task_config('seq2seq')
-  _, model = encoder_models.task_model(config, TOKENIZER.vocab_size)
-  arrays = encoder_models.TASK_DATA['seq2seq'].load_arrays(config, 'valid', TOKENIZER)
+  _, model = task_for(config.task).model(config, TOKENIZER.vocab_size)
+  arrays = task_for('seq2seq').load_arrays(config, 'valid', TOKENIZER)
   batch = {name: jnp.asarray(value[:4]) for name, value in arrays.items()}
   params = model.init(jax.random.PRNGKey(0),
-                      *encoder_models.init_arguments('seq2seq', batch))['params']
+                      *task_for('seq2seq').init_arguments(batch))['params']
   predicted = np.asarray(greedy_decode(model, params, batch, TOKENIZER.bos_id, TOKENIZER.pad_id))
   # Teacher forcing on [BOS, predictions[:-1]] must reproduce the predictions.
   fed = np.concatenate([np.full((4, 1), TOKENIZER.bos_id), predicted[:, :-1]], axis=1)

@@ -151,17 +151,19 @@ def classification_config(tmp_path_factory):
 def test_fresh_task_state_takes_the_imported_encoder(classification_config):
   from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
   from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
-  from longformer_jax.train import encoder_models, hf_init  # pylint: disable=g-import-not-at-top
+  from longformer_jax.convert import hf_init  # pylint: disable=g-import-not-at-top
+  from longformer_jax.tasks.classification import TASK  # pylint: disable=g-import-not-at-top
+  from longformer_jax.train.example_state import abstract_task_state  # pylint: disable=g-import-not-at-top
   from longformer_jax.train.optimizer import make_optimizer  # pylint: disable=g-import-not-at-top
   config = classification_config
   tokenizer = make_tokenizer(config.data)
-  _, model = encoder_models.task_model(config, tokenizer.vocab_size)
+  _, model = TASK.model(config, tokenizer.vocab_size)
   seq_len = config.data.seq_len
   example = dict(inputs=np.zeros((2, seq_len), np.int32), input_mask=np.ones((2, seq_len), bool),
                  global_flags=np.zeros((2, seq_len), bool), label=np.zeros((2,), np.int32),
                  weight=np.ones((2,), np.float32))
-  _, _, create_state = encoder_models.abstract_task_state(
-      'classification', model, make_optimizer(config.optimizer, 10), 0, example,
+  _, _, create_state = abstract_task_state(
+      model, TASK.init_arguments, make_optimizer(config.optimizer, 10), 0, example,
       make_mesh(config.parallel.mesh_shape), config.parallel.logical_axis_rules)
   fresh = create_state(jax.random.PRNGKey(0))
   state = hf_init.with_imported_params(config, fresh)
@@ -177,7 +179,7 @@ def test_fresh_task_state_takes_the_imported_encoder(classification_config):
 
 def test_init_from_hf_refuses_other_model_settings_and_tasks(classification_config):
   from longformer_jax.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
-  from longformer_jax.train import hf_init  # pylint: disable=g-import-not-at-top
+  from longformer_jax.convert import hf_init  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(classification_config.to_dict())
   config.model.norm_epsilon = 1e-6
   with pytest.raises(ConfigError, match='model.norm_epsilon'):
@@ -211,7 +213,7 @@ def test_train_fine_tunes_the_imported_encoder(classification_config, tmp_path):
 def test_encoder_decoders_write_a_seq2seq_config_that_checks(family, tmp_path):
   """`--task=seq2seq` for LED and T5: the written config resolves, and its settings are the
   checkpoint's (hf_init.imported raises otherwise)."""
-  from longformer_jax.train import hf_init  # pylint: disable=g-import-not-at-top
+  from longformer_jax.convert import hf_init  # pylint: disable=g-import-not-at-top
   config = written_task_config(os.path.join(REPO, 'tests', 'data', 'hf', family), tmp_path,
                                'seq2seq')
   hf_init.imported(config)

@@ -25,10 +25,10 @@ from configs import hibert_extractive as extractive_config
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.data.stdlib_corpus import split_of
-from longformer_jax.evaluation.task_metrics import task_metrics
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.hibert import HibertEncoder
-from longformer_jax.train import encoder_models, hibert_masking, hibert_task
+from longformer_jax.tasks import hibert_masking, sentence_mask
+from longformer_jax.tasks.registry import task_for
 
 # Tiny programs: compile fast rather than run fast (as tests/test_contract_attention.py).
 FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
@@ -72,11 +72,11 @@ def tiny_config(task: str, corpus: str, **train) -> ml_collections.ConfigDict:
 
 def init_model(config):
   tokenizer = ByteTokenizer()
-  _, model = encoder_models.task_model(config, tokenizer.vocab_size)
-  arrays = hibert_task.load_arrays(config, 'train', tokenizer)
+  _, model = task_for(config.task).model(config, tokenizer.vocab_size)
+  arrays = task_for(config.task).load_arrays(config, 'train', tokenizer)
   batch = {name: jnp.asarray(value[:8]) for name, value in arrays.items()}
   params = jit(model.init)(jax.random.PRNGKey(1),
-                               *encoder_models.init_arguments(config.task, batch))['params']
+                               *task_for(config.task).init_arguments(batch))['params']
   return model, params, batch
 
 
@@ -159,11 +159,11 @@ def test_masking_depends_on_the_key_and_example_not_the_batch():
 def test_sentence_mask_loss_reaches_only_the_picked_sentences(corpus):
   config = tiny_config('sentence_mask', corpus)
   model, params, batch = init_model(config)
-  sums_fn = jit(lambda p, b: encoder_models.task_sums_fn(config, model)(p, b, {}, True))
+  sums_fn = jit(lambda p, b: task_for(config.task).sums_fn(config, model)(p, b, {}, True))
   base = sums_fn(params, batch)
   tokens = batch['sentences']
   picked = hibert_masking.mask_sentences(
-      hibert_task.masking_key({}), tokens, tokens != ByteTokenizer.pad_id,
+      sentence_mask.masking_key({}), tokens, tokens != ByteTokenizer.pad_id,
       batch['sentence_mask'], batch['example_index'], mask_rate=0.15, replace_mask=0.8,
       replace_random=0.1, max_predictions=1, mask_id=ByteTokenizer.vocab_size)['action'] != 0
   picked = np.asarray(picked)
@@ -185,7 +185,7 @@ def test_sentence_mask_loss_reaches_only_the_picked_sentences(corpus):
   want = sum(int((np.asarray(batch['targets'])[b, s] != ByteTokenizer.pad_id).sum())
              for b, s in np.argwhere(picked))
   assert float(base['count']) == want
-  metrics = task_metrics('sentence_mask', jax.tree_util.tree_map(float, base))
+  metrics = task_for('sentence_mask').metrics(jax.tree_util.tree_map(float, base))
   assert 0 <= metrics['token_accuracy'] <= 1 and metrics['tokens'] == want
 
 
@@ -193,7 +193,7 @@ def test_extractive_loss_is_the_numpy_bce_over_real_sentences(corpus):
   config = tiny_config('extractive', corpus)
   model, params, batch = init_model(config)
   batch = dict(batch, weight=jnp.asarray([1, 1, 0, 1, 1, 1, 0, 1], jnp.float32))
-  sums = encoder_models.task_sums_fn(config, model)(params, batch, {}, True)
+  sums = task_for(config.task).sums_fn(config, model)(params, batch, {}, True)
   tokens = batch['sentences']
   logits, _ = model.apply({'params': params}, tokens, tokens != ByteTokenizer.pad_id,
                           batch['sentence_mask'], True)
@@ -201,7 +201,7 @@ def test_extractive_loss_is_the_numpy_bce_over_real_sentences(corpus):
   mask = np.asarray(batch['sentence_mask']) & (np.asarray(batch['weight'])[:, None] > 0)
   p = 1 / (1 + np.exp(-z))
   bce = -(y * np.log(p) + (1 - y) * np.log(1 - p))
-  metrics = task_metrics('extractive', jax.tree_util.tree_map(float, sums))
+  metrics = task_for('extractive').metrics(jax.tree_util.tree_map(float, sums))
   np.testing.assert_allclose(metrics['loss'], bce[mask].mean(), rtol=1e-5)
   np.testing.assert_allclose(metrics['label_accuracy'], ((z > 0) == (y > 0.5))[mask].mean())
   assert metrics['sentences'] == mask.sum() and metrics['examples'] == 6

@@ -16,7 +16,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import hibert_documents as hd
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.data.stdlib_corpus import split_of
-from longformer_jax.train import hibert_extractive
+from longformer_jax.tasks import hibert_extractive
 
 
 @pytest.mark.parametrize('text,want', [

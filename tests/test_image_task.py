@@ -26,9 +26,8 @@ from configs import image_digits
 from longformer_jax.attention.image_local.attention import from_block_raster, to_block_raster
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import image_data
-from longformer_jax.evaluation.task_metrics import task_metrics
 from longformer_jax.experiment_config import resolve_config
-from longformer_jax.train import encoder_models
+from longformer_jax.tasks.image import TASK as IMAGE
 
 TINY_MODEL = {'num_layers': 2, 'd_model': 32, 'num_heads': 2, 'head_dim': 16, 'd_ff': 64,
               'dropout_rate': 0.0}
@@ -171,9 +170,9 @@ def tiny_model():
   config.data.max_examples = 8
   arrays = image_data.load_arrays(config, 'valid')
   batch = {name: jnp.asarray(value) for name, value in arrays.items()}
-  _, model = encoder_models.task_model(config, 0)
-  params = model.init(jax.random.PRNGKey(0), *encoder_models.init_arguments('image', batch))
-  sums_fn = jax.jit(lambda p, b: encoder_models.task_sums_fn(config, model)(p, b, {}, True))
+  _, model = IMAGE.model(config, 0)
+  params = model.init(jax.random.PRNGKey(0), *IMAGE.init_arguments(batch))
+  sums_fn = jax.jit(lambda p, b: IMAGE.sums_fn(config, model)(p, b, {}, True))
   return model, params['params'], batch, sums_fn
 
 
@@ -181,12 +180,12 @@ def test_bits_per_dim_equals_numpy_from_the_logits(tiny_model):
   model, params, batch, sums_fn = tiny_model
   batch = dict(batch, weight=jnp.asarray([1, 1, 1, 1, 1, 0, 1, 0], jnp.float32))
   logits, _ = model.apply({'params': params}, batch['inputs'],
-                          encoder_models.init_arguments('image', batch)[1])
+                          IMAGE.init_arguments(batch)[1])
   logits = np.asarray(logits, np.float64)[..., :17]            # the 17 intensities
   log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   targets, weight = np.asarray(batch['targets']), np.asarray(batch['weight'])
   nll = [-log_probs[b, i, targets[b, i]] for b in range(8) if weight[b] for i in range(64)]
-  metrics = task_metrics('image', jax.tree_util.tree_map(float, sums_fn(params, batch)))
+  metrics = IMAGE.metrics(jax.tree_util.tree_map(float, sums_fn(params, batch)))
   assert metrics['dims'] == 6 * 64 and metrics['examples'] == 6
   np.testing.assert_allclose(metrics['bits_per_dim'], np.mean(nll) / math.log(2), rtol=1e-5)
   np.testing.assert_allclose(metrics['loss'], np.mean(nll), rtol=1e-5)
@@ -196,7 +195,7 @@ def test_the_decoder_is_causal_over_the_stream(tiny_model):
   """The output at slot i predicts position i: it must not change with inputs after slot i."""
   model, params, batch, _ = tiny_model
   apply = jax.jit(lambda inputs: model.apply(
-      {'params': params}, inputs, encoder_models.init_arguments('image', batch)[1])[0])
+      {'params': params}, inputs, IMAGE.init_arguments(batch)[1])[0])
   base = np.asarray(apply(batch['inputs']))
   for slot in (1, 8, 33, 63):
     changed = np.asarray(apply(batch['inputs'].at[:, slot].set(

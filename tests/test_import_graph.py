@@ -34,29 +34,16 @@ FLOORS = (
     ('models',),                # blocks, stacks, whole models and their configs
     ('data',),                  # corpora, tokenizers, batches
     ('checkpoint',),            # orbax checkpoints and resume checks
-    ('train',),                 # the loop, tasks, steps, optimizer, metrics
+    ('train',),                 # the loop, steps, optimizer, metrics
     ('evaluation',),            # evaluators, reports, passkey and memory sweeps
+    ('tasks',),                 # one object per task: its checks, data, model, sums, reports
     ('experiment_config',),     # the whole config: every section above, checked together
     ('command_line', 'generation'),
     ('convert',),               # importers and exporters (CLIs over everything)
 )
-# Upward edges not yet removed, each with what removes it: the task package (issue 30,
-# item 2) owns the tasks' evaluation and their initialisation from a checkpoint or HF
-# weights, so that train/ no longer reaches up for them.
-PENDING_UPWARD = {
-    ('train.encoder_task', 'evaluation.model_description'): 'tasks/',
-    ('train.encoder_task', 'evaluation.task_evaluator'): 'tasks/',
-    ('train.encoder_task', 'evaluation.task_metrics'): 'tasks/',
-    ('train.hibert_extractive', 'evaluation'): 'tasks/',
-    ('train.hibert_extractive', 'evaluation.rouge'): 'tasks/',
-    ('train.lm_task', 'evaluation.lm_evaluator'): 'tasks/',
-    ('train.lm_task', 'evaluation.model_description'): 'tasks/',
-    ('train.hibert_init', 'experiment_config'): 'tasks/ (init from a checkpoint)',
-    ('train.hf_init', 'convert'): 'tasks/ (init from HF weights)',
-    ('train.hf_init', 'convert.errors'): 'tasks/ (init from HF weights)',
-    ('train.hf_init', 'convert.hf_source'): 'tasks/ (init from HF weights)',
-    ('train.hf_init', 'convert.loader'): 'tasks/ (init from HF weights)',
-}
+# Upward edges not yet removed, each with what removes it (none left: the task package of
+# issue 30, item 2, took the tasks' evaluation and initialisation out of train/).
+PENDING_UPWARD = {}
 STALE_REFERENCES = ('DESIGN.md', 'NOTES.md', '../shared')
 
 

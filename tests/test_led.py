@@ -15,7 +15,7 @@ from longformer_jax.data import seq2seq_tasks
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.encoder_decoder import CrossAttention, decoder_context
-from longformer_jax.train import encoder_models
+from longformer_jax.tasks.registry import task_for
 from tests.test_longformer_tasks import fit, tiny_task_config
 
 TOKENIZER = ByteTokenizer()
@@ -48,7 +48,7 @@ def test_cross_attention_equals_float64_reference():
 
 def test_decoder_is_causal_and_ignores_source_padding():
   config = tiny_task_config('seq2seq')
-  _, model = encoder_models.task_model(config, TOKENIZER.vocab_size)
+  _, model = task_for(config.task).model(config, TOKENIZER.vocab_size)
   rng = np.random.default_rng(1)
   source = rng.integers(0, 256, (2, 32)).astype(np.int32)
   source_mask = np.ones((2, 32), bool)

@@ -26,8 +26,9 @@ from longformer_jax.data import classification_tasks, qa_tasks, stdlib_corpus
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.data.task_batches import TaskBatches, eval_batches
 from longformer_jax.models.encoder import encoder_context
-from longformer_jax.evaluation.task_metrics import task_metrics
-from longformer_jax.train import encoder_models, steps, task_objectives
+from longformer_jax.tasks import qa
+from longformer_jax.tasks.registry import task_for
+from longformer_jax.train import steps
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from longformer_jax.train.train_state import TrainState
 from tests.tiny_models import tiny_config
@@ -75,18 +76,18 @@ def fit(config, num_steps: int):
 
   Returns `(valid metrics before, valid metrics after)`.
   """
-  data = encoder_models.TASK_DATA[config.task]
+  data = task_for(config.task)
   train_arrays = data.load_arrays(config, 'train', TOKENIZER)
   valid_arrays = data.load_arrays(config, 'valid', TOKENIZER)
-  _, model = encoder_models.task_model(config, TOKENIZER.vocab_size)
+  _, model = task_for(config.task).model(config, TOKENIZER.vocab_size)
   optimizer = make_optimizer(config.optimizer, num_steps)
   batches = TaskBatches(train_arrays, config.data.batch_size, config.seed)
   example = {k: jnp.asarray(v) for k, v in batches.batch_at(0).items()}
   params = nn.meta.unbox(model.init({'params': jax.random.PRNGKey(0)},
-                                    *encoder_models.init_arguments(config.task, example))['params'])
+                                    *task_for(config.task).init_arguments(example))['params'])
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
                      memory=(), rng=jax.random.PRNGKey(1))
-  sums_fn = encoder_models.task_sums_fn(config, model)
+  sums_fn = task_for(config.task).sums_fn(config, model)
   step_fn = jax.jit(functools.partial(
       steps.task_train_step, sums_fn=sums_fn, optimizer=optimizer,
       learning_rate_fn=learning_rate_schedule(config.optimizer, num_steps)))
@@ -97,7 +98,7 @@ def fit(config, num_steps: int):
     for batch in eval_batches(valid_arrays, config.data.eval_batch_size, 256):
       sums = eval_fn(params, batch)
       totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
-    return task_metrics(config.task, jax.tree_util.tree_map(float, totals))
+    return task_for(config.task).metrics(jax.tree_util.tree_map(float, totals))
 
   before = evaluate(state.params)
   for _ in range(num_steps):
@@ -188,7 +189,7 @@ def test_best_spans_equals_brute_force():
   start, end = rng.normal(size=(2, 6, 20)).astype(np.float32)
   allowed = rng.random((6, 20)) < 0.7
   allowed[:, 0] = True
-  got_start, got_end = task_objectives.best_spans(start, end, allowed, max_answer_len=4)
+  got_start, got_end = qa.best_spans(start, end, allowed, max_answer_len=4)
   for b in range(6):
     candidates = [(start[b, s] + end[b, e], s, e) for s in range(20) for e in range(s, min(s + 4, 20))
                   if allowed[b, s] and allowed[b, e]]
@@ -199,7 +200,7 @@ def test_best_spans_equals_brute_force():
 def test_span_f1_is_the_f1_of_token_sets():
   rng = np.random.default_rng(1)
   spans = np.sort(rng.integers(0, 12, (200, 2, 2)), axis=-1)
-  got = task_objectives.span_f1(spans[:, 0, 0], spans[:, 0, 1], spans[:, 1, 0], spans[:, 1, 1])
+  got = qa.span_f1(spans[:, 0, 0], spans[:, 0, 1], spans[:, 1, 0], spans[:, 1, 1])
   for (pred, gold), value in zip(spans, np.asarray(got)):
     p, g = set(range(pred[0], pred[1] + 1)), set(range(gold[0], gold[1] + 1))
     common = len(p & g)
@@ -212,7 +213,7 @@ def test_span_f1_is_the_f1_of_token_sets():
 
 def test_encoder_is_bidirectional_and_passes_global_flags_to_attention():
   config = tiny_task_config('classification')
-  _, model = encoder_models.task_model(config, TOKENIZER.vocab_size)
+  _, model = task_for(config.task).model(config, TOKENIZER.vocab_size)
   arrays = classification_tasks.classification_arrays(
       [classification_tasks.ClassificationExample(np.arange(20, dtype=np.int32), 0)] * 2,
       32, TOKENIZER.bos_id, TOKENIZER.pad_id)
@@ -305,16 +306,15 @@ def test_configs_validate_and_build(module):
   config = ml_collections.ConfigDict(resolve_config(module.get_config()))
   validate_config(config)
   if config.task != 'lm':
-    encoder_models.validate_task_config(config)
-    _, model = encoder_models.task_model(config, TOKENIZER.vocab_size)
+    _, model = task_for(config.task).model(config, TOKENIZER.vocab_size)
     batch = {name: jnp.zeros((2,) + shape, dtype) for name, (shape, dtype) in {
         'inputs': ((config.data.seq_len,), jnp.int32),
         'input_mask': ((config.data.seq_len,), bool),
         'global_flags': ((config.data.seq_len,), bool),
         'decoder_inputs': ((config.data.target_len,), jnp.int32),
         'decoder_mask': ((config.data.target_len,), bool)}.items()}
-    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *encoder_models.init_arguments(
-        config.task, batch)))
+    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *task_for(config.task).init_arguments(
+        batch)))
     assert jax.tree_util.tree_leaves(shapes)
 
 

@@ -22,11 +22,10 @@ import sentencepiece as spm
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.convert import hf
-from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.encoder_decoder import decoder_context
-from longformer_jax.train import encoder_models
+from longformer_jax.tasks.registry import task_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T5 = os.path.join(REPO, 'tests', 'data', 'hf', 't5')
@@ -103,7 +102,7 @@ def test_cli_finds_spiece_model_and_needs_no_bos(spiece_import):
   hf_dir, config, _ = spiece_import
   assert config.data.tokenizer == 'sentencepiece'
   assert config.data.sentencepiece_model == os.path.join(os.path.abspath(hf_dir), 'spiece.model')
-  tokenizer = make_tokenizer(config.data, config.task)
+  tokenizer = task_for(config.task).tokenizer(config.data)
   assert not tokenizer.has_bos
   # T5's decoder starts with the pad token, which the seq2seq examples then begin with.
   assert (tokenizer.pad_id, tokenizer.eos_id, tokenizer.bos_id) == (0, 1, 0)
@@ -111,8 +110,8 @@ def test_cli_finds_spiece_model_and_needs_no_bos(spiece_import):
 
 def test_the_imported_model_gives_transformers_logits(spiece_import):
   hf_dir, config, _ = spiece_import
-  tokenizer = make_tokenizer(config.data, config.task)
-  _, model = encoder_models.task_model(config, tokenizer.vocab_size)
+  tokenizer = task_for(config.task).tokenizer(config.data)
+  _, model = task_for(config.task).model(config, tokenizer.vocab_size)
   _, params = hf.load(config.train.init_from_hf)
   assert os.path.samefile(config.train.init_from_hf, hf_dir)
   source_mask = np.load(os.path.join(T5, 'attention_mask.npy')).astype(bool)
@@ -134,7 +133,7 @@ def test_cli_reads_a_tokenizer_json_without_bos(tmp_path):
   assert result.returncode == 0, result.stderr[-2000:]
   config = written_config(str(tmp_path / 'out'))
   assert config.data.tokenizer == 'hf'
-  tokenizer = make_tokenizer(config.data, 'seq2seq')
+  tokenizer = task_for('seq2seq').tokenizer(config.data)
   assert (tokenizer.has_bos, tokenizer.pad_id, tokenizer.eos_id) == (False, 0, 1)
 
 
@@ -157,7 +156,7 @@ def test_tasks_that_need_bos_name_what_is_missing(tmp_path, tokenizer):
     key, words = 'data.tokenizer_file', 'has no beginning-of-text token'
   for task in ('lm', 'classification'):
     with pytest.raises(ConfigError) as info:
-      make_tokenizer(ml_collections.ConfigDict(data), task)
+      task_for(task).tokenizer(ml_collections.ConfigDict(data))
     message = str(info.value)
     assert key in message and words in message and f"task '{task}'" in message
     assert 'pad' not in message.split('(bos_id')[0] and '\n' not in message
@@ -166,8 +165,8 @@ def test_tasks_that_need_bos_name_what_is_missing(tmp_path, tokenizer):
 def test_a_spiece_model_without_pad_names_the_pad(tmp_path):
   model = train_t5_spiece(str(tmp_path / 'nopad.model'), pad_id=-1)
   with pytest.raises(ConfigError, match=r'defines no pad piece \(pad_id=-1\)'):
-    make_tokenizer(ml_collections.ConfigDict({'tokenizer': 'sentencepiece',
-                                              'sentencepiece_model': model}), 'seq2seq')
+    task_for('seq2seq').tokenizer(ml_collections.ConfigDict({'tokenizer': 'sentencepiece',
+                                                             'sentencepiece_model': model}))
 
 
 @pytest.mark.parametrize('flag, words', [

@@ -39,7 +39,7 @@ from longformer_jax.convert.safetensors_reader import (TensorSource, torch_layer
 
 MODEL_TYPES = ('longformer',)
 ENCODER = True                   # imported as `MaskedLM` (models/masked_lm.py)
-# The pretraining head, dropped when a task fine-tunes the encoder (train/hf_init.py).
+# The pretraining head, dropped when a task fine-tunes the encoder (convert/hf_init.py).
 HEAD_SCOPES = ('lm_head_dense', 'lm_head_norm', 'lm_head_bias')
 IGNORED_SUFFIXES = ('embeddings.position_ids', 'embeddings.token_type_ids')
 GLOBAL_TOKENS = 64               # most global tokens per row (override in the config)

@@ -26,6 +26,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.convert import hf_source
 from longformer_jax.convert.errors import ConversionError
 from longformer_jax.storage import paths
+from longformer_jax.tasks.registry import TASKS, task_for
 
 FLAGS = flags.FLAGS
 DEFAULT_CHUNK_LEN = 256   # config.data.chunk_len's default
@@ -44,9 +45,8 @@ def get_config():
 
 
 TASK_SEQ_LEN = 512        # examples of at most this many tokens (within the position table)
-TASK_TARGET_LEN = 128
 # Encoder families: the task's config (written as JSON inside a config file for train.py).
-TASK_CONFIG_SOURCE = '''"""An imported checkpoint fine-tuned for a task (train/hf_init.py).
+TASK_CONFIG_SOURCE = '''"""An imported checkpoint fine-tuned for a task (convert/hf_init.py).
 
   python train.py --config=THIS_FILE --workdir=RUN [--config.data.corpus=...]
 
@@ -96,35 +96,37 @@ def write_task_config(hf_dir: str, source_dir: str, workdir: str, task: str, dty
                       tokenizer_file: str) -> None:
   """An encoder (Longformer: classification, qa) or encoder-decoder (LED: seq2seq):
   `workdir/import_config.py`, the task's config with the checkpoint's model settings and
-  `train.init_from_hf` (train/hf_init.py); train.py then fine-tunes in a run directory."""
+  `train.init_from_hf` (convert/hf_init.py); train.py then fine-tunes in a run directory.
+  The task adds its own settings (its `hf_settings`, tasks/)."""
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   from longformer_jax.convert import loader as hf  # pylint: disable=g-import-not-at-top
-  from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
   from longformer_jax.experiment_config import resolve_config, validate_config  # pylint: disable=g-import-not-at-top
   hf_config, settings = hf.model_settings(hf_dir)
-  tasks = ('seq2seq',) if hf.is_encoder_decoder(hf_config) else ('classification', 'qa')
-  if task not in tasks:
+  kind = 'encoder_decoder' if hf.is_encoder_decoder(hf_config) else 'encoder'
+  fine_tuned = TASKS.get(task)
+  if fine_tuned is None or fine_tuned.hf_checkpoint != kind:
     raise ConversionError(f'--task={task}: a {hf_config["model_type"]!r} checkpoint fine-tunes '
-                          f'for task {" or ".join(tasks)} (pass --task=...; in Python: '
-                          f'longformer_jax.convert.hf.load_model)')
+                          f'for task {" or ".join(tasks_taking(kind))} (pass --task=...; in '
+                          f'Python: longformer_jax.convert.hf.load_model)')
   data = tokenizer_settings(hf_dir, tokenizer_file, source_dir)
-  tokenizer = make_tokenizer(ml_collections.ConfigDict(data), task)
+  tokenizer = fine_tuned.tokenizer(ml_collections.ConfigDict(data))
   model = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
   model.pop('vocab_size', None)
   # Within a learned position table where the model has one (T5's relative buckets have none).
   data['seq_len'] = min(TASK_SEQ_LEN, settings.get('max_positions') or TASK_SEQ_LEN)
-  if task == 'seq2seq':
-    data['target_len'] = min(TASK_TARGET_LEN,
-                             settings.get('decoder_max_positions') or TASK_TARGET_LEN)
-  if task == 'classification':
-    model['num_classes'] = 2
+  fine_tuned.hf_settings(data, model, settings)
   values = {'task': task, 'model': model, 'data': data,
             'train': {'init_from_hf': recorded_dir(source_dir)}}
   validate_config(ml_collections.ConfigDict(resolve_config(values)), jax.device_count())
   paths.write_text_atomically(
       paths.as_path(workdir) / TRAIN_CONFIG_FILE,
       TASK_CONFIG_SOURCE.format(values=json.dumps(values, indent=2, sort_keys=True)))
+
+
+def tasks_taking(kind: str) -> tuple:
+  """The tasks whose `hf_checkpoint` is `kind` ('decoder' | 'encoder' | 'encoder_decoder')."""
+  return tuple(name for name, other in TASKS.items() if other.hf_checkpoint == kind)
 
 
 def recorded_dir(hf_dir: str) -> str:
@@ -162,9 +164,9 @@ def _convert(hf_dir: str, source_dir: str, workdir: str, dtype: str, tokenizer_f
   if hf.is_encoder(hf_config) or hf.is_encoder_decoder(hf_config):
     write_task_config(hf_dir, source_dir, workdir, task, dtype, tokenizer_file)
     return
-  if task != 'lm':
+  if getattr(TASKS.get(task), 'hf_checkpoint', '') != 'decoder':
     raise ConversionError(f'--task={task}: a {hf_config["model_type"]!r} checkpoint is a '
-                          f'decoder; it imports for task lm')
+                          f'decoder; it imports for task {" or ".join(tasks_taking("decoder"))}')
   data = tokenizer_settings(hf_dir, tokenizer_file, source_dir)
   tokenizer = make_tokenizer(ml_collections.ConfigDict(data))
   model_values = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
@@ -172,7 +174,7 @@ def _convert(hf_dir: str, source_dir: str, workdir: str, dtype: str, tokenizer_f
     data['chunk_len'] = min(DEFAULT_CHUNK_LEN, settings['max_positions'])
   context = context_len(hf_config)
   # eval.py scores in chunks of the whole context: exact for documents up to it.
-  values = {'task': 'lm', 'model': model_values, 'data': data, 'eval': {'chunk_len': context}}
+  values = {'task': task, 'model': model_values, 'data': data, 'eval': {'chunk_len': context}}
   config = ml_collections.ConfigDict(resolve_config(values))
   validate_config(config, jax.device_count())
   params = hf.load_params(hf_dir, hf_config, settings, dtype)
@@ -221,7 +223,7 @@ def define_flags() -> None:
   flags.DEFINE_string('workdir', None, 'The run directory to write (new).')
   flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Weights and compute dtype.')
   flags.DEFINE_string('tokenizer_file', '', 'tokenizer.json or .model (default: in --hf_dir).')
-  flags.DEFINE_enum('task', 'lm', ['lm', 'classification', 'qa', 'seq2seq'],
+  flags.DEFINE_enum('task', 'lm', [name for name, other in TASKS.items() if other.hf_checkpoint],
                     'lm: a decoder workdir; classification / qa (Longformer), seq2seq (LED): '
                     'a config file for fine-tuning.')
   flags.DEFINE_bool('debug', False, 'Show the traceback of errors.')
@@ -233,7 +235,7 @@ def main(argv) -> None:
     if not getattr(FLAGS, name):
       raise command_line.UserError(f'--{name} is required')
   convert_to_workdir(FLAGS.hf_dir, FLAGS.workdir, FLAGS.dtype, FLAGS.tokenizer_file, FLAGS.task)
-  if FLAGS.task == 'lm':
+  if task_for(FLAGS.task).hf_checkpoint == 'decoder':
     print(f'wrote {FLAGS.workdir} (config.json, checkpoints/0)')
   else:
     config_file = os.path.join(FLAGS.workdir, TRAIN_CONFIG_FILE)

@@ -7,7 +7,7 @@ QA and sequence-to-sequence); the image task reads whole images of `corpus`
 (`data/image_data.py`: digits | cifar10 | downsampled_imagenet/32x32); the HIBERT tasks
 (sentence_mask, extractive) read documents split into sentences (`data/hibert_documents.py`:
 stdlib docstrings | a path to text files | cnn_dailymail; shapes in `model.hibert`). A
-setting that the run's task does not read is an error (`TASK_KEYS`).
+setting that the run's task does not read is an error (each task's `data_keys`, tasks/).
 """
 
 import dataclasses
@@ -18,17 +18,6 @@ TOKENIZERS = ('byte', 'sentencepiece', 'hf')
 PASSKEY_LENGTHS = ('uniform', 'log_uniform')
 PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths',
                 'passkey_curriculum_steps')
-
-# Settings only some tasks read -> those tasks.
-TASK_KEYS = {
-    'seq_len': ('classification', 'qa', 'seq2seq'),
-    'max_examples': ('classification', 'qa', 'seq2seq', 'image', 'sentence_mask', 'extractive'),
-    'tfds_config': ('classification', 'qa', 'seq2seq'),
-    'question_len': ('qa',),
-    'max_answer_len': ('qa',),
-    'target_len': ('seq2seq',),
-    'chunks_per_step': ('lm',),
-}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,25 +8,25 @@ from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer
 from longformer_jax.data.tokenizer_interface import Tokenizer
 
 TOKENIZERS = ('byte', 'sentencepiece', 'hf')
-# Tasks whose sequences need no beginning-of-text token: seq2seq starts its source with the
-# text and its decoder with `bos_id`, which is the pad token without a BOS (T5's convention).
-# Every other task writes BOS before each document (lm: the streams) or example ([CLS]).
-BOS_FREE_TASKS = ('seq2seq',)
 
 
-def make_tokenizer(data_config: ml_collections.ConfigDict, task: str = 'lm') -> Tokenizer:
+def make_tokenizer(data_config: ml_collections.ConfigDict, *, needs_bos: bool = True,
+                   task: str = 'lm') -> Tokenizer:
   """The tokenizer named by `data_config.tokenizer` ('byte' |
   'sentencepiece', which loads `data_config.sentencepiece_model` | 'hf', which
   loads the Hugging Face `tokenizer.json` at `data_config.tokenizer_file`).
 
   A tokenizer without a beginning-of-text token (T5's) is a `ConfigError`
-  naming its file unless `task` is in `BOS_FREE_TASKS`.
+  naming its file when `needs_bos` (the task's `needs_bos`, tasks/base.py; `task`
+  is its name, for the message): most tasks write BOS before each document (lm:
+  the streams) or example ([CLS]); seq2seq starts its source with the text and
+  its decoder with `bos_id`, which is the pad token without a BOS (T5's convention).
   """
   tokenizer = _load(data_config)
-  if task not in BOS_FREE_TASKS and not getattr(tokenizer, 'has_bos', True):
+  if needs_bos and not getattr(tokenizer, 'has_bos', True):
     key, missing = tokenizer.missing_bos()
     raise ConfigError(key, f'{missing}, which task {task!r} writes before every document or '
-                      f'example; only task {" or ".join(BOS_FREE_TASKS)} needs none')
+                      f'example; only a task without BOS (seq2seq) takes it')
   return tokenizer
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from longformer_jax.data import image_data
 from longformer_jax.evaluation.png_writer import image_grid, write_png
-from longformer_jax.train.image_task import image_context
+from longformer_jax.models.image_decoder import image_context
 
 
 def sample_stream(model, params, key: jax.Array, num_images: int, length: int, levels: int,

@@ -1,7 +1,8 @@
-"""Scoring an encoder task's evaluation split: every example once, metrics from summed counts.
+"""Scoring a fixed-size-example task's evaluation split: every example once, metrics from sums.
 
-Used by the training loop (periodic validation of classification, qa and
-seq2seq runs) and by eval.py. Rows of each batch are split over processes
+Used by the training loop (periodic validation of every task but lm,
+tasks/example_training.py) and by eval.py (evaluation/task_report.py). Rows
+of each batch are split over processes
 like training rows; padding rows of the last batch have `weight` 0
 (`data/task_batches.eval_batches`). `batch_shardings` and `to_global` place
 a task's batches on the mesh, every array split over its leading batch axis
@@ -15,19 +16,18 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from longformer_jax.data.task_batches import eval_batches
-from longformer_jax.evaluation.task_metrics import task_metrics
 from longformer_jax.parallel import sharding
 
 
 class TaskEvaluator:
   """Scores a whole split with one compiled step of the task's sums."""
 
-  def __init__(self, task: str, sums_fn, arrays: dict, *, batch_size: int, max_examples: int,
+  def __init__(self, metrics_fn, sums_fn, arrays: dict, *, batch_size: int, max_examples: int,
                shardings: dict, param_shardings, mesh: jax.sharding.Mesh):
     """Compiles the eval step.
 
     Args:
-      task: 'classification' | 'qa' | 'seq2seq'.
+      metrics_fn: `totals -> metrics` of the task (its `metrics`, tasks/).
       sums_fn: `(params, batch, rngs, deterministic) -> sums` of the task.
       arrays: the split, `{name: [num_examples, ...]}`.
       batch_size: global rows per evaluation batch.
@@ -36,7 +36,7 @@ class TaskEvaluator:
       param_shardings: shardings of the parameters.
       mesh: the device mesh.
     """
-    self.task = task
+    self.metrics_fn = metrics_fn
     self.arrays = arrays
     self.batch_size = batch_size
     self.max_examples = max_examples
@@ -53,13 +53,13 @@ class TaskEvaluator:
       yield to_global({name: value[self.rows] for name, value in batch.items()}, self.shardings)
 
   def evaluate(self, params) -> dict:
-    """`task_metrics` over the split."""
+    """The task's metrics over the split."""
     totals = None
     for batch in self.batches():
       sums = self._step(params, batch)
       totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
     totals = jax.tree_util.tree_map(lambda x: float(np.asarray(x)), totals)
-    return task_metrics(self.task, totals)
+    return self.metrics_fn(totals)
 
 
 def batch_shardings(example_batch: dict, mesh: jax.sharding.Mesh, rules) -> dict:

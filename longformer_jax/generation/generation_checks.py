@@ -30,8 +30,7 @@ import ml_collections
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.layer_schedule import layer_config
-
-LM_TASK = 'lm'
+from longformer_jax.tasks.registry import readers, task_for
 
 
 def layer_refusal(layer: ml_collections.FrozenConfigDict) -> tuple[str, str] | None:
@@ -54,10 +53,10 @@ def layer_refusal(layer: ml_collections.FrozenConfigDict) -> tuple[str, str] | N
 
 def refusal(config: ml_collections.ConfigDict) -> tuple[str, str] | None:
   """`(config key, reason)` why the run's model cannot generate text, or None."""
-  task = config.task
-  if task != LM_TASK:
-    return ('task', f'{task!r} cannot generate text: only language models (task {LM_TASK!r}) '
-            'have a next-token head')
+  if not task_for(config.task).generates_text:
+    generators = ' or '.join(repr(name) for name in readers('generates_text'))
+    return ('task', f'{config.task!r} cannot generate text: only language models (task '
+            f'{generators}) have a next-token head')
   model = config.model
   if not model.causal:
     return ('model.causal', 'False: a bidirectional model reads later tokens, so it cannot '

@@ -24,7 +24,7 @@ Heads:
 
 Parameters of the encoder live under `hibert/` in both heads, so fine-tuning
 starts from a pretraining checkpoint by copying that subtree
-(`train/hibert_init.py`).
+(`tasks/hibert_init.py`).
 """
 
 import dataclasses
@@ -45,18 +45,11 @@ from longformer_jax.models.encoder import Encoder, encoder_context
 from longformer_jax.models.encoder_decoder import (DecoderLayer, decoder_context,
                                                    decoder_layer_config)
 
-HIBERT_TASKS = ('sentence_mask', 'extractive')
-# Keys only one of the tasks reads.
-TASK_ONLY_KEYS = {
-    'decoder_layers': 'sentence_mask', 'mask_rate': 'sentence_mask',
-    'replace_mask': 'sentence_mask', 'replace_random': 'sentence_mask',
-    'summary_sentences': 'extractive', 'init_from': 'extractive',
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class HibertConfig(Section):
-  """`config.model.hibert` (tasks sentence_mask and extractive); the env of `validate` is the task."""
+  """`config.model.hibert` (tasks sentence_mask and extractive; which task reads which key:
+  their `hibert_keys`, tasks/)."""
   sentence_layers: int = 2           # sentence encoder layers
   document_layers: int = 2           # document encoder layers
   max_sentences: int = 16            # sentences kept per document
@@ -69,6 +62,7 @@ class HibertConfig(Section):
   init_from: str = ''                # extractive: workdir of a sentence_mask run to start from
 
   def validate(self, env) -> None:
+    del env
     for name in ('sentence_layers', 'document_layers', 'decoder_layers', 'summary_sentences'):
       self.require(getattr(self, name) >= 1, name, 'must be >= 1')
     self.require(self.max_sentences >= 2, 'max_sentences', 'must be >= 2')
@@ -78,15 +72,6 @@ class HibertConfig(Section):
       self.require(0.0 <= getattr(self, name) <= 1.0, name, 'must be in [0, 1]')
     self.require(self.replace_mask + self.replace_random <= 1.0, 'replace_random',
                  f'+ replace_mask={self.replace_mask} must be <= 1')
-    defaults = HibertConfig()
-    if env not in HIBERT_TASKS:
-      for name in self.field_names():
-        self.require(getattr(self, name) == getattr(defaults, name), name,
-                     f'is ignored: only tasks {" and ".join(HIBERT_TASKS)} read model.hibert '
-                     f'(task is {env!r})')
-    for name, task in TASK_ONLY_KEYS.items():
-      self.require(env == task or getattr(self, name) == getattr(defaults, name), name,
-                   f'is ignored: only task {task!r} reads it (task is {env!r})')
 
 
 def max_predictions(hibert) -> int:

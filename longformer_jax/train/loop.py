@@ -4,7 +4,7 @@ The loop owns what every run does alike: restoring the latest intact
 checkpoint (or creating the state), writing `config.json` once that worked,
 logging to `metrics.jsonl` / TensorBoard and the console, throughput, the
 non-finite stop, periodic validation, checkpoints and SIGTERM. What differs
-between runs is a `TrainingTask` (`train/lm_task.py`, `train/encoder_task.py`):
+between runs is a `TrainingTask` (`tasks/lm_training.py`, `tasks/example_training.py`):
 the model and state, the batches and their data position, the compiled step,
 its metrics and the evaluator.
 

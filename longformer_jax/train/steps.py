@@ -123,10 +123,10 @@ def eval_step(params, memory, batch: dict, model_state=None, *, model: nn.Module
 
 
 def task_train_step(state: TrainState, batch: dict, *, sums_fn, optimizer, learning_rate_fn):
-  """One update of an encoder task on the mean task loss plus the weighted auxiliary losses.
+  """One update of a fixed-size-example task: mean task loss plus weighted auxiliary losses.
 
   `sums_fn(params, batch, rngs, deterministic)` is the task's sums
-  (`train/task_objectives.py`). Returns `(new_state, sums + grad_norm,
+  (tasks/: the task's `sums_fn`). Returns `(new_state, sums + grad_norm,
   learning_rate)`, float32 scalars.
   """
   rng = jax.random.fold_in(state.rng, state.step)

@@ -32,7 +32,7 @@ class TrainConfig(Section):
   phase_window_factor: int = 2
   phase_lr_factor: float = 0.5
   # A fresh classification / qa / seq2seq run starts from this Hugging Face checkpoint's
-  # encoder (Longformer) or encoder-decoder (LED) parameters (train/hf_init.py); '' = off.
+  # encoder (Longformer) or encoder-decoder (LED) parameters (convert/hf_init.py); '' = off.
   init_from_hf: str = ''
 
   def validate(self, env) -> None:

@@ -1,4 +1,5 @@
-"""HIBERT's extractive summarisation (Zhang et al., 2019, sec. 4): oracle labels, loss, ROUGE.
+"""HIBERT's extractive summarisation (Zhang et al., 2019, sec. 4): oracle labels, loss, ROUGE
+(the task: `tasks/extractive.py`).
 
 Oracle labels (sec. 4, as in Nallapati et al., 2017): starting from nothing,
 greedily add the sentence that most increases ROUGE-1 F + ROUGE-2 F of the

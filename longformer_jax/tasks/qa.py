@@ -1,43 +1,29 @@
-"""Losses and metrics of the encoder tasks: classification, extractive QA, seq2seq (LED).
+"""Task `qa` (Longformer, sec. 6.1): extractive question answering, a span of the context.
 
-Each `*_sums(model, params, batch, rngs, deterministic)` returns float32 scalar
-sums over the batch's real examples (`batch['weight']` is 0 on padding rows
-of evaluation batches): `loss_sum` and its normaliser `count` (examples, or
-target tokens for seq2seq), `aux_objective` (the model's weighted auxiliary
-losses, `lm_objective.weighted_aux_losses`) and the metric sums. The train
-objective is `loss_sum / count + aux_objective`.
-
-Metric sums: classification accuracy; QA span F1 and exact match over token
-positions (the predicted span is the best `start <= end < start +
-max_answer_len` inside the context, SQuAD-style; F1 is the overlap of the
-predicted and gold token sets); seq2seq per-token loss and accuracy. The
-metrics of a whole split are `evaluation/task_metrics.task_metrics(sums)`.
+Data: `data/qa_tasks.py`, `[CLS] question [SEP] context`; the question's
+tokens are global (`data.question_len + 2` global tokens). Model:
+`models/encoder.SpanExtractor` (start and end logits). The predicted span is
+the best `start <= end < start + data.max_answer_len` inside the context,
+SQuAD-style (`best_spans`); F1 is the overlap of the predicted and gold token
+sets (`span_f1`). Sums over the batch's real examples (`weight`): `loss_sum`
+(mean of the start and end cross-entropies, nats) over `count` examples,
+`f1_sum`, `exact_sum`, `aux_objective`; metrics: `loss`, `span_f1`,
+`exact_match`, `examples`. Fine-tunes a Hugging Face Longformer.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from longformer_jax.models.encoder import encoder_context
-from longformer_jax.models.encoder_decoder import decoder_context
+from longformer_jax.config.errors import require
+from longformer_jax.data import qa_tasks
+from longformer_jax.models.encoder import SpanExtractor, encoder_context
+from longformer_jax.tasks.base import ExampleTask
 from longformer_jax.train.lm_objective import weighted_aux_losses
 
 NEG_INF = -1e9
-
-
-def aux_weights(model) -> dict:
-  return model.config.aux_loss_weights
-
-
-def classification_sums(model, params, batch: dict, rngs: dict, deterministic: bool) -> dict:
-  ctx = encoder_context(batch['input_mask'], batch['global_flags'], deterministic)
-  logits, aux = model.apply({'params': params}, batch['inputs'], ctx, rngs=rngs)
-  weight = batch['weight']
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
-  correct = (jnp.argmax(logits, axis=-1) == batch['label']).astype(jnp.float32)
-  aux_objective, _ = weighted_aux_losses(aux, aux_weights(model))
-  return {'loss_sum': jnp.sum(nll * weight), 'count': jnp.sum(weight),
-          'aux_objective': aux_objective, 'correct': jnp.sum(correct * weight)}
 
 
 def best_spans(start_logits: jax.Array, end_logits: jax.Array, allowed: jax.Array,
@@ -70,6 +56,8 @@ def span_f1(pred_start, pred_end, gold_start, gold_end) -> jax.Array:
 
 def qa_sums(model, params, batch: dict, rngs: dict, deterministic: bool,
             max_answer_len: int = 30) -> dict:
+  """Sums of `batch` (`inputs [b, L]`, `input_mask`, `global_flags`, `answer_mask [b, L]`,
+  `answer_start [b]`, `answer_end [b]`, `weight [b]`)."""
   ctx = encoder_context(batch['input_mask'], batch['global_flags'], deterministic)
   start_logits, end_logits, aux = model.apply({'params': params}, batch['inputs'], ctx, rngs=rngs)
   allowed = batch['answer_mask']
@@ -82,29 +70,36 @@ def qa_sums(model, params, batch: dict, rngs: dict, deterministic: bool,
   f1 = span_f1(start, end, batch['answer_start'], batch['answer_end'])
   exact = ((start == batch['answer_start']) & (end == batch['answer_end'])).astype(jnp.float32)
   weight = batch['weight']
-  aux_objective, _ = weighted_aux_losses(aux, aux_weights(model))
+  aux_objective, _ = weighted_aux_losses(aux, model.config.aux_loss_weights)
   return {'loss_sum': jnp.sum(nll * weight), 'count': jnp.sum(weight),
           'aux_objective': aux_objective, 'f1_sum': jnp.sum(f1 * weight),
           'exact_sum': jnp.sum(exact * weight)}
 
 
-def seq2seq_sums(model, params, batch: dict, rngs: dict, deterministic: bool) -> dict:
-  source_ctx = encoder_context(batch['input_mask'], batch['global_flags'], deterministic)
-  target_ctx = decoder_context(batch['decoder_mask'], deterministic)
-  logits, aux = model.apply({'params': params}, batch['inputs'], source_ctx,
-                            batch['decoder_inputs'], target_ctx, rngs=rngs)
-  mask = batch['decoder_mask'].astype(jnp.float32) * batch['weight'][:, None]
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch['decoder_targets'])
-  correct = (jnp.argmax(logits, axis=-1) == batch['decoder_targets']).astype(jnp.float32)
-  aux_objective, _ = weighted_aux_losses(aux, aux_weights(model))
-  return {'loss_sum': jnp.sum(nll * mask), 'count': jnp.sum(mask),
-          'aux_objective': aux_objective, 'correct': jnp.sum(correct * mask),
-          'examples': jnp.sum(batch['weight'])}
+class QaTask(ExampleTask):
+  name = 'qa'
+  hf_checkpoint = 'encoder'
+  data_module = qa_tasks
+  model_class = SpanExtractor
+  data_keys = ('seq_len', 'max_examples', 'tfds_config', 'question_len', 'max_answer_len')
+  train_keys = ('eval_max_examples', 'init_from_hf')
+  columns = (('span_f1', 'span F1'), ('exact_match', 'exact match'))
+
+  def check_data(self, data) -> None:
+    require(data.question_len <= data.seq_len - 3, 'data.question_len',
+            f'{data.question_len} must be in [1, seq_len - 3 = {data.seq_len - 3}]')
+
+  def global_tokens(self, config) -> int:
+    return config.data.question_len + 2
+
+  def sums_fn(self, config, model):
+    return functools.partial(qa_sums, model, max_answer_len=config.data.max_answer_len)
+
+  def metrics(self, totals: dict) -> dict:
+    metrics = super().metrics(totals)
+    count = max(totals['count'], 1.0)
+    metrics.update(span_f1=totals['f1_sum'] / count, exact_match=totals['exact_sum'] / count)
+    return metrics
 
 
-TASK_SUMS = {
-    'classification': classification_sums,
-    'qa': qa_sums,
-    'seq2seq': seq2seq_sums,
-}
-
+TASK = QaTask()

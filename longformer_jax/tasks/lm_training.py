@@ -1,4 +1,4 @@
-"""The language-model task of the training loop: streams, memory across steps, phases.
+"""The training loop's side of the language-model task (tasks/lm.py): streams, memory, phases.
 
 Rows of the batch are endless streams of documents (`TrainStreams`); the
 memory (Transformer-XL cache, kNN memory, ...) is part of the train state
@@ -12,7 +12,6 @@ the streams' position (plus the phase of a phased run).
 
 import dataclasses
 import functools
-import math
 
 from absl import logging
 import jax
@@ -46,12 +45,12 @@ class PhaseRun:
   fresh_memory: object
 
 
-class LanguageModelTask:
-  """`config.task == 'lm'`: next-token prediction on streams (a `loop.TrainingTask`)."""
+class LanguageModelTraining:
+  """Next-token prediction on streams (a `loop.TrainingTask`); `task` is tasks/lm.py's."""
 
-  unit = 'tok'
-
-  def __init__(self, config: ml_collections.ConfigDict):
+  def __init__(self, task, config: ml_collections.ConfigDict):
+    self.unit = task.unit
+    self.task = task
     self.config = config
     self.phases = phasing.training_phases(config)
     self.phased = len(self.phases) > 1
@@ -174,8 +173,7 @@ class LanguageModelTask:
     return state, metrics, tokens * self.config.data.batch_size
 
   def host_metrics(self, device_metrics) -> dict:
-    metrics = jax.tree_util.tree_map(float, jax.device_get(device_metrics))
-    metrics['bits_per_token'] = metrics['loss'] / math.log(2)
+    metrics = self.task.metrics(jax.tree_util.tree_map(float, jax.device_get(device_metrics)))
     if self.phased:
       metrics['phase'] = self.run.phase.index
     return metrics

@@ -15,6 +15,10 @@ family, so that the same parameters mean the same function); a difference is
 a `ConfigError` naming the key, except `FREE_SETTINGS` (dropout, and the
 number of global tokens, which the task sets). `convert.hf --task=...`
 writes a config file with exactly those settings.
+
+The tasks it serves are those with an `hf_checkpoint` of 'encoder' or
+'encoder_decoder' (tasks/); train.py hands this module to the task
+(`ExampleTraining`'s `param_import`), so nothing below convert/ imports it.
 """
 
 from absl import logging
@@ -23,10 +27,13 @@ import ml_collections
 import numpy as np
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.convert import hf_source, loader
 from longformer_jax.convert.errors import ConversionError
+from longformer_jax.tasks.registry import TASKS, task_for
 
 KEY = 'train.init_from_hf'
-TASKS = ('classification', 'qa', 'seq2seq')
+# The kinds of checkpoint a task fine-tunes from here (a decoder imports as a workdir).
+FINE_TUNED = ('encoder', 'encoder_decoder')
 FREE_SETTINGS = ('dropout_rate', 'longformer.global_tokens')
 
 
@@ -44,10 +51,11 @@ def flat_settings(values: dict, prefix: str = '') -> dict:
 def imported(config: ml_collections.ConfigDict) -> tuple[dict, dict, object]:
   """`(hf_config, settings, family module)` of `config.train.init_from_hf`, checked against
   the task and `config.model` (`ConfigError` naming the key)."""
-  from longformer_jax.convert import hf_source, loader  # pylint: disable=g-import-not-at-top
   hf_dir = config.train.init_from_hf
-  if config.task not in TASKS:
-    raise ConfigError(KEY, f'is for the tasks {", ".join(TASKS)} (task is {config.task!r}); '
+  task = task_for(config.task)
+  if task.hf_checkpoint not in FINE_TUNED:
+    names = [name for name, other in TASKS.items() if other.hf_checkpoint in FINE_TUNED]
+    raise ConfigError(KEY, f'is for the tasks {", ".join(names)} (task is {config.task!r}); '
                       f'a decoder is imported as a workdir: python -m longformer_jax.convert.hf')
   try:
     with hf_source.local_hf_dir(hf_dir, only=('config.json',)) as local_dir:
@@ -55,9 +63,9 @@ def imported(config: ml_collections.ConfigDict) -> tuple[dict, dict, object]:
   except ConversionError as e:
     raise ConfigError(KEY, str(e)) from None
   family = loader.family(hf_config)
-  wanted = 'seq2seq' if getattr(family, 'ENCODER_DECODER', False) else (
-      'classification or qa' if getattr(family, 'ENCODER', False) else 'lm')
-  if config.task not in wanted.split(' or '):
+  kind = checkpoint_kind(family)
+  if task.hf_checkpoint != kind:
+    wanted = ' or '.join(name for name, other in TASKS.items() if other.hf_checkpoint == kind)
     raise ConfigError(KEY, f'{hf_config["model_type"]!r} checkpoints fine-tune for task '
                       f'{wanted}, not {config.task!r}')
   model = flat_settings(config.model.to_dict())
@@ -69,11 +77,17 @@ def imported(config: ml_collections.ConfigDict) -> tuple[dict, dict, object]:
   return hf_config, settings, family
 
 
+def checkpoint_kind(family) -> str:
+  """'encoder_decoder' | 'encoder' | 'decoder': the tasks' `hf_checkpoint` a family serves."""
+  if getattr(family, 'ENCODER_DECODER', False):
+    return 'encoder_decoder'
+  return 'encoder' if getattr(family, 'ENCODER', False) else 'decoder'
+
+
 def with_imported_params(config: ml_collections.ConfigDict, state):
   """`state` with the parameters of `config.train.init_from_hf` (if set; module docstring)."""
   if not config.train.init_from_hf:
     return state
-  from longformer_jax.convert import hf_source, loader  # pylint: disable=g-import-not-at-top
   hf_config, settings, family = imported(config)
   try:
     with hf_source.local_hf_dir(config.train.init_from_hf) as local_dir:

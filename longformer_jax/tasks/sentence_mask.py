@@ -1,0 +1,84 @@
+"""Task `sentence_mask`: HIBERT's pretraining (Zhang et al., 2019, sec. 3.2), masked sentences.
+
+Each step masks sentences from the step's key (`tasks/hibert_masking.py`;
+evaluation: a fixed key) and scores the decoder's next-token loss over the
+picked sentences' tokens only (`[BOS] w_1 .. w_n` -> `w_1 .. w_n EOS`).
+Model: `models/hibert.HibertPretrainer`. Sums: `loss_sum` (nats) over `count`
+target tokens, `correct`, `examples`, `masked_sentences`, `aux_objective`;
+metrics: `loss` per token, `token_accuracy`, `tokens`, `examples`.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from longformer_jax.data.tokenizers import make_tokenizer
+from longformer_jax.models.hibert import HibertPretrainer, max_predictions
+from longformer_jax.tasks.base import token_metrics
+from longformer_jax.tasks.hibert import SHARED_KEYS, HibertTask, token_masks
+from longformer_jax.tasks.hibert_masking import mask_sentences
+from longformer_jax.train.lm_objective import weighted_aux_losses
+
+EVAL_MASK_SEED = 0          # evaluation masks: always the same
+_MASKING_SALT = 0x48424552  # the step key is folded with this before masking
+
+
+def masking_key(rngs: dict):
+  """Training: the step's key (folded); evaluation (no rngs): a fixed key."""
+  if 'dropout' in rngs:
+    return jax.random.fold_in(rngs['dropout'], _MASKING_SALT)
+  return jax.random.PRNGKey(EVAL_MASK_SEED)
+
+
+def sentence_mask_sums(model, params, batch: dict, rngs: dict, deterministic: bool, *,
+                       pad_id: int, mask_id: int) -> dict:
+  """Sums over the masked sentences of the batch's real documents: `loss_sum` (nats) over
+  `count` target tokens, `correct`, `examples`, `masked_sentences`, `aux_objective`."""
+  hibert = model.config.hibert
+  tokens, targets = batch['sentences'], batch['targets']
+  masked = mask_sentences(
+      masking_key(rngs), tokens, tokens != pad_id, batch['sentence_mask'],
+      batch['example_index'], mask_rate=hibert.mask_rate, replace_mask=hibert.replace_mask,
+      replace_random=hibert.replace_random, max_predictions=max_predictions(hibert),
+      mask_id=mask_id)
+  positions = masked['positions']
+  gather = lambda x: jnp.take_along_axis(x, positions[:, :, None], axis=1)
+  decoder_inputs, decoder_targets = gather(tokens), gather(targets)         # [b, P, T]
+  target_mask = (decoder_targets != pad_id) & masked['slot_valid'][:, :, None]
+  logits, aux = model.apply({'params': params}, masked['tokens'], masked['token_mask'],
+                            batch['sentence_mask'], positions, decoder_inputs, target_mask,
+                            deterministic, rngs=rngs)
+  weight = batch['weight']
+  mask = target_mask.astype(jnp.float32) * weight[:, None, None]
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, decoder_targets)
+  correct = (jnp.argmax(logits, axis=-1) == decoder_targets).astype(jnp.float32)
+  aux_objective, _ = weighted_aux_losses(aux, model.config.aux_loss_weights)
+  return {'loss_sum': jnp.sum(nll * mask), 'count': jnp.sum(mask), 'aux_objective': aux_objective,
+          'correct': jnp.sum(correct * mask), 'examples': jnp.sum(weight),
+          'masked_sentences': jnp.sum(masked['slot_valid'] * weight[:, None])}
+
+
+class SentenceMaskTask(HibertTask):
+  name = 'sentence_mask'
+  model_class = HibertPretrainer
+  hibert_keys = SHARED_KEYS + ('decoder_layers', 'mask_rate', 'replace_mask', 'replace_random')
+  columns = (('token_accuracy', 'masked token accuracy'),)
+
+  def init_arguments(self, batch: dict) -> tuple:
+    tokens, token_mask, sentence_mask = token_masks(batch)
+    p = 1
+    positions = jnp.zeros((tokens.shape[0], p), jnp.int32)
+    return (tokens, token_mask, sentence_mask, positions, tokens[:, :p], token_mask[:, :p], True)
+
+  def sums_fn(self, config, model):
+    tokenizer = make_tokenizer(config.data)
+    return functools.partial(sentence_mask_sums, model, pad_id=tokenizer.pad_id,
+                             mask_id=tokenizer.vocab_size)
+
+  def metrics(self, totals: dict) -> dict:
+    return token_metrics(super().metrics(totals), totals)
+
+
+TASK = SentenceMaskTask()
