@@ -10,6 +10,7 @@ from flax.core import unfreeze
 from longformer_jax.attention.adaptive_span import (AdaptiveSpanAttention, memory_sizes, span_mask,
                                                     trimmed_size_index)
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
@@ -59,8 +60,8 @@ def test_whole_context_span_and_vanishing_ramp_equals_xl():
   params = module.init(jax.random.PRNGKey(0), x, memory, ctx)['params']
   got, state, aux = module.apply({'params': params}, x, memory, ctx)
   xl_params = {k: v for k, v in params.items() if k != 'span_fraction'}
-  want, xl_state, _ = XLAttention(num_heads=H, head_dim=HD, d_model=D).apply(
-      {'params': xl_params}, x, memory, ctx)
+  xl = XLAttention(shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
+  want, xl_state, _ = xl.apply({'params': xl_params}, x, memory, ctx)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
   np.testing.assert_array_equal(np.asarray(state.values), np.asarray(xl_state.values))
   np.testing.assert_allclose(float(aux['span_loss']), M + C, rtol=1e-6)
