@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 from flax.core import unfreeze
 
-from longformer_jax.attention.adaptive_span import (AdaptiveSpanAttention, memory_sizes, span_mask,
-                                                    trimmed_size_index)
+from longformer_jax.attention.adaptive_span import (AdaptiveSpanAttention, AdaptiveSpanConfig,
+                                                    memory_sizes, span_mask, trimmed_size_index)
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
@@ -31,10 +33,11 @@ def _inputs(memory_positions_from=0):
   return x, memory, ctx
 
 
-def _module(cls=AdaptiveSpanAttention, **kw):
-  args = dict(num_heads=H, head_dim=HD, d_model=D, mem_len=M, span_ramp=4.0, span_block=4)
-  args.update(kw)
-  return cls(**args)
+def _module(cls=AdaptiveSpanAttention, **section):
+  """The layer with `section`'s `AdaptiveSpanConfig` settings (ramp 4, block 4 unless given)."""
+  section = dict(dict(ramp=4.0, block=4), **section)
+  return cls(config=AdaptiveSpanConfig(**section),
+             shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, mem_len=M))
 
 
 def _set_spans(params, fractions):
@@ -55,12 +58,12 @@ def test_soft_mask_matches_python():
 
 def test_whole_context_span_and_vanishing_ramp_equals_xl():
   x, memory, ctx = _inputs()
-  module = _module(span_max=M + C, span_init=1.0, span_ramp=1e-3)
+  module = _module(max_span=M + C, init=1.0, ramp=1e-3)
   params = module.init(jax.random.PRNGKey(0), x, memory, ctx)['params']
   got, state, aux = module.apply({'params': params}, x, memory, ctx)
   xl_params = {k: v for k, v in params.items() if k != 'span_fraction'}
-  want, xl_state, _ = XLAttention(num_heads=H, head_dim=HD, d_model=D).apply(
-      {'params': xl_params}, x, memory, ctx)
+  xl = XLAttention(shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
+  want, xl_state, _ = xl.apply({'params': xl_params}, x, memory, ctx)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
   np.testing.assert_array_equal(np.asarray(state.values), np.asarray(xl_state.values))
   np.testing.assert_allclose(float(aux['span_loss']), M + C, rtol=1e-6)
@@ -132,8 +135,9 @@ class _UnclippedSpans(AdaptiveSpanAttention):
   """The reference for the span gradient: z = S * span_fraction, no clip at all."""
 
   def spans(self, x):
-    init = nn.with_logical_partitioning(nn.initializers.constant(self.span_init), ('heads',))
-    return self.largest_span * self.param('span_fraction', init, (self.num_heads,), jnp.float32)
+    init = nn.with_logical_partitioning(nn.initializers.constant(self.config.init), ('heads',))
+    return self.largest_span * self.param('span_fraction', init, (self.shared.num_heads,),
+                                          jnp.float32)
 
 
 @pytest.fixture(scope='module')
@@ -167,7 +171,7 @@ def test_span_pushed_below_zero_grows_again_when_the_loss_wants_it(inputs_and_pa
   """From init 0 the penalty alone pushes the parameter below 0 (span stays 0);
   then SGD on a loss whose target used a longer span moves the span up from 0."""
   x, memory, ctx, params = inputs_and_params
-  module = _module(span_block=8)                        # trimmed, as in training
+  module = _module(block=8)                        # trimmed, as in training
 
   @jax.jit
   def step(fractions, target, data_weight, penalty_weight):
@@ -258,12 +262,18 @@ def test_max_span_zero_needs_a_memory_length():
     tiny_config(attention='adaptive_span', mem_len=0)
 
 
-def test_from_config_reads_the_section():
+def test_attention_layer_reads_the_section():
   config = tiny_model_config(attention='adaptive_span', mem_len=12, adaptive_span={
       'max_span': 20, 'ramp': 2.0, 'init': 0.25, 'block': 3, 'trim': False, 'clamp_len': 9})
-  module = AdaptiveSpanAttention.from_config(config, jnp.float32)
-  assert (module.mem_len, module.span_max, module.span_ramp, module.span_init, module.span_block,
-          module.dynamic, module.trim, module.clamp_len) == (12, 20, 2.0, 0.25, 3, False, False, 9)
+  module = attention_layer(config, jnp.float32)
+  assert isinstance(module, AdaptiveSpanAttention)
+  section = module.config
+  assert (module.shared.mem_len, section.max_span, section.ramp, section.init, section.block,
+          section.dynamic, section.trim, section.clamp_len) == (
+              12, 20, 2.0, 0.25, 3, False, False, 9)
+  assert module.largest_span == 20
+  default = attention_layer(tiny_model_config(attention='adaptive_span', mem_len=12), jnp.float32)
+  assert default.largest_span == 12                    # max_span 0 takes mem_len
 
 
 def test_old_flat_names_migrate_to_the_section():
@@ -308,8 +318,9 @@ def test_layer_span_gradient_at_whole_spans_equals_the_clamp_reference(monkeypat
       positions=jnp.tile(jnp.arange(mem, mem + chunk, dtype=jnp.int32), (batch, 1)),
       segment_ids=jnp.zeros((batch, chunk), jnp.int32), reset=jnp.zeros((batch,), bool),
       valid=jnp.ones((batch, chunk), bool))
-  module = AdaptiveSpanAttention(num_heads=heads, head_dim=head_dim, d_model=d_model,
-                                 mem_len=mem, span_ramp=20.0, span_init=0.0, trim=False)
+  module = AdaptiveSpanAttention(
+      config=AdaptiveSpanConfig(ramp=20.0, init=0.0, trim=False),
+      shared=SharedSettings(num_heads=heads, head_dim=head_dim, d_model=d_model, mem_len=mem))
   params = module.init(jax.random.PRNGKey(0), x, memory, ctx)['params']
   cotangent = random_normal(13, (batch, chunk, d_model))
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.attendre import AttendreAttention
+from longformer_jax.attention.registry import attention_layer
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import policies
@@ -102,14 +103,14 @@ _STEPS = {}
 def layer_step(config):
   """A jitted `(params, x, state, ctx) -> (y, state)` for `config` (cached per config)."""
   if config not in _STEPS:
-    module = AttendreAttention.from_config(config, jnp.float32)
+    module = attention_layer(config, jnp.float32)
     _STEPS[config] = jax.jit(lambda params, x, state, ctx: module.apply({'params': params}, x,
                                                                           state, ctx)[:2])
   return _STEPS[config]
 
 
 def init_params(config, seed=1):
-  module = AttendreAttention.from_config(config, jnp.float32)
+  module = attention_layer(config, jnp.float32)
   state = AttendreAttention.init_state(config, B)
   x, positions, segments, valid = stream(C)
   ctx = context(positions, segments, valid, np.ones(B, bool))
@@ -390,8 +391,11 @@ def test_good_settings_resolve_and_build_their_policy():
   config = model_config(policy='lra_sum', top_k=4, top_k_method='approx', recall_target=0.9)
   policy = policies.make_policy(config.attendre)
   assert (policy.name, policy.pooling) == ('lra', 'sum')
-  module = AttendreAttention.from_config(config, jnp.float32)
-  assert (module.top_k, module.top_k_method, module.recall_target) == (4, 'approx', 0.9)
+  module = attention_layer(config, jnp.float32)
+  assert isinstance(module, AttendreAttention)
+  assert (module.config.top_k, module.config.top_k_method, module.config.recall_target) == (
+      4, 'approx', 0.9)
+  assert module.config.eviction_policy() == policy
   scored = model_config(policy='lfa', lfa_gamma=0.5, init_std_multiplier=2.0, admission='score',
                         recent_window=3, per_head_scores=True)
   assert policies.make_policy(scored.attendre) == policies.EvictionPolicy(
@@ -399,9 +403,9 @@ def test_good_settings_resolve_and_build_their_policy():
       per_head=True)
   assert AttendreAttention.init_state(scored, B).memory.rows == B * H
   # The step order: today's by default (recorded results, old checkpoints), the paper's by name.
-  assert AttendreAttention.from_config(config, jnp.float32).order == 'attend_first'
+  assert attention_layer(config, jnp.float32).config.order == 'attend_first'
   paper = model_config(order='insert_first', policy='lra_max', admission='score')
-  assert AttendreAttention.from_config(paper, jnp.float32).order == 'insert_first'
+  assert attention_layer(paper, jnp.float32).config.order == 'insert_first'
   # num_sinks beside another policy is left alone (runs made before the sections set it).
   assert policies.make_policy(model_config(policy='lra_max', num_sinks=4).attendre).name == 'lra'
 

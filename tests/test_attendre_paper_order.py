@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.attendre import AttendreAttention
+from longformer_jax.attention.registry import attention_layer
 from longformer_jax.memory import policies
 from tests.test_attendre import (B, C, H, HD, context, init_params, layer_step, model_config,
                                  numpy_rotate, padding, stream)
@@ -199,7 +200,7 @@ def test_paper_order_equals_todays_when_the_memory_holds_everything():
   weights = jnp.asarray(np.random.default_rng(9).normal(size=(B, 3 * C, x.shape[-1])))
 
   def loss_fn(config):
-    module = AttendreAttention.from_config(config, jnp.float32)
+    module = attention_layer(config, jnp.float32)
 
     def loss(params):
       state, total = AttendreAttention.init_state(config, B), 0.0

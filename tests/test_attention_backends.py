@@ -27,6 +27,7 @@ from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.splash_kernels import splash_attention
 from longformer_jax.attention.longformer.attention import LongformerAttention
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
@@ -161,8 +162,8 @@ def assert_trees_close(got, want, atol):
 
 
 def test_vanilla_layer_splash_equals_xla():
-  results = layer_outputs_and_grads(lambda backend: VanillaAttention(
-      num_heads=H, head_dim=HD, d_model=D, causal=True, attention_backend=backend))
+  results = layer_outputs_and_grads(lambda backend: VanillaAttention(shared=SharedSettings(
+      num_heads=H, head_dim=HD, d_model=D, causal=True, attention_backend=backend)))
   assert_trees_close(results['splash'], results['xla'], atol=2e-5)
 
 

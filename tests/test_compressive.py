@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 
 import train as train_script
-from longformer_jax.attention.compressive import CompressiveAttention, CompressiveMemory
+from longformer_jax.attention.compressive import (CompressiveAttention, CompressiveConfig,
+                                                   CompressiveMemory)
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.xl import XLAttention
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
+from longformer_jax.attention.xl import XLAttention, XLConfig
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.memory import compression, fifo
@@ -180,8 +183,8 @@ def layer_inputs():
 
 
 def test_layer_matches_float64_reference():
-  module = CompressiveAttention(num_heads=H, head_dim=HD, d_model=D, relative_impl='gather',
-                                compression='conv', compression_rate=2, compression_kernel=2)
+  module = CompressiveAttention(config=CompressiveConfig(function='conv', rate=2),
+                                shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
   x, state, ctx = layer_inputs()
   params = jax.jit(module.init)(jax.random.PRNGKey(0), x, state, ctx)['params']
   params = dict(params, content_bias=jax.random.normal(jax.random.PRNGKey(3), (H, HD)),
@@ -254,9 +257,9 @@ def test_rate_one_identity_compression_equals_xl(function):
   num_chunks = 6
   xs = jax.random.normal(jax.random.PRNGKey(5), (num_chunks, B, C, D))
   ctxs = stream_contexts(num_chunks)
-  module = CompressiveAttention(num_heads=H, head_dim=HD, d_model=D, relative_impl='gather',
-                                compression=function, compression_rate=1)
-  xl = XLAttention(num_heads=H, head_dim=HD, d_model=D, relative_impl='shift')
+  shared = SharedSettings(num_heads=H, head_dim=HD, d_model=D)
+  module = CompressiveAttention(config=CompressiveConfig(function=function, rate=1), shared=shared)
+  xl = XLAttention(config=XLConfig(relative_impl='shift'), shared=shared)
   state = CompressiveMemory(memory=fifo.create(B, N_M, (D,)), compressed=fifo.create(B, N_CM, (D,)),
                             usage=jnp.zeros((B, N_M)), usage_count=jnp.zeros((B, N_M)))
   xl_state = fifo.create(B, N_M + N_CM, (D,))
@@ -357,16 +360,18 @@ def test_old_flat_names_migrate_to_the_section():
   assert ('compression_rate', 'compressive.rate') in moved
 
 
-def test_from_config_reads_the_section():
+def test_attention_layer_reads_the_section():
   config = tiny_model_config(attention='compressive', compressive={
       'function': 'dilated_conv', 'rate': 2, 'kernel': 3, 'dilation': 4, 'clamp_len': 7})
-  module = CompressiveAttention.from_config(config, jnp.float32)
-  assert (module.compression, module.compression_rate, module.compression_kernel,
-          module.compression_dilation, module.clamp_len) == ('dilated_conv', 2, 3, 4, 7)
+  module = attention_layer(config, jnp.float32)
+  assert isinstance(module, CompressiveAttention)
+  assert (module.config.function, module.config.rate, module.config.kernel_length(),
+          module.config.dilation, module.relative_settings()) == (
+              'dilated_conv', 2, 3, 4, (7, 'gather'))
   # kernel 0 (the default) means the rate.
-  default = CompressiveAttention.from_config(
+  default = attention_layer(
       tiny_model_config(attention='compressive', compressive={'rate': 2}), jnp.float32)
-  assert default.compression_kernel == 2
+  assert default.config.kernel_length() == 2
 
 
 # ---- end to end ------------------------------------------------------------

@@ -31,6 +31,7 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.vanilla.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.memory import fifo
 
@@ -109,8 +110,9 @@ def test_vanilla_layer_cudnn_equals_xla(mem_len):
         positions=jnp.tile(jnp.arange(1000 - mem_len, 1000, dtype=jnp.int32), (B, 1)),
         segment_ids=jnp.full((B, mem_len), 7, jnp.int32).at[1].set(2),
         valid=jnp.tile(jnp.arange(mem_len) >= 4, (B, 1)))
-  make = lambda backend: VanillaAttention(num_heads=H, head_dim=HD, d_model=D, causal=True,
-                                          attention_backend=backend, dtype=jnp.bfloat16)
+  make = lambda backend: VanillaAttention(
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=True,
+                            attention_backend=backend), dtype=jnp.bfloat16)
   params = make('xla').init(jax.random.PRNGKey(0), x, state, ctx)['params']
 
   @jax.jit
@@ -243,12 +245,13 @@ def test_longformer_layer_cudnn_equals_xla(global_tokens, causal):
 def test_streaming_window_layer_cudnn_equals_xla():
   """StreamingLLM's layer without sinks (imported Mistral / Qwen2 windows) in bfloat16:
   'cudnn' against 'xla' over two chunks (window FIFO carried), outputs and gradients."""
-  from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
+  from longformer_jax.attention.streaming_sinks import StreamingSinkAttention, StreamingSinksConfig
   from tests.test_cudnn_window_layers import D as d, H as h, HD as hd, chunk_contexts, two_chunk_run
   w = 7
-  make = lambda backend: StreamingSinkAttention(num_heads=h, head_dim=hd, d_model=d,
-                                                num_sinks=0, window=w, attention_backend=backend,
-                                                dtype=jnp.bfloat16)
+  make = lambda backend: StreamingSinkAttention(
+      config=StreamingSinksConfig(num_sinks=0, window=w),
+      shared=SharedSettings(num_heads=h, head_dim=hd, d_model=d, attention_backend=backend),
+      dtype=jnp.bfloat16)
   state = {'sinks': fifo.create(B, 0, (h, 2 * hd)), 'window': fifo.create(B, w - 1, (h, 2 * hd)),
            'doc_start': jnp.zeros((B,), jnp.int32), 'last_segment': jnp.full((B,), -1, jnp.int32)}
   contexts = chunk_contexts(False)

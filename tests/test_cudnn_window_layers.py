@@ -27,7 +27,8 @@ from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cudnn_window
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.longformer.attention import LongformerAttention
-from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
+from longformer_jax.attention.shared_settings import SharedSettings
+from longformer_jax.attention.streaming_sinks import StreamingSinkAttention, StreamingSinksConfig
 from longformer_jax.memory import fifo
 from tests.test_attention_backends import assert_trees_close
 
@@ -121,8 +122,9 @@ def test_streaming_window_without_sinks_cudnn_path_equals_xla(on_cudnn_path):
   """Imported Mistral / Qwen2 windows: StreamingLLM's layer with no sinks, the window of
   w keys over the carried FIFO and the chunk."""
   w = WINDOW + 1
-  make = lambda backend: StreamingSinkAttention(num_heads=H, head_dim=HD, d_model=D,
-                                                num_sinks=0, window=w, attention_backend=backend)
+  make = lambda backend: StreamingSinkAttention(
+      config=StreamingSinksConfig(num_sinks=0, window=w),
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, attention_backend=backend))
   state = {'sinks': fifo.create(B, 0, (H, 2 * HD)), 'window': fifo.create(B, w - 1, (H, 2 * HD)),
            'doc_start': jnp.zeros((B,), jnp.int32), 'last_segment': jnp.full((B,), -1, jnp.int32)}
   contexts = chunk_contexts(False)

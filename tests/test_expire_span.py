@@ -15,8 +15,11 @@ import pytest
 
 import train as train_script
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.expire_span import ExpireSpanAttention, soft_expire_mask
-from longformer_jax.attention.xl import XLAttention
+from longformer_jax.attention.expire_span import (ExpireSpanAttention, ExpireSpanConfig,
+                                                   soft_expire_mask)
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
+from longformer_jax.attention.xl import XLAttention, XLConfig
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
 from longformer_jax.config.migration import migrate_flat_model
@@ -106,7 +109,8 @@ def layer_inputs(far_value_offset: float = 0.0):
   return x, memory, ctx
 
 
-MODULE = ExpireSpanAttention(num_heads=H, head_dim=HD, d_model=D, max_span=L, ramp=R)
+SHARED = SharedSettings(num_heads=H, head_dim=HD, d_model=D)
+MODULE = ExpireSpanAttention(config=ExpireSpanConfig(max_span=L, ramp=R), shared=SHARED)
 
 
 @pytest.fixture(scope='module')
@@ -167,8 +171,8 @@ def test_dropped_entries_never_affect_outputs(layer_params):
 
 def test_random_shortening_only_in_training(layer_params):
   x, memory, ctx = layer_inputs()
-  shortening = ExpireSpanAttention(num_heads=H, head_dim=HD, d_model=D, max_span=L, ramp=R,
-                                   shorten=True)
+  shortening = ExpireSpanAttention(config=ExpireSpanConfig(max_span=L, ramp=R, shorten=True),
+                                   shared=SHARED)
   y, _, aux = apply_layer({'params': layer_params}, x, memory, ctx)
   apply_shortening = jax.jit(shortening.apply)
   y_eval, _, _ = apply_shortening({'params': layer_params}, x, memory, ctx)
@@ -207,8 +211,8 @@ def test_very_large_spans_equal_xl():
                            reset=jnp.asarray(starts[:, s.start]), valid=jnp.ones((B, C), bool))
           for s in (slice(i * C, (i + 1) * C) for i in range(num_chunks))]
   xs = jax.random.normal(jax.random.PRNGKey(5), (num_chunks, B, C, D))
-  module = ExpireSpanAttention(num_heads=H, head_dim=HD, d_model=D, max_span=1000, ramp=R)
-  xl = XLAttention(num_heads=H, head_dim=HD, d_model=D, relative_impl='shift')
+  module = ExpireSpanAttention(config=ExpireSpanConfig(max_span=1000, ramp=R), shared=SHARED)
+  xl = XLAttention(config=XLConfig(relative_impl='shift'), shared=SHARED)
   state, xl_state = fifo.create(B, mem_len, (D,)), fifo.create(B, mem_len, (D,))
   params = jax.jit(module.init)(jax.random.PRNGKey(0), xs[0], state, ctxs[0])['params']
   params = dict(params, content_bias=jax.random.normal(jax.random.PRNGKey(3), (H, HD)),
@@ -237,15 +241,17 @@ def test_max_span_zero_needs_a_memory_length():
                                         r'model\.mem_len is 0'):
     tiny_config(attention='expire_span', mem_len=0)
   config = tiny_model_config(attention='expire_span', mem_len=0, expire_span={'max_span': 8})
-  assert ExpireSpanAttention.from_config(config, jnp.float32).max_span == 8
+  assert attention_layer(config, jnp.float32).largest_span == 8
 
 
-def test_from_config_reads_the_section():
+def test_attention_layer_reads_the_section():
   config = tiny_model_config(attention='expire_span', mem_len=12, expire_span={
       'ramp': 4, 'init_fraction': 0.25, 'shorten': True, 'clamp_len': 9})
-  module = ExpireSpanAttention.from_config(config, jnp.float32)
-  assert (module.max_span, module.ramp, module.init_fraction, module.shorten,
-          module.clamp_len) == (12, 4, 0.25, True, 9)    # max_span 0 takes mem_len
+  module = attention_layer(config, jnp.float32)
+  assert isinstance(module, ExpireSpanAttention)
+  assert (module.largest_span, module.config.ramp, module.config.init_fraction,
+          module.config.shorten, module.relative_settings()) == (
+              12, 4, 0.25, True, (9, 'gather'))    # max_span 0 takes mem_len
 
 
 def test_old_flat_names_migrate_to_the_section():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention import registry
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import validate_config
 from longformer_jax.models.decoder_lm import DecoderLM, state_logical_axes
@@ -97,7 +98,8 @@ class _PenalisedVanilla(nn.Module):
 
   @classmethod
   def from_config(cls, config, dtype, name=None):
-    return cls(registry.ATTENTION_VARIANTS['vanilla'].from_config(config, dtype), name=name)
+    vanilla = registry.ATTENTION_VARIANTS['vanilla']
+    return cls(vanilla(shared=SharedSettings.of(config), dtype=dtype), name=name)
 
   @staticmethod
   def init_state(config, batch_size, dtype=jnp.float32):

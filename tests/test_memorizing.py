@@ -18,6 +18,8 @@ import pytest
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.memorizing import MemorizingAttention
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model
@@ -99,7 +101,7 @@ def chunk_context(c, segments):
 
 
 def run_stream(config, params, x, segments):
-  module = MemorizingAttention.from_config(config, jnp.float32)
+  module = attention_layer(config, jnp.float32)
   apply = jax.jit(module.apply)
   state = MemorizingAttention.init_state(config, B)
   outputs = []
@@ -113,7 +115,7 @@ def run_stream(config, params, x, segments):
 @functools.lru_cache(maxsize=None)
 def vanilla_params():
   """query/key/value/out, shared by every case (the layer uses vanilla's names)."""
-  module = VanillaAttention(num_heads=H, head_dim=HD, d_model=D)
+  module = VanillaAttention(shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
   config = layer_config(mem_len=0)
   ctx = chunk_context(0, stream_segments())
   state = VanillaAttention.init_state(config, B)
@@ -191,7 +193,7 @@ def test_memory_is_stop_gradient():
   only, chunk 2's output depends on the key/value kernels only through the
   memory written by chunk 1: their gradients must be exactly zero."""
   config = layer_config(mem_len=0, memory_size=8, top_k=3, gate='memory_only')
-  module = MemorizingAttention.from_config(config, jnp.float32)
+  module = attention_layer(config, jnp.float32)
   segments = np.zeros((B, T), np.int32)
   ctx0, ctx1 = chunk_context(0, segments), chunk_context(1, segments)
   x = random_inputs()
@@ -214,12 +216,12 @@ def test_vanilla_checkpoint_runs_as_memorizing_at_eval_time():
   params = vanilla_params()
   ctx = chunk_context(0, stream_segments())
   x = random_inputs()[:, :C]
-  vanilla = VanillaAttention(num_heads=H, head_dim=HD, d_model=D)
+  vanilla = VanillaAttention(shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
   expected, _, _ = jax.jit(vanilla.apply)({'params': params}, x,
                                           VanillaAttention.init_state(layer_config(mem_len=0), B), ctx)
   for gate in ('joint', 'memory_only', 'fixed'):
     config = layer_config(mem_len=0, memory_size=8, top_k=4, gate=gate)
-    module = MemorizingAttention.from_config(config, jnp.float32)
+    module = attention_layer(config, jnp.float32)
     state = MemorizingAttention.init_state(config, B)
     fresh = jax.eval_shape(module.init, jax.random.PRNGKey(3), x, state, ctx)['params']
     assert jax.tree_util.tree_structure(fresh) == jax.tree_util.tree_structure(params)
@@ -252,9 +254,11 @@ def test_good_settings_reach_the_layer():
   config = layer_config(mem_len=4, memory_size=64, top_k=8, method='approx', recall_target=0.9,
                         gate='fixed', gate_value=0.25, normalize_qk=True, qk_scale_init=8.0,
                         rope_max_distance=7)
-  module = MemorizingAttention.from_config(config, jnp.float32)
-  assert (module.top_k, module.method, module.recall_target, module.gate, module.gate_value,
-          module.normalize_qk, module.qk_scale_init, module.rope_max_distance) == (
+  module = attention_layer(config, jnp.float32)
+  assert isinstance(module, MemorizingAttention)
+  section = module.config
+  assert (section.top_k, section.method, section.recall_target, section.gate, section.gate_value,
+          section.normalize_qk, section.qk_scale_init, section.rope_max_distance) == (
               8, 'approx', 0.9, 'fixed', 0.25, True, 8.0, 7)
   state = MemorizingAttention.init_state(config, B)
   assert state['knn'].capacity == 64 and state['local'].capacity == 4

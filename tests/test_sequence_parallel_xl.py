@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.xl import XLAttention
+from longformer_jax.attention.shared_settings import SharedSettings
+from longformer_jax.attention.xl import XLAttention, XLConfig
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
@@ -48,8 +49,8 @@ def _layer_case(relative_impl: str, clamp_len: int, seed: int = 0):
   5; row 2: the memory's first 3 entries invalid, documents from tokens 6 and
   11, padding at the end; row 3: a new document at the last token.
   """
-  module = XLAttention(num_heads=HEADS, head_dim=HEAD_DIM, d_model=D_MODEL,
-                       clamp_len=clamp_len, relative_impl=relative_impl)
+  module = XLAttention(config=XLConfig(clamp_len=clamp_len, relative_impl=relative_impl),
+                       shared=SharedSettings(num_heads=HEADS, head_dim=HEAD_DIM, d_model=D_MODEL))
   rng = np.random.default_rng(seed)
   normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
   start = 100 + 37 * np.arange(BATCH)[:, None]

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.streaming_sinks import StreamingSinkAttention
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
+from longformer_jax.attention.streaming_sinks import StreamingSinkAttention, StreamingSinksConfig
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model
 from tests.test_vanilla_attention import numpy_rotate
@@ -83,7 +85,7 @@ def run_stream(module, params, x, state, segments):
 def module_and_params(num_sinks, window, mode):
   """The layer, shared parameters (their shapes do not depend on s, w, mode), inputs, state."""
   config = sinks_config(num_sinks=num_sinks, window=window, positions=mode)
-  module = StreamingSinkAttention.from_config(config, jnp.float32)
+  module = attention_layer(config, jnp.float32)
   state = StreamingSinkAttention.init_state(config, B, jnp.float32)
   return module, shared_params(), random_inputs(), state
 
@@ -96,7 +98,8 @@ def sinks_config(**sinks):
 
 @functools.lru_cache(maxsize=None)
 def shared_params():
-  module = StreamingSinkAttention(num_heads=H, head_dim=HD, d_model=D, num_sinks=1, window=2)
+  module = StreamingSinkAttention(config=StreamingSinksConfig(num_sinks=1, window=2),
+                                  shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
   state = StreamingSinkAttention.init_state(sinks_config(num_sinks=1, window=2), B)
   ctx = AttentionContext(positions=jnp.zeros((B, C), jnp.int32), segment_ids=jnp.zeros((B, C), jnp.int32),
                          reset=jnp.ones((B,), bool), valid=jnp.ones((B, C), bool))
@@ -147,8 +150,10 @@ def test_bad_config_values_name_their_key(key, value):
 
 def test_good_settings_reach_the_layer():
   config = sinks_config(num_sinks=0, window=1, positions='original')
-  module = StreamingSinkAttention.from_config(config, jnp.float32)
-  assert (module.num_sinks, module.window, module.sink_positions) == (0, 1, 'original')
+  module = attention_layer(config, jnp.float32)
+  assert isinstance(module, StreamingSinkAttention)
+  assert (module.config.num_sinks, module.config.window, module.config.positions) == (
+      0, 1, 'original')
   state = StreamingSinkAttention.init_state(config, B)
   assert state['sinks'].capacity == 0 and state['window'].capacity == 0
 

@@ -52,6 +52,7 @@ from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import soft_masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import ProjectionKernel, projection
 from longformer_jax.layers.positional import sinusoid_embedding
@@ -130,30 +131,18 @@ def trimmed_size_index(max_span: jax.Array, ramp: float, mem_len: int, block: in
 
 
 class AdaptiveSpanAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
-  num_heads: int
-  head_dim: int
-  d_model: int
-  mem_len: int
-  span_max: int = 0
-  span_ramp: float = 32.0
-  span_init: float = 0.0
-  span_block: int = 64
-  dynamic: bool = False
-  trim: bool = True
-  clamp_len: int = -1
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`.
+
+  Attributes:
+    shared: the layer's shape and `mem_len` (attention/shared_settings.py).
+    config: `AdaptiveSpanConfig`.
+  """
+  shared: SharedSettings
+  config: AdaptiveSpanConfig = AdaptiveSpanConfig()
   dtype: jnp.dtype = jnp.float32
 
   Config = AdaptiveSpanConfig
   reads_mem_len = True
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    section = config.adaptive_span
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               mem_len=config.mem_len, span_max=section.max_span, span_ramp=section.ramp,
-               span_init=section.init, span_block=section.block, dynamic=section.dynamic,
-               trim=section.trim, clamp_len=section.clamp_len, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -162,50 +151,55 @@ class AdaptiveSpanAttention(nn.Module):
 
   @property
   def largest_span(self) -> int:
-    """S: `span_max`, or `mem_len` when unset."""
-    return self.span_max or self.mem_len
+    """S: `config.max_span`, or the shared `mem_len` when it is 0."""
+    return self.config.max_span or self.shared.mem_len
 
   def spans(self, x: jax.Array) -> jax.Array:
     """z: `[heads]` (static), or `[batch, chunk, heads]` (dynamic) in [0, S]."""
-    if self.dynamic:
-      logits = projection(self.num_heads, kernel_axes=('embed', 'heads'), name='span_predictor',
+    if self.config.dynamic:
+      logits = projection(self.shared.num_heads, kernel_axes=('embed', 'heads'),
+                          name='span_predictor',
                           dtype=jnp.float32, use_bias=True, bias_axes=('heads',))(x.astype(jnp.float32))
       return self.largest_span * jax.nn.sigmoid(logits)
-    init = nn.with_logical_partitioning(nn.initializers.constant(self.span_init), ('heads',))
-    fraction = self.param('span_fraction', init, (self.num_heads,), jnp.float32)
+    init = nn.with_logical_partitioning(nn.initializers.constant(self.config.init), ('heads',))
+    fraction = self.param('span_fraction', init, (self.shared.num_heads,), jnp.float32)
     return self.largest_span * straight_through_clip(fraction)
 
   def _relative_keys(self, count: int) -> jax.Array:
     """W_kR R for distances 0..count-1 -> `[count, heads, head_dim]`."""
     distances = jnp.arange(count)
-    if self.clamp_len > 0:
-      distances = jnp.minimum(distances, self.clamp_len)
-    r = sinusoid_embedding(distances, self.d_model).astype(self.dtype)
-    return projection((self.num_heads, self.head_dim), kernel_axes=('embed', 'heads', 'head_dim'),
+    if self.config.clamp_len > 0:
+      distances = jnp.minimum(distances, self.config.clamp_len)
+    r = sinusoid_embedding(distances, self.shared.d_model).astype(self.dtype)
+    return projection((self.shared.num_heads, self.shared.head_dim),
+                      kernel_axes=('embed', 'heads', 'head_dim'),
                       name='relative_key', dtype=self.dtype)(r)
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
+    heads, head_dim, mem_len = self.shared.num_heads, self.shared.head_dim, self.shared.mem_len
+    ramp, block = self.config.ramp, self.config.block
     context, new_state = projections.memory_and_chunk(state, x, ctx)
     chunk = x.shape[1]
-    q = projections.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    kernel_shape = dict(in_shape=(self.d_model,), features=(self.num_heads, self.head_dim),
+    q = projections.project_heads(x, heads, head_dim, 'query', self.dtype)
+    kernel_shape = dict(in_shape=(self.shared.d_model,), features=(heads, head_dim),
                         kernel_axes=('embed', 'heads', 'head_dim'))
     w_key = ProjectionKernel(**kernel_shape, name='key')().astype(self.dtype)
     w_value = ProjectionKernel(**kernel_shape, name='value')().astype(self.dtype)
     bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('heads', 'head_dim'))
-    u = self.param('content_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
-    v_bias = self.param('position_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
-    rel_keys = self._relative_keys(self.mem_len + chunk)
+    u = self.param('content_bias', bias_init, (heads, head_dim), jnp.float32)
+    v_bias = self.param('position_bias', bias_init, (heads, head_dim), jnp.float32)
+    rel_keys = self._relative_keys(mem_len + chunk)
     z = self.spans(x)
-    soft_spans = z[None, :, None, None] if not self.dynamic else jnp.transpose(z, (0, 2, 1))[..., None]
+    soft_spans = (jnp.transpose(z, (0, 2, 1))[..., None] if self.config.dynamic
+                  else z[None, :, None, None])
     q_content = q + u.astype(self.dtype)
     q_position = q + v_bias.astype(self.dtype)
 
     def attend_over(size: int):
       """Attention over the newest `size` memory entries and the chunk: `[b, c, h, d]`."""
       def run(_):
-        part = jax.tree_util.tree_map(lambda a: a[:, self.mem_len - size:], context)
+        part = jax.tree_util.tree_map(lambda a: a[:, mem_len - size:], context)
         k = jnp.einsum('bkd,dhe->bkhe', part.values.astype(self.dtype), w_key)
         v = jnp.einsum('bkd,dhe->bkhe', part.values.astype(self.dtype), w_value)
         distances = ctx.positions[:, :, None] - part.positions[:, None, :]
@@ -213,26 +207,25 @@ class AdaptiveSpanAttention(nn.Module):
         position = jnp.take_along_axis(
             per_distance, jnp.clip(distances, 0, size + chunk - 1)[:, None], axis=-1)
         logits = (jnp.einsum('bqhd,bkhd->bhqk', q_content, k) + position)
-        logits = logits / jnp.sqrt(self.head_dim).astype(self.dtype)
+        logits = logits / jnp.sqrt(head_dim).astype(self.dtype)
         mask = causal_document_mask(ctx.positions, ctx.segment_ids, part.positions,
                                     part.segment_ids, part.valid, causal=True)
-        soft = span_mask(soft_spans, distances[:, None], self.span_ramp)
+        soft = span_mask(soft_spans, distances[:, None], ramp)
         weights = soft_masked_softmax(logits, mask, soft)
         return jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
       return run
 
-    sizes = memory_sizes(self.mem_len, self.span_block)
-    if self.trim and len(sizes) > 1:
-      index = trimmed_size_index(jax.lax.stop_gradient(jnp.max(z)), self.span_ramp,
-                                 self.mem_len, self.span_block)
+    sizes = memory_sizes(mem_len, block)
+    if self.config.trim and len(sizes) > 1:
+      index = trimmed_size_index(jax.lax.stop_gradient(jnp.max(z)), ramp, mem_len, block)
       out = jax.lax.switch(index, [attend_over(size) for size in sizes], None)
     else:
-      out = attend_over(self.mem_len)(None)
+      out = attend_over(mem_len)(None)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    if self.dynamic:
+    if self.config.dynamic:
       valid = ctx.valid.astype(jnp.float32)[..., None]
-      mean_span = jnp.sum(z * valid) / jnp.maximum(jnp.sum(valid) * self.num_heads, 1.0)
+      mean_span = jnp.sum(z * valid) / jnp.maximum(jnp.sum(valid) * heads, 1.0)
     else:
       mean_span = jnp.mean(z)
     aux = {'span_loss': mean_span, 'span_largest': jnp.max(z)}
-    return projections.project_output(out, self.d_model, self.dtype), new_state, aux
+    return projections.project_output(out, self.shared.d_model, self.dtype), new_state, aux

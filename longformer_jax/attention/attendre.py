@@ -94,11 +94,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from longformer_jax.attention.core import projections
-from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 from longformer_jax.memory import entries, fifo, key_value, policies
 from longformer_jax.memory.entries import MemoryEntries
@@ -146,6 +145,11 @@ class AttendreConfig(Section):
   # insert_first: insert the chunk, then retrieve from the memory (the paper's Figure 1) |
   # attend_first: attend to [memory; chunk], then insert (default: recorded results reproduce)
   order: str = 'attend_first'
+
+  def eviction_policy(self) -> policies.EvictionPolicy:
+    """The K/V memory's eviction policy: `policy` with the settings it reads
+    (memory/policies.make_policy)."""
+    return policies.make_policy(self)
 
   def validate(self, env) -> None:
     self.require(self.memory_size >= 0, 'memory_size', 'must be >= 0')
@@ -245,34 +249,17 @@ class AttendreAttention(nn.Module):
 
   `y[:, j]` is the output for the query evicted at slot j (position
   `ctx.positions[:, j] - q_memory_size` on a continuous stream).
+
+  Attributes:
+    shared: the layer's shape, `causal`, and how it projects its heads (`shared.heads`,
+      imported checkpoints: attention/core/checkpoint_heads.py).
+    config: `AttendreConfig`; its eviction policy is `config.eviction_policy()`.
   """
   Config = AttendreConfig
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  memory_size: int = 128
-  q_memory_size: int = 0
-  policy: policies.EvictionPolicy = policies.EvictionPolicy('fifo')
-  top_k: int = 0
-  top_k_method: str = 'exact'
-  recall_target: float = 0.95
-  rope_max_distance: int = -1
-  order: str = 'attend_first'
-  causal: bool = True
-  heads: CheckpointHeads = CheckpointHeads()   # imported checkpoints (core/checkpoint_heads.py)
+  shared: SharedSettings
+  config: AttendreConfig = AttendreConfig()
   dtype: jnp.dtype = jnp.float32
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    section = config.attendre
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               memory_size=section.memory_size, q_memory_size=section.q_memory_size,
-               policy=policies.make_policy(section), top_k=section.top_k,
-               top_k_method=section.top_k_method, recall_target=float(section.recall_target),
-               rope_max_distance=section.rope_max_distance, order=section.order,
-               causal=config.causal, heads=CheckpointHeads.from_config(config), dtype=dtype,
-               name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -307,16 +294,17 @@ class AttendreAttention(nn.Module):
     positions, segments = joined(lambda e: e.positions), joined(lambda e: e.segment_ids)
     valid = joined(lambda e: e.valid)
     q = queries.values.astype(self.dtype)
-    scores = self.heads.scores(q, keys, queries.positions - origin, positions - origin,
-                               self.rope_max_distance, bidirectional=not self.causal)
-    logits = scores / jnp.sqrt(self.head_dim).astype(scores.dtype)
+    causal, section = self.shared.causal, self.config
+    scores = self.shared.heads.scores(q, keys, queries.positions - origin, positions - origin,
+                                      section.rope_max_distance, bidirectional=not causal)
+    logits = scores / jnp.sqrt(self.shared.head_dim).astype(scores.dtype)
     allowed = causal_document_mask(queries.positions, queries.segment_ids, positions, segments,
-                                   valid, causal=self.causal) & queries.valid[:, :, None]
+                                   valid, causal=causal) & queries.valid[:, :, None]
     capacity = memory.capacity
     mask = jnp.broadcast_to(allowed[:, None], logits.shape)
-    if self.top_k > 0 and capacity > 0:
-      kept = keep_top_k(logits[..., :capacity], allowed[..., :capacity], self.top_k,
-                        self.top_k_method, self.recall_target)
+    if section.top_k > 0 and capacity > 0:
+      kept = keep_top_k(logits[..., :capacity], allowed[..., :capacity], section.top_k,
+                        section.top_k_method, float(section.recall_target))
       mask = jnp.concatenate([kept, mask[..., capacity:]], axis=-1)
     weights = masked_softmax(logits, mask)
     out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(values.dtype), values)
@@ -324,8 +312,10 @@ class AttendreAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state: AttendreState, ctx: AttentionContext):
-    q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
-    k, v = self.heads.keys_values(x, self.num_heads, self.head_dim, self.dtype)
+    heads, num_heads, head_dim = self.shared.heads, self.shared.num_heads, self.shared.head_dim
+    policy, order = self.config.eviction_policy(), self.config.order
+    q = heads.query(x, num_heads, head_dim, self.dtype)
+    k, v = heads.keys_values(x, num_heads, head_dim, self.dtype)
     # 1. Q memory: the chunk's queries in, the oldest C out (Attendre, sec. 3).
     chunk_queries = fifo.FifoMemory(values=q, positions=ctx.positions,
                                     segment_ids=ctx.segment_ids, valid=ctx.valid)
@@ -335,36 +325,36 @@ class AttendreAttention(nn.Module):
     document_start = jnp.where(ctx.reset, ctx.positions[:, 0], state.document_start)
     chunk = key_value.entries_from_chunk(k, v, ctx.positions, ctx.segment_ids, ctx.valid)
     origin, row_document_start, evicted_rows = ctx.positions[:, :1], document_start, evicted
-    if self.policy.per_head:  # one memory per head: (batch, head) pairs become rows
+    if policy.per_head:  # one memory per head: (batch, head) pairs become rows
       pending, evicted_rows, chunk, row_document_start, origin = as_head_rows(
-          (pending, evicted, chunk, document_start, origin), self.num_heads)
+          (pending, evicted, chunk, document_start, origin), num_heads)
     # 2. Forget documents no pending query belongs to.
     memory = forget_finished_documents(jax.lax.stop_gradient(state.memory), pending,
                                        row_document_start)
-    if self.order == 'insert_first':
+    if order == 'insert_first':
       # 3. Insert the chunk, then retrieve from the K/V memory alone (the paper's Figure 1).
       # The chunk's kept keys and values carry their gradient in this step; the memory
       # handed on is stop-gradient.
-      memory, _ = key_value.insert(memory, chunk, self.policy)
+      memory, _ = key_value.insert(memory, chunk, policy)
       out, memory_weights, memory_mask = self.attend(evicted_rows, memory, None, origin)
     else:
       # 3. Attend: the evicted queries over [K/V memory; chunk].
       out, memory_weights, memory_mask = self.attend(evicted_rows, memory, chunk, origin)
-    if self.policy.per_head:
-      out = entries.rows_to_heads(out, self.num_heads)                  # [b, q, h, d]
-      by_head = lambda a: a.reshape((-1, self.num_heads) + a.shape[2:])
+    if policy.per_head:
+      out = entries.rows_to_heads(out, num_heads)                       # [b, q, h, d]
+      by_head = lambda a: a.reshape((-1, num_heads) + a.shape[2:])
       memory_weights, memory_mask = by_head(memory_weights), by_head(memory_mask)
     # 4. Score the memory by what it was given (attend_first: then insert the chunk).
     usage = memory_weights
-    if self.policy.name in ('lru', 'lfu'):
+    if policy.name in ('lru', 'lfu'):
       usage = (memory_weights > 0).astype(jnp.float32)
-    memory = policies.update_scores(self.policy, memory, usage, evicted.positions,
+    memory = policies.update_scores(policy, memory, usage, evicted.positions,
                                     evicted.valid, memory_mask)
-    if self.order == 'attend_first':
-      memory, _ = key_value.insert(memory, jax.lax.stop_gradient(chunk), self.policy)
+    if order == 'attend_first':
+      memory, _ = key_value.insert(memory, jax.lax.stop_gradient(chunk), policy)
     memory = jax.lax.stop_gradient(memory)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    y = self.heads.output(out, self.d_model, self.dtype)
+    y = heads.output(out, self.shared.d_model, self.dtype)
     aux = {'memory_occupancy': jnp.mean(memory.valid.astype(jnp.float32))}
     new_state = AttendreState(queries=jax.lax.stop_gradient(queries), memory=memory,
                               document_start=document_start)

@@ -58,6 +58,10 @@ class CompressiveConfig(Section):
   dilation: int = 2            # dilated_conv spacing of the window
   clamp_len: int = -1          # clamp relative distances to this (-1: off)
 
+  def kernel_length(self) -> int:
+    """The dilated_conv window length: `kernel`, or the rate c when it is 0."""
+    return self.kernel or self.rate
+
   def validate(self, env) -> None:
     self.require(self.compressed_mem_len >= 0, 'compressed_mem_len', 'must be >= 0')
     self.require(self.function in compression.COMPRESSION_FUNCTIONS, 'function',
@@ -107,23 +111,21 @@ def content_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: ja
 
 
 class CompressiveAttention(XLAttention):
-  """`__call__(x [b, c, d_model], state: CompressiveMemory, ctx) -> (y, state, aux)`."""
-  compression: str = 'conv'
-  compression_rate: int = 3
-  compression_kernel: int = 3
-  compression_dilation: int = 2
+  """`__call__(x [b, c, d_model], state: CompressiveMemory, ctx) -> (y, state, aux)`.
+
+  Attributes:
+    shared: the layer's shape (attention/shared_settings.py).
+    config: `CompressiveConfig` (the compression and XL's `clamp_len`).
+  """
+  config: CompressiveConfig = CompressiveConfig()
 
   Config = CompressiveConfig
   reads_mem_len = True
 
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    section = config.compressive
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               clamp_len=section.clamp_len, relative_impl='gather',
-               compression=section.function, compression_rate=section.rate,
-               compression_kernel=section.kernel or section.rate,
-               compression_dilation=section.dilation, dtype=dtype, name=name)
+  def relative_settings(self) -> tuple[int, str]:
+    """`(clamp_len, 'gather')`: compressed entries sit at their group's stored positions, so
+    relative positions are always gathered."""
+    return self.config.clamp_len, 'gather'
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -137,7 +139,7 @@ class CompressiveAttention(XLAttention):
 
   def _max_distance(self, chunk_len: int, mem_len: int, compressed_len: int) -> int:
     """The largest query-key distance a valid entry can have (relative-position table size)."""
-    per_block = max(compression.num_compressed(chunk_len, self.compression_rate), 1)
+    per_block = max(compression.num_compressed(chunk_len, self.config.rate), 1)
     blocks = -(-compressed_len // per_block)
     return chunk_len - 1 + mem_len + blocks * chunk_len
 
@@ -180,7 +182,7 @@ class CompressiveAttention(XLAttention):
     weights = masked_softmax(logits, mask)
     out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    y = projections.project_output(out, self.d_model, self.dtype)
+    y = projections.project_output(out, self.shared.d_model, self.dtype)
 
     # Memory: insert the chunk; the evicted entries carry their average usage.
     received = jax.lax.stop_gradient(
@@ -193,8 +195,8 @@ class CompressiveAttention(XLAttention):
     average_usage = usage[:, :n_s] / count[:, :n_s]
 
     compressor = compression.Compressor(
-        self.compression, self.compression_rate, self.d_model, self.compression_kernel,
-        self.compression_dilation, self.dtype, name='compression')
+        self.config.function, self.config.rate, self.shared.d_model, self.config.kernel_length(),
+        self.config.dilation, self.dtype, name='compression')
     new_entries = compressor(evicted, average_usage)
     loss = self.reconstruction_loss(x, ctx, evicted, new_entries)
     new_compressed, _ = fifo.insert(compressed, jax.lax.stop_gradient(new_entries))

@@ -75,11 +75,6 @@ class ExpireSpanConfig(Section):
                    'must be > 0 when model.mem_len is 0 (0 takes mem_len)')
 
 
-def largest_span(config) -> int:
-  """L of a resolved model config: `expire_span.max_span`, or `mem_len` when 0."""
-  return config.expire_span.max_span or config.mem_len
-
-
 def soft_expire_mask(spans: jax.Array, q_positions: jax.Array, k_positions: jax.Array,
                      ramp: float) -> jax.Array:
   """m_ti = clamp(1 + (e_i - (t - i)) / R, 0, 1): `[b, k]`, `[b, q]`, `[b, k]` -> `[b, q, k]` float32."""
@@ -121,28 +116,27 @@ def keep_newest(entries: fifo.FifoMemory, keep: jax.Array, capacity: int) -> fif
 class ExpireSpanAttention(XLAttention):
   """`__call__(x [b, c, d_model], state: FifoMemory, ctx) -> (y, state, aux)`.
 
-  Attributes (besides XL's):
-    max_span: L, the largest span.
-    ramp: R, the length of the soft phase-out.
-    init_fraction: e_i / L at w = 0 (sets the initial b; w has the usual fan-in init).
-    shorten: random memory shortening in training.
+  Attributes:
+    shared: the layer's shape and `mem_len` (attention/shared_settings.py).
+    config: `ExpireSpanConfig`: `max_span` (L, see `largest_span`), `ramp` (R, the length
+      of the soft phase-out), `init_fraction` (e_i / L at w = 0: sets the initial b; w has
+      the usual fan-in init), `shorten` (random memory shortening in training) and XL's
+      `clamp_len`.
   """
-  max_span: int = 1024
-  ramp: int = 32
-  init_fraction: float = 0.5
-  shorten: bool = False
+  config: ExpireSpanConfig = ExpireSpanConfig()
 
   Config = ExpireSpanConfig
   reads_mem_len = True
 
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    section = config.expire_span
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               clamp_len=section.clamp_len, relative_impl='gather',
-               max_span=largest_span(config), ramp=section.ramp,
-               init_fraction=section.init_fraction, shorten=section.shorten,
-               dtype=dtype, name=name)
+  def relative_settings(self) -> tuple[int, str]:
+    """`(clamp_len, 'gather')`: the kept entries are compacted, not a continuous stream, so
+    relative positions are always gathered."""
+    return self.config.clamp_len, 'gather'
+
+  @property
+  def largest_span(self) -> int:
+    """L: `config.max_span`, or the shared `mem_len` when it is 0."""
+    return self.config.max_span or self.shared.mem_len
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -152,9 +146,10 @@ class ExpireSpanAttention(XLAttention):
   def expire_spans(self, h: jax.Array) -> jax.Array:
     """e_i = L * sigmoid(w . h_i + b): `[b, k, d_model]` -> float32 `[b, k]`."""
     score = projection(1, kernel_axes=('embed', None), name='expire_span', dtype=self.dtype)(h)
-    bias_init = nn.initializers.constant(math.log(self.init_fraction / (1 - self.init_fraction)))
+    fraction = self.config.init_fraction
+    bias_init = nn.initializers.constant(math.log(fraction / (1 - fraction)))
     bias = self.param('expire_span_bias', bias_init, (), jnp.float32)
-    return self.max_span * jax.nn.sigmoid(score[..., 0].astype(jnp.float32) + bias)
+    return self.largest_span * jax.nn.sigmoid(score[..., 0].astype(jnp.float32) + bias)
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
@@ -162,24 +157,25 @@ class ExpireSpanAttention(XLAttention):
     chunk = projections.chunk_entries(x, ctx)
     context = fifo.concat(jax.lax.stop_gradient(memory), chunk)
     # Keys farther than L + R are masked (m = 0): their relative position is irrelevant.
-    logits, mask, v = self.attention_logits(x, context, ctx, self.max_span + self.ramp)
+    ramp = self.config.ramp
+    logits, mask, v = self.attention_logits(x, context, ctx, self.largest_span + ramp)
 
     spans = self.expire_spans(context.values)                               # [b, mem + c]
     mask_spans = spans
-    if self.shorten and not ctx.deterministic:
-      limit = jax.random.uniform(self.make_rng('dropout'), ()) * self.max_span
+    if self.config.shorten and not ctx.deterministic:
+      limit = jax.random.uniform(self.make_rng('dropout'), ()) * self.largest_span
       mask_spans = jnp.minimum(spans, limit)
-    soft = soft_expire_mask(mask_spans, ctx.positions, context.positions, self.ramp)
+    soft = soft_expire_mask(mask_spans, ctx.positions, context.positions, ramp)
     # Keys with m = 0 leave the softmax: a dropped entry cannot even change the rounding.
     weights = soft_masked_softmax(logits, mask & (soft > 0), soft[:, None])
     out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    y = projections.project_output(out, self.d_model, self.dtype)
+    y = projections.project_output(out, self.shared.d_model, self.dtype)
 
     t_next, segment = next_query(ctx)
     alive = (context.valid & (context.segment_ids == segment[:, None])
              & (soft_expire_mask(jax.lax.stop_gradient(spans), t_next[:, None],
-                                 context.positions, self.ramp)[:, 0] > 0))
+                                 context.positions, ramp)[:, 0] > 0))
     new_state = keep_newest(jax.lax.stop_gradient(context), alive, memory.capacity)
 
     valid = ctx.valid.astype(jnp.float32)

@@ -49,10 +49,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from longformer_jax.attention.core import projections
-from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 from longformer_jax.memory import fifo, key_value
 from longformer_jax.memory.policies import policy_from_name
@@ -107,33 +107,18 @@ class MemorizingAttention(nn.Module):
 
   `state = {'local': FifoMemory of hidden states [b, mem_len, d_model],
   'knn': key-value MemoryEntries [b, memorizing.memory_size, heads, head_dim]}`.
+
+  Attributes:
+    shared: the layer's shape and how it projects its heads (`shared.heads`, imported
+      checkpoints: attention/core/checkpoint_heads.py).
+    config: `MemorizingConfig`.
   """
   Config = MemorizingConfig
   reads_mem_len = True
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  top_k: int = 32
-  method: str = 'exact'
-  recall_target: float = 0.95
-  gate: str = 'learned'
-  gate_value: float = 0.5
-  normalize_qk: bool = False
-  qk_scale_init: float = 16.0
-  rope_max_distance: int = -1
-  heads: CheckpointHeads = CheckpointHeads()   # imported checkpoints (core/checkpoint_heads.py)
+  shared: SharedSettings
+  config: MemorizingConfig = MemorizingConfig()
   dtype: jnp.dtype = jnp.float32
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    section = config.memorizing
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               top_k=section.top_k, method=section.method, recall_target=section.recall_target,
-               gate=section.gate, gate_value=section.gate_value,
-               normalize_qk=section.normalize_qk, qk_scale_init=section.qk_scale_init,
-               rope_max_distance=section.rope_max_distance,
-               heads=CheckpointHeads.from_config(config), dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32) -> dict:
@@ -146,26 +131,30 @@ class MemorizingAttention(nn.Module):
 
   def _logit_scale(self):
     """`[heads]` multiplier of q.k: learned with normalised q, k; else 1/sqrt(head_dim)."""
-    if self.normalize_qk:
-      init = nn.with_logical_partitioning(nn.initializers.constant(self.qk_scale_init), ('heads',))
-      return self.param('qk_scale', init, (self.num_heads,), jnp.float32)
-    return jnp.full((self.num_heads,), 1.0 / jnp.sqrt(self.head_dim), jnp.float32)
+    heads = self.shared.num_heads
+    if self.config.normalize_qk:
+      init = nn.with_logical_partitioning(nn.initializers.constant(self.config.qk_scale_init),
+                                          ('heads',))
+      return self.param('qk_scale', init, (heads,), jnp.float32)
+    return jnp.full((heads,), 1.0 / jnp.sqrt(self.shared.head_dim), jnp.float32)
 
   def _memory_gate(self):
     """`[heads]` weight g of the memory result (None for 'joint')."""
-    if self.gate == 'learned':
+    heads, gate = self.shared.num_heads, self.config.gate
+    if gate == 'learned':
       init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('heads',))
-      return jax.nn.sigmoid(self.param('knn_gate', init, (self.num_heads,), jnp.float32))
-    if self.gate == 'fixed':
-      return jnp.full((self.num_heads,), self.gate_value, jnp.float32)
-    if self.gate == 'memory_only':
-      return jnp.ones((self.num_heads,), jnp.float32)
+      return jax.nn.sigmoid(self.param('knn_gate', init, (heads,), jnp.float32))
+    if gate == 'fixed':
+      return jnp.full((heads,), self.config.gate_value, jnp.float32)
+    if gate == 'memory_only':
+      return jnp.ones((heads,), jnp.float32)
     return None
 
   def _retrieve(self, memory, q: jax.Array, ctx: AttentionContext):
     """Top-k per head for `q [b, c, h, d]` -> (keys/values `[b, c, h, k, d]`, mask `[b, h, c, k]`)."""
-    found = key_value.retrieve(memory, jax.lax.stop_gradient(q), self.top_k, method=self.method,
-                               recall_target=self.recall_target)
+    found = key_value.retrieve(memory, jax.lax.stop_gradient(q), self.config.top_k,
+                               method=self.config.method,
+                               recall_target=self.config.recall_target)
     mask = found.valid & (found.segment_ids == ctx.segment_ids[:, :, None, None])
     mask &= found.positions <= ctx.positions[:, :, None, None]
     # What each query retrieved (-1: nothing), for probes (evaluation/knn_probe.py); kept
@@ -176,14 +165,16 @@ class MemorizingAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state: dict, ctx: AttentionContext):
     context, new_local = projections.memory_and_chunk(state['local'], x, ctx)
-    q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
-    k, v = self.heads.keys_values(context.values, self.num_heads, self.head_dim, self.dtype)
-    if self.normalize_qk:
+    heads = self.shared.heads
+    q = heads.query(x, self.shared.num_heads, self.shared.head_dim, self.dtype)
+    k, v = heads.keys_values(context.values, self.shared.num_heads, self.shared.head_dim,
+                             self.dtype)
+    if self.config.normalize_qk:
       q, k = l2_normalize(q), l2_normalize(k)
     scale = self._logit_scale()[None, :, None, None].astype(self.dtype)
 
-    local_logits = self.heads.scores(q, k, ctx.positions, context.positions,
-                                     self.rope_max_distance) * scale
+    local_logits = heads.scores(q, k, ctx.positions, context.positions,
+                                self.config.rope_max_distance) * scale
     local_mask = causal_document_mask(ctx.positions, ctx.segment_ids, context.positions,
                                       context.segment_ids, context.valid)[:, None]
     memory = key_value.clear_rows(state['knn'], ctx.reset)
@@ -221,5 +212,5 @@ class MemorizingAttention(nn.Module):
     aux = {'knn_memory_fill': jnp.mean(memory.valid.astype(jnp.float32))}
     if gate is not None:
       aux['knn_gate'] = jnp.mean(gate)
-    y = self.heads.output(out, self.d_model, self.dtype)
+    y = heads.output(out, self.shared.d_model, self.dtype)
     return y, {'local': new_local, 'knn': new_memory}, aux

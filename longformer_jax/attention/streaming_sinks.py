@@ -44,9 +44,9 @@ import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cudnn_window, projections
-from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.sliding_window import auto_block_size, blocked_window_attention
 from longformer_jax.config.section import Section
 from longformer_jax.layers.capped_rotary import rotary_scores
@@ -112,26 +112,18 @@ def updated_sinks(sinks: fifo.FifoMemory, chunk: fifo.FifoMemory, chunk_doc_star
 
 
 class StreamingSinkAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`.
+
+  Attributes:
+    shared: the layer's shape, `attention_backend`, and how it projects its heads
+      (`shared.heads`, imported checkpoints: attention/core/checkpoint_heads.py).
+    config: `StreamingSinksConfig` (`positions`: the RoPE positions of out-of-window sinks).
+  """
   Config = StreamingSinksConfig
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  num_sinks: int = 4
-  window: int = 256
-  sink_positions: str = 'cache'
-  heads: CheckpointHeads = CheckpointHeads()   # imported checkpoints (core/checkpoint_heads.py)
-  attention_backend: str = 'auto'
+  shared: SharedSettings
+  config: StreamingSinksConfig = StreamingSinksConfig()
   dtype: jnp.dtype = jnp.float32
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    section = config.streaming_sinks
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               num_sinks=section.num_sinks, window=section.window,
-               sink_positions=section.positions, heads=CheckpointHeads.from_config(config),
-               attention_backend=config.attention_backend, dtype=dtype, name=name)
 
   @staticmethod
   def kernel_pattern(model, section) -> backends.KernelPattern:
@@ -158,11 +150,12 @@ class StreamingSinkAttention(nn.Module):
     """
     distance = ctx.positions[:, :, None] - keys.positions[:, None, :]
     same_doc = keys.valid[:, None, :] & (ctx.segment_ids[:, :, None] == keys.segment_ids[:, None, :])
-    in_window = (distance >= 0) & (distance < self.window)
+    in_window = (distance >= 0) & (distance < self.config.window)
     is_sink = ((distance >= 0)
-               & (keys.positions[:, None, :] - doc_start[:, :, None] < self.num_sinks))
+               & (keys.positions[:, None, :] - doc_start[:, :, None] < self.config.num_sinks))
     slot = jnp.arange(keys.capacity)[None, None, :]
-    from_store, from_fifo = slot < self.num_sinks, (slot >= self.num_sinks) & (slot < num_past)
+    num_sinks = self.config.num_sinks
+    from_store, from_fifo = slot < num_sinks, (slot >= num_sinks) & (slot < num_past)
     allowed = same_doc & jnp.where(from_store, is_sink & ~in_window,
                                    jnp.where(from_fifo, in_window, in_window | is_sink))
     return allowed, allowed & ~in_window
@@ -173,21 +166,21 @@ class StreamingSinkAttention(nn.Module):
     window = fifo.clear_rows(state['window'], ctx.reset)
     doc_start = document_starts(ctx, state['doc_start'], state['last_segment'])   # [b, c]
 
-    q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
-    k, v = self.heads.keys_values(x, self.num_heads, self.head_dim, self.dtype)
+    heads, num_heads, head_dim = self.shared.heads, self.shared.num_heads, self.shared.head_dim
+    q = heads.query(x, num_heads, head_dim, self.dtype)
+    k, v = heads.keys_values(x, num_heads, head_dim, self.dtype)
     chunk = projections.chunk_entries(jnp.concatenate([k, v], axis=-1), ctx)
     keys = fifo.concat(fifo.concat(jax.lax.stop_gradient(sinks), jax.lax.stop_gradient(window)),
                        chunk)
     all_k, all_v = jnp.split(keys.values, 2, axis=-1)
 
     origin = ctx.positions[:, :1]
-    k_rot = self.heads.rotate(all_k, keys.positions - origin)
+    k_rot = heads.rotate(all_k, keys.positions - origin)
     backend = backends.resolve_backend(
-        self.attention_backend, _pattern(self.num_sinks, self.window),
-        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+        self.shared.attention_backend, _pattern(self.config.num_sinks, self.config.window),
+        dtype=jnp.dtype(self.dtype).name, head_dim=head_dim)
     if backend == 'cudnn':
-      out = self._cudnn_window(self.heads.rotate(q, ctx.positions - origin), k_rot, all_v,
-                               keys, ctx)
+      out = self._cudnn_window(heads.rotate(q, ctx.positions - origin), k_rot, all_v, keys, ctx)
     else:
       out = self._dense(q, k_rot, all_v, keys, ctx, doc_start, sinks.capacity + window.capacity,
                         origin)
@@ -196,46 +189,47 @@ class StreamingSinkAttention(nn.Module):
     stored = jax.lax.stop_gradient(chunk)
     new_window, _ = fifo.insert(window, stored)
     new_state = {
-        'sinks': updated_sinks(sinks, stored, doc_start, self.num_sinks),
+        'sinks': updated_sinks(sinks, stored, doc_start, self.config.num_sinks),
         'window': new_window,
         'doc_start': doc_start[:, -1],
         'last_segment': ctx.segment_ids[:, -1],
     }
-    return self.heads.output(out, self.d_model, self.dtype), new_state, {}
+    return heads.output(out, self.shared.d_model, self.dtype), new_state, {}
 
   def _dense(self, q, k_rot, all_v, keys: fifo.FifoMemory, ctx: AttentionContext, doc_start,
              num_past: int, origin):
     """Sinks and window, one dense masked softmax over `[sinks; window FIFO; chunk]`."""
     allowed, far = self._mask_and_far(ctx, doc_start, keys, num_past)
-    logits = rotary_scores(self.heads.rotate(q, ctx.positions - origin), k_rot)
-    if self.sink_positions == 'cache' and self.heads.rotary:
+    logits = rotary_scores(self.shared.heads.rotate(q, ctx.positions - origin), k_rot)
+    if self.config.positions == 'cache' and self.shared.heads.rotary:
       # Sinks sit right before the window in the cache: the dropped tokens
       # between them do not count (Xiao et al., 2023, section 3.2).
-      gap = jnp.maximum(0, ctx.positions - self.window + 1 - (doc_start + self.num_sinks))
-      sink_logits = rotary_scores(self.heads.rotate(q, ctx.positions - gap - origin), k_rot)
+      gap = jnp.maximum(0, ctx.positions - self.config.window + 1
+                        - (doc_start + self.config.num_sinks))
+      sink_logits = rotary_scores(self.shared.heads.rotate(q, ctx.positions - gap - origin), k_rot)
       logits = jnp.where(far[:, None], sink_logits, logits)
-    logits = logits / jnp.sqrt(self.head_dim).astype(self.dtype)
+    logits = logits / jnp.sqrt(self.shared.head_dim).astype(self.dtype)
     return attend(logits, allowed, all_v)
 
   def _cudnn_window(self, q_rot, k_rot, all_v, keys: fifo.FifoMemory, ctx: AttentionContext):
     """No sinks: the window of `w` keys through cuDNN over the `[window FIFO; chunk]` slots
     (core/cudnn_window.py; the FIFO's slots ask no query) -> `[b, c, h, d]`."""
     past = keys.capacity - ctx.positions.shape[1]
-    scale = self.head_dim ** -0.5
+    scale = self.shared.head_dim ** -0.5
     pad_front = lambda a, value=0.0: jnp.pad(
         a, ((0, 0), (past, 0)) + ((0, 0),) * (a.ndim - 2), constant_values=value)
 
     def fallback(q_slots, k_, v_):
       out, lse = blocked_window_attention(
           q_slots[:, past:], k_, v_, ctx.positions, ctx.segment_ids, keys.positions,
-          keys.segment_ids, keys.valid, window=self.window - 1,
-          block_size=auto_block_size(max(self.window - 1, 1)), causal=True, key_offset=past,
+          keys.segment_ids, keys.valid, window=self.config.window - 1,
+          block_size=auto_block_size(max(self.config.window - 1, 1)), causal=True, key_offset=past,
           scale=scale)
       return pad_front(out), pad_front(lse, -jnp.inf)
 
     out = cudnn_window.window_attention(
         pad_front(q_rot), k_rot, all_v, keys.positions, keys.segment_ids, keys.valid,
-        window=self.window - 1, scale=scale, fallback=fallback)
+        window=self.config.window - 1, scale=scale, fallback=fallback)
     return out[:, past:].astype(self.dtype)
 
 

@@ -37,6 +37,7 @@ from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import relative_shift, sinusoid_embedding
@@ -63,22 +64,23 @@ class XLConfig(Section):
 
 
 class XLAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`.
+
+  Attributes:
+    shared: the layer's shape (`num_heads`, `head_dim`, `d_model`; attention/shared_settings.py).
+    config: `XLConfig`, read through `relative_settings`.
+  """
   Config = XLConfig
   reads_mem_len = True
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  clamp_len: int = -1
-  relative_impl: str = 'shift'
+  shared: SharedSettings
+  config: XLConfig = XLConfig()
   dtype: jnp.dtype = jnp.float32
 
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim,
-               d_model=config.d_model, clamp_len=config.xl.clamp_len,
-               relative_impl=config.xl.relative_impl, dtype=dtype, name=name)
+  def relative_settings(self) -> tuple[int, str]:
+    """`(clamp_len, relative_impl)`: XL's own section. The variants built on XL override it
+    (their own section's `clamp_len`; 'gather', their memory not being a continuous stream)."""
+    return self.config.clamp_len, self.config.relative_impl
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -86,14 +88,16 @@ class XLAttention(nn.Module):
     return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
 
   def _clamp(self, distances: jax.Array) -> jax.Array:
-    if self.clamp_len > 0:
-      distances = jnp.minimum(distances, self.clamp_len)
+    clamp_len, _ = self.relative_settings()
+    if clamp_len > 0:
+      distances = jnp.minimum(distances, clamp_len)
     return distances
 
   def _relative_keys(self, distances: jax.Array) -> jax.Array:
     """W_kR R for `distances [n]` -> `[n, heads, head_dim]`."""
-    r = sinusoid_embedding(self._clamp(distances), self.d_model).astype(self.dtype)
-    return projection((self.num_heads, self.head_dim), kernel_axes=('embed', 'heads', 'head_dim'),
+    r = sinusoid_embedding(self._clamp(distances), self.shared.d_model).astype(self.dtype)
+    return projection((self.shared.num_heads, self.shared.head_dim),
+                      kernel_axes=('embed', 'heads', 'head_dim'),
                       name='relative_key', dtype=self.dtype)(r)
 
   def position_scores(self, q_biased: jax.Array, q_positions: jax.Array,
@@ -108,9 +112,10 @@ class XLAttention(nn.Module):
     Returns:
       `[batch, heads, q, k]`.
     """
-    if self.clamp_len > 0:
+    clamp_len, _ = self.relative_settings()
+    if clamp_len > 0:
       # Distances >= clamp_len share R_{clamp_len}: a shorter table is the same.
-      num_distances = min(num_distances, self.clamp_len + 1)
+      num_distances = min(num_distances, clamp_len + 1)
     rel_keys = self._relative_keys(jnp.arange(num_distances))
     per_distance = jnp.einsum('bqhd,khd->bhqk', q_biased, rel_keys)
     distances = q_positions[:, :, None] - k_positions[:, None, :]
@@ -120,12 +125,13 @@ class XLAttention(nn.Module):
   def _projections(self, x: jax.Array, context: fifo.FifoMemory):
     """`(q [b, c, h, d], k, v [b, k, h, d], u, v_bias [h, d])`: this layer's projections and
     biases (the variants built on XL share them, and their parameter names)."""
-    q = projections.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = projections.project_heads(context.values, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = projections.project_heads(context.values, self.num_heads, self.head_dim, 'value', self.dtype)
+    heads, head_dim = self.shared.num_heads, self.shared.head_dim
+    q = projections.project_heads(x, heads, head_dim, 'query', self.dtype)
+    k = projections.project_heads(context.values, heads, head_dim, 'key', self.dtype)
+    v = projections.project_heads(context.values, heads, head_dim, 'value', self.dtype)
     bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('heads', 'head_dim'))
-    u = self.param('content_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
-    v_bias = self.param('position_bias', bias_init, (self.num_heads, self.head_dim), jnp.float32)
+    u = self.param('content_bias', bias_init, (heads, head_dim), jnp.float32)
+    v_bias = self.param('position_bias', bias_init, (heads, head_dim), jnp.float32)
     return q, k, v, u, v_bias
 
   def _sequence_split_attention(self, x: jax.Array, context: fifo.FifoMemory,
@@ -135,7 +141,8 @@ class XLAttention(nn.Module):
     q, k, v, u, v_bias = self._projections(x, context)
     klen = context.positions.shape[1]
     mem = klen - x.shape[1]
-    num_distances = klen if self.clamp_len <= 0 else min(klen, self.clamp_len + 1)
+    clamp_len, _ = self.relative_settings()
+    num_distances = klen if clamp_len <= 0 else min(klen, clamp_len + 1)
     rel_keys = self._relative_keys(jnp.arange(num_distances))          # [D, h, d]
     memory = None if mem == 0 else (k[:, :mem], v[:, :mem], context.positions[:, :mem],
                                     context.segment_ids[:, :mem], context.valid[:, :mem])
@@ -144,7 +151,7 @@ class XLAttention(nn.Module):
         q + u.astype(self.dtype), q + v_bias.astype(self.dtype), k[:, mem:], v[:, mem:],
         rel_keys, ctx.positions, ctx.segment_ids, ctx.valid,
         mesh=jax.sharding.get_abstract_mesh(), method=settings.method,
-        load_balance=settings.load_balance, scale=self.head_dim ** -0.5,
+        load_balance=settings.load_balance, scale=self.shared.head_dim ** -0.5,
         memory=memory).astype(self.dtype)
 
   def attention_logits(self, x: jax.Array, context: fifo.FifoMemory, ctx: AttentionContext,
@@ -167,7 +174,8 @@ class XLAttention(nn.Module):
     q, k, v, u, v_bias = self._projections(x, context)
     content = jnp.einsum('bqhd,bkhd->bhqk', q + u.astype(self.dtype), k)
     klen = context.positions.shape[1]
-    if max_distance is None and self.relative_impl == 'shift':
+    _, relative_impl = self.relative_settings()
+    if max_distance is None and relative_impl == 'shift':
       # Column r of the raw scores is distance klen - 1 - r.
       rel_keys = self._relative_keys(jnp.arange(klen - 1, -1, -1))
       raw = jnp.einsum('bqhd,khd->bhqk', q + v_bias.astype(self.dtype), rel_keys)
@@ -178,15 +186,16 @@ class XLAttention(nn.Module):
       position = self.position_scores(q + v_bias.astype(self.dtype), ctx.positions,
                                       context.positions, num_distances)
 
-    logits = (content + position) / jnp.sqrt(self.head_dim).astype(self.dtype)
+    logits = (content + position) / jnp.sqrt(self.shared.head_dim).astype(self.dtype)
     mask = causal_document_mask(ctx.positions, ctx.segment_ids, context.positions,
                                 context.segment_ids, context.valid, causal=True)
     return logits, mask, v
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
-    if self.relative_impl not in RELATIVE_IMPLS:
-      raise ValueError(f'relative_impl must be one of {RELATIVE_IMPLS}, got {self.relative_impl!r}')
+    _, relative_impl = self.relative_settings()
+    if relative_impl not in RELATIVE_IMPLS:
+      raise ValueError(f'relative_impl must be one of {RELATIVE_IMPLS}, got {relative_impl!r}')
     context, new_state = projections.memory_and_chunk(state, x, ctx)
     if sequence_settings.sequence_axis_size() > 1:
       out = self._sequence_split_attention(x, context, ctx)
@@ -194,4 +203,4 @@ class XLAttention(nn.Module):
       logits, mask, v = self.attention_logits(x, context, ctx)
       out = attend(logits, mask, v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype), new_state, {}
+    return projections.project_output(out, self.shared.d_model, self.dtype), new_state, {}

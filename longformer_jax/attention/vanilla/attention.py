@@ -33,11 +33,11 @@ import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import projections
-from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.vanilla.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
@@ -47,25 +47,14 @@ from longformer_jax.attention.sequence_parallel.attention import sequence_parall
 class VanillaAttention(nn.Module):
   """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`.
 
-  No settings of its own: the shared `model.causal`, `model.mem_len`,
-  `model.attention_backend` and those of the module docstring.
+  No settings of its own (no section): it reads only `shared` (attention/shared_settings.py),
+  the shared `model.causal`, `model.mem_len`, `model.attention_backend` and those of the
+  module docstring (`shared.heads`).
   """
   reads_mem_len = True
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  causal: bool = True
-  attention_backend: str = 'auto'
+  shared: SharedSettings
   dtype: jnp.dtype = jnp.float32
-  heads: CheckpointHeads = CheckpointHeads()
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim,
-               d_model=config.d_model, causal=config.causal,
-               attention_backend=config.attention_backend,
-               dtype=dtype, heads=CheckpointHeads.from_config(config), name=name)
 
   @staticmethod
   def kernel_pattern(model, section=None) -> backends.KernelPattern:
@@ -81,24 +70,26 @@ class VanillaAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
+    heads, num_heads, head_dim = self.shared.heads, self.shared.num_heads, self.shared.head_dim
     context, new_state = projections.memory_and_chunk(state, x, ctx)
-    q = self.heads.query(x, self.num_heads, self.head_dim, self.dtype)
-    k, v = self.heads.keys_values(context.values, self.num_heads, self.head_dim, self.dtype)
+    q = heads.query(x, num_heads, head_dim, self.dtype)
+    k, v = heads.keys_values(context.values, num_heads, head_dim, self.dtype)
     # Rotate relative to the chunk's first position: q.k depends only on the
     # difference, and small angles keep float32 exact on long streams.
     origin = ctx.positions[:, :1]
-    q = self.heads.rotate(q, ctx.positions - origin)
-    k = self.heads.rotate(k, context.positions - origin)
-    bias = self.heads.position_bias(ctx.positions, context.positions, self.num_heads,
-                                    bidirectional=not self.causal)       # [b, h, c, mem + c]
+    q = heads.rotate(q, ctx.positions - origin)
+    k = heads.rotate(k, context.positions - origin)
+    bias = heads.position_bias(ctx.positions, context.positions, num_heads,
+                               bidirectional=not self.shared.causal)   # [b, h, c, mem + c]
     out = self._attend(q, k, v, ctx, context, bias)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return self.heads.output(out, self.d_model, self.dtype), new_state, {}
+    return heads.output(out, self.shared.d_model, self.dtype), new_state, {}
 
   def _attend(self, q, k, v, ctx: AttentionContext, context: fifo.FifoMemory,
               bias: jax.Array | None = None) -> jax.Array:
     """Masked softmax of `q [b, c, h, d]` over `k, v [b, mem + c, h, d]` -> `[b, c, h, d]`;
     `bias [b, h, c, mem + c]` (or None) added to the scaled logits."""
+    causal, head_dim = self.shared.causal, self.shared.head_dim
     in_chunk = k.shape[1] == q.shape[1]          # no cache (mem_len = 0)
     if bias is None and sequence_settings.sequence_axis_size() > 1:
       # The chunk split along its length over the mesh's sequence axis; a cache (the first
@@ -109,22 +100,22 @@ class VanillaAttention(nn.Module):
       settings = sequence_settings.current()
       return sequence_parallel_attention(
           q, k[:, mem:], v[:, mem:], ctx.positions, ctx.segment_ids, ctx.valid,
-          mesh=jax.sharding.get_abstract_mesh(), causal=self.causal, method=settings.method,
-          load_balance=settings.load_balance and self.causal,
-          scale=self.head_dim ** -0.5, memory=memory).astype(self.dtype)
+          mesh=jax.sharding.get_abstract_mesh(), causal=causal, method=settings.method,
+          load_balance=settings.load_balance and causal,
+          scale=head_dim ** -0.5, memory=memory).astype(self.dtype)
     backend = backends.resolve_backend(
-        self.attention_backend, _pattern(self.causal, in_chunk, bias is not None),
-        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+        self.shared.attention_backend, _pattern(causal, in_chunk, bias is not None),
+        dtype=jnp.dtype(self.dtype).name, head_dim=head_dim)
     if backend in ('splash', 'pallas_gpu'):   # in-chunk only: k, v are the chunk's own tokens
-      scaled = q * jnp.asarray(self.head_dim ** -0.5, q.dtype)
+      scaled = q * jnp.asarray(head_dim ** -0.5, q.dtype)
       return masked_kernel(backend)(scaled, k, v, ctx.segment_ids, ctx.valid, left=None,
-                                    right=0 if self.causal else None).astype(self.dtype)
+                                    right=0 if causal else None).astype(self.dtype)
     mask = causal_document_mask(ctx.positions, ctx.segment_ids, context.positions,
-                                context.segment_ids, context.valid, causal=self.causal)
+                                context.segment_ids, context.valid, causal=causal)
     if backend == 'cudnn':
-      return cudnn_attention(q, k, v, mask, scale=self.head_dim ** -0.5,
-                             causal=self.causal and in_chunk).astype(self.dtype)
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / jnp.sqrt(self.head_dim).astype(self.dtype)
+      return cudnn_attention(q, k, v, mask, scale=head_dim ** -0.5,
+                             causal=causal and in_chunk).astype(self.dtype)
+    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / jnp.sqrt(head_dim).astype(self.dtype)
     if bias is not None:
       logits = logits.astype(jnp.float32) + bias
     return attend(logits, mask, v)
