@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.registry import ATTENTION_VARIANTS
+from longformer_jax.attention.registry import attention_layer
 from tests.test_contract_attention import (B, C, K, VARIANTS, assert_finite, context, harness,
                                            random_inputs, row, stream_positions,
                                            tiny_attention_config)
@@ -75,9 +75,11 @@ def assert_same(got, want, keep, what: str):
 
 
 def is_causal(name: str) -> bool:
-  """The module's `causal` setting; variants without one are causal language models."""
-  module = ATTENTION_VARIANTS[name].from_config(tiny_attention_config(name), jnp.float32)
-  return getattr(module, 'causal', True)
+  """The module's `causal` setting (its `shared.causal` where it takes `SharedSettings`);
+  variants without one are causal language models."""
+  module = attention_layer(tiny_attention_config(name), jnp.float32)
+  shared = getattr(module, 'shared', None)
+  return shared.causal if shared is not None else getattr(module, 'causal', True)
 
 
 @pytest.mark.parametrize('name', VARIANTS)

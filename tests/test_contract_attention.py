@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.registry import ATTENTION_VARIANTS
+from longformer_jax.attention.registry import ATTENTION_VARIANTS, attention_layer
 from tests.tiny_models import tiny_model_config
 
 B, C, K = 2, 8, 2           # batch rows, chunk length, chunks per scan
@@ -219,7 +219,7 @@ def build_harness(make_module, init_state, adapt=lambda out: out) -> dict:
 def harness(name: str) -> dict:
   config = tiny_attention_config(name)
   cls = ATTENTION_VARIANTS[name]
-  return build_harness(lambda dtype: cls.from_config(config, dtype, name='attention'),
+  return build_harness(lambda dtype: attention_layer(config, dtype, name='attention'),
                        lambda dtype: cls.init_state(config, B, dtype))
 
 
@@ -324,10 +324,9 @@ def test_every_registered_variant_builds():
   unknown = set(TINY) - set(ATTENTION_VARIANTS)
   assert not unknown, f'TINY names unregistered variants {unknown}'
   for name, cls in sorted(ATTENTION_VARIANTS.items()):
-    for method in ('from_config', 'init_state'):
-      assert callable(getattr(cls, method, None)), f'attention:{name} has no {method}'
+    assert callable(getattr(cls, 'init_state', None)), f'attention:{name} has no init_state'
     config = tiny_attention_config(name)      # a ConfigError here: add the variant to TINY
-    cls.from_config(config, jnp.float32, name='attention')
+    attention_layer(config, jnp.float32, name='attention')
     jax.eval_shape(lambda: cls.init_state(config, B, jnp.float32))
 
 
