@@ -91,7 +91,7 @@ def test_strided_pattern_skips_most_blocks():
 # ---- the layers with attention_backend='pallas_gpu' (interpret mode here) ----
 
 def layer(kind):
-  from longformer_jax.attention.bigbird.attention import BigBirdAttention
+  from longformer_jax.attention.bigbird.attention import BigBirdAttention, BigBirdConfig
   from longformer_jax.attention.image_local.attention import ImageLocalAttention, ImageLocalConfig
   from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
   from longformer_jax.attention.shared_settings import SharedSettings
@@ -107,8 +107,9 @@ def layer(kind):
           pattern='fixed', stride=8, summary_len=2, integration='multihead',
           attention_backend=b, **common),
       'bigbird': lambda b: BigBirdAttention(
-          block=16, window_blocks=1, random_blocks=2, global_blocks=1, seed=3, layer_index=1,
-          causal=True, attention_backend=b, **common),
+          config=BigBirdConfig(block=16, window_blocks=1, random_blocks=2, global_blocks=1,
+                               seed=3),
+          shared=SharedSettings(causal=True, attention_backend=b, **common), layer_index=1),
       'image_local_1d': lambda b: ImageLocalAttention(
           section=ImageLocalConfig(query_len=8, memory_len=8), attention_backend=b, **common),
   }[kind]

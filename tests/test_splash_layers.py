@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.bigbird import attention as bigbird
-from longformer_jax.attention.bigbird.attention import BigBirdAttention
+from longformer_jax.attention.bigbird.attention import BigBirdAttention, BigBirdConfig
 from longformer_jax.attention.core import attention_backend
 from longformer_jax.attention.bigbird import splash as bigbird_splash
 from longformer_jax.attention.core import splash_kernels as sk
@@ -191,9 +191,11 @@ def test_longformer_dilated_causal_layer_splash_equals_xla():
 
 
 def bigbird_layer(causal):
+  config = BigBirdConfig(block=16, window_blocks=1, random_blocks=2, global_blocks=1, seed=3)
   return lambda backend: BigBirdAttention(
-      num_heads=2, head_dim=16, d_model=32, block=16, window_blocks=1, random_blocks=2,
-      global_blocks=1, seed=3, layer_index=1, causal=causal, attention_backend=backend)
+      config=config, layer_index=1,
+      shared=SharedSettings(num_heads=2, head_dim=16, d_model=32, causal=causal,
+                            attention_backend=backend))
 
 
 def test_bigbird_layer_splash_equals_xla():
