@@ -75,11 +75,8 @@ def assert_same(got, want, keep, what: str):
 
 
 def is_causal(name: str) -> bool:
-  """The layer's `causal` setting (its shared settings, or the module's own field for a variant
-  still built by `from_config`); variants without one are causal language models."""
-  module = attention_layer(tiny_attention_config(name), jnp.float32)
-  shared = getattr(module, 'shared', None)
-  return shared.causal if shared is not None else getattr(module, 'causal', True)
+  """The layer's `causal` setting (its shared settings)."""
+  return attention_layer(tiny_attention_config(name), jnp.float32).shared.causal
 
 
 @pytest.mark.parametrize('name', VARIANTS)

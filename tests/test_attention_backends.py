@@ -26,7 +26,7 @@ from longformer_jax.attention.vanilla.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.splash_kernels import splash_attention
-from longformer_jax.attention.longformer.attention import LongformerAttention
+from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.config.errors import ConfigError
@@ -169,8 +169,9 @@ def test_vanilla_layer_splash_equals_xla():
 
 def test_longformer_two_sided_layer_splash_equals_xla():
   results = layer_outputs_and_grads(lambda backend: LongformerAttention(
-      num_heads=H, head_dim=HD, d_model=D, window=5, head_dilations=(1, 1), causal=False,
-      window_cache=False, attention_backend=backend))
+      config=LongformerConfig(window=5, head_dilations='1,1', window_cache=False),
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=False,
+                            attention_backend=backend)))
   assert_trees_close(results['splash'], results['xla'], atol=2e-5)
 
 

@@ -8,6 +8,7 @@ test_sparse_transformer.py). Inputs have a document boundary, padding, random
 global flags, and lengths that are and are not multiples of the block.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -16,8 +17,11 @@ import numpy as np
 import pytest
 
 import train as train_script
-from longformer_jax.attention.bigbird.attention import (BigBirdAttention, bigbird_attention,
-                                                        pattern_key, random_block_pattern)
+from longformer_jax.attention.bigbird.attention import (BigBirdAttention, BigBirdConfig,
+                                                        bigbird_attention, pattern_key,
+                                                        random_block_pattern)
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.decoder_lm import DecoderLM
@@ -70,10 +74,10 @@ def random_flags(n: int) -> np.ndarray:
 @pytest.mark.parametrize('causal', [False, True])
 @pytest.mark.parametrize('n,global_blocks,max_flagged', [(24, 1, 0), (22, 0, 3)])
 def test_layer_matches_dense_reference(n, global_blocks, max_flagged, causal):
-  module = BigBirdAttention(num_heads=H, head_dim=HD, d_model=D, block=BLOCK,
-                            window_blocks=WINDOW, random_blocks=RANDOM,
-                            global_blocks=global_blocks, max_global_tokens=max_flagged, seed=3,
-                            layer_index=1, causal=causal)
+  module = BigBirdAttention(
+      config=BigBirdConfig(block=BLOCK, window_blocks=WINDOW, random_blocks=RANDOM,
+                           global_blocks=global_blocks, max_global_tokens=max_flagged, seed=3),
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=causal), layer_index=1)
   positions, segments, valid = chunk_facts(n)
   flags = random_flags(n)
   ctx = context_for(positions, segments, valid).replace(global_flags=jnp.asarray(flags))
@@ -150,8 +154,9 @@ def test_random_pattern_is_a_function_of_its_key(causal):
 
 def test_train_and_eval_see_the_same_pattern():
   """No hidden randomness: a training call (dropout rng, not deterministic) equals an eval call."""
-  module = BigBirdAttention(num_heads=H, head_dim=HD, d_model=D, block=BLOCK,
-                            window_blocks=WINDOW, random_blocks=RANDOM, seed=7)
+  module = BigBirdAttention(
+      config=BigBirdConfig(block=BLOCK, window_blocks=WINDOW, random_blocks=RANDOM, seed=7),
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=False))
   n = 48
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
@@ -161,7 +166,8 @@ def test_train_and_eval_see_the_same_pattern():
   evaluated = apply(ctx, {})
   trained = apply(ctx.replace(deterministic=False), {'dropout': jax.random.PRNGKey(9)})
   np.testing.assert_array_equal(np.asarray(trained), np.asarray(evaluated))
-  assert (np.asarray(module.clone(seed=8).pattern(n)) != np.asarray(module.pattern(n))).any()
+  reseeded = module.clone(config=dataclasses.replace(module.config, seed=8))
+  assert (np.asarray(reseeded.pattern(n)) != np.asarray(module.pattern(n))).any()
 
 
 @pytest.mark.parametrize('key,section', [
@@ -203,7 +209,9 @@ def test_random_pattern_that_differs_between_chunk_lengths_is_refused(sections, 
 def test_chunk_lengths_with_one_random_pattern_are_accepted(bigbird, sections):
   resolve_config(lm_config(bigbird, **sections))
   # The pattern is indeed the same for lengths with the same number of blocks.
-  module = BigBirdAttention(num_heads=H, head_dim=HD, d_model=D, block=16)
+  module = BigBirdAttention(config=BigBirdConfig(block=16),
+                            shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D,
+                                                  causal=False))
   np.testing.assert_array_equal(module.pattern(60), module.pattern(64))
   assert module.pattern(64).shape != module.pattern(128).shape
 
@@ -224,9 +232,10 @@ def test_old_flat_names_move_to_the_section():
 def test_config_reading():
   cfg = tiny_model_config(attention='bigbird', causal=False, bigbird=dict(
       block=8, window_blocks=2, random_blocks=1, global_blocks=0, max_global_tokens=3, seed=5))
-  module = BigBirdAttention.from_config(cfg, jnp.float32)
-  assert (module.block, module.window_blocks, module.random_blocks, module.global_blocks,
-          module.max_global_tokens, module.seed, module.causal, module.layer_index) == (
+  module = attention_layer(cfg, jnp.float32)
+  config = module.config
+  assert (config.block, config.window_blocks, config.random_blocks, config.global_blocks,
+          config.max_global_tokens, config.seed, module.shared.causal, module.layer_index) == (
               8, 2, 1, 0, 3, 5, False, 0)
 
 

@@ -91,27 +91,31 @@ def test_strided_pattern_skips_most_blocks():
 # ---- the layers with attention_backend='pallas_gpu' (interpret mode here) ----
 
 def layer(kind):
-  from longformer_jax.attention.bigbird.attention import BigBirdAttention
+  from longformer_jax.attention.bigbird.attention import BigBirdAttention, BigBirdConfig
   from longformer_jax.attention.image_local.attention import ImageLocalAttention, ImageLocalConfig
-  from longformer_jax.attention.longformer.attention import LongformerAttention
-  from longformer_jax.attention.sparse_transformer.attention import SparseTransformerAttention
+  from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
   from longformer_jax.attention.shared_settings import SharedSettings
+  from longformer_jax.attention.sparse_transformer.attention import (SparseTransformerAttention,
+                                                           SparseTransformerConfig)
   from longformer_jax.attention.vanilla.attention import VanillaAttention
   common = dict(num_heads=2, head_dim=16, d_model=32)
   return {
       'vanilla': lambda b: VanillaAttention(
           shared=SharedSettings(causal=True, attention_backend=b, **common)),
       'longformer_dilated': lambda b: LongformerAttention(
-          window=4, head_dilations=(1, 3), causal=False, window_cache=False,
-          attention_backend=b, **common),
+          config=LongformerConfig(window=4, head_dilations='1,3', window_cache=False),
+          shared=SharedSettings(causal=False, attention_backend=b, **common)),
       'sparse_fixed_multihead': lambda b: SparseTransformerAttention(
-          pattern='fixed', stride=8, summary_len=2, integration='multihead',
-          attention_backend=b, **common),
+          config=SparseTransformerConfig(pattern='fixed', stride=8, summary_len=2,
+                                         integration='multihead'),
+          shared=SharedSettings(attention_backend=b, **common)),
       'bigbird': lambda b: BigBirdAttention(
-          block=16, window_blocks=1, random_blocks=2, global_blocks=1, seed=3, layer_index=1,
-          causal=True, attention_backend=b, **common),
+          config=BigBirdConfig(block=16, window_blocks=1, random_blocks=2, global_blocks=1,
+                               seed=3),
+          shared=SharedSettings(causal=True, attention_backend=b, **common), layer_index=1),
       'image_local_1d': lambda b: ImageLocalAttention(
-          section=ImageLocalConfig(query_len=8, memory_len=8), attention_backend=b, **common),
+          config=ImageLocalConfig(query_len=8, memory_len=8),
+          shared=SharedSettings(attention_backend=b, **common)),
   }[kind]
 
 

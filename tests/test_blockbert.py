@@ -20,8 +20,10 @@ import pytest
 
 import train as train_script
 from benchmarks import blockbert_cases
-from longformer_jax.attention.blockbert import (BlockBERTAttention, blockbert_attention,
-                                                key_block_maps)
+from longformer_jax.attention.blockbert import (BlockBERTAttention, BlockBERTConfig,
+                                                blockbert_attention, key_block_maps)
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from tests.gradient_checks import assert_gradients_match
 from tests.test_contract_attention import FAST_COMPILE
@@ -65,8 +67,9 @@ CASES = [('0,1;1,0', False, 16), ('0,1;1,0', False, 15), ('0,2,1;1,0,2', False, 
 
 @pytest.mark.parametrize('permutations,causal,n', CASES)
 def test_layer_matches_dense_reference(permutations, causal, n):
-  module = BlockBERTAttention(num_heads=H, head_dim=HD, d_model=D, permutations=permutations,
-                              causal=causal)
+  module = BlockBERTAttention(config=BlockBERTConfig(permutations=permutations),
+                              shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D,
+                                                    causal=causal))
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
   x = jax.random.normal(jax.random.PRNGKey(n), (B, n, D))
@@ -154,11 +157,11 @@ def test_bad_settings_name_their_key(key, section, shared):
 def test_bidirectional_allows_any_permutation_and_config_is_read():
   cfg = tiny_model_config(attention='blockbert', causal=False,
                           blockbert=dict(permutations='0,2,1;2,1,0'))
-  module = BlockBERTAttention.from_config(cfg, jnp.float32)
-  assert (module.permutations, module.causal) == ('0,2,1;2,1,0', False)
+  module = attention_layer(cfg, jnp.float32)
+  assert (module.config.permutations, module.shared.causal) == ('0,2,1;2,1,0', False)
   # The same layer made causal after the check: building its key-block maps refuses it.
   cfg = ml_collections.FrozenConfigDict(dict(cfg.to_dict(), causal=True))
-  module = BlockBERTAttention.from_config(cfg, jnp.float32)
+  module = attention_layer(cfg, jnp.float32)
   ctx = context_for(*chunk_facts(6))
   with pytest.raises(ConfigError) as error:
     module.init(jax.random.PRNGKey(0), jnp.zeros((B, 6, cfg.d_model)), {}, ctx)

@@ -27,8 +27,10 @@ import pytest
 
 import train as train_script
 from benchmarks import bp_transformer_cases
-from longformer_jax.attention.bp_transformer import (BPTransformerAttention,
+from longformer_jax.attention.bp_transformer import (BPTransformerAttention, BPTransformerConfig,
                                                      bp_transformer_attention, neighbour_graph)
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from tests.gradient_checks import assert_gradients_match
 from tests.test_contract_attention import FAST_COMPILE
@@ -169,8 +171,9 @@ CASES = [(16, 2, 8, False), (13, 1, 8, False), (19, 2, 2, False),
 
 @pytest.mark.parametrize('n,k,num_levels,causal', CASES)
 def test_layer_matches_dense_reference(n, k, num_levels, causal):
-  module = BPTransformerAttention(num_heads=H, head_dim=HD, d_model=D, k=k,
-                                  num_levels=num_levels, causal=causal)
+  module = BPTransformerAttention(config=BPTransformerConfig(k=k, num_levels=num_levels),
+                                  shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D,
+                                                        causal=causal))
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
   x = jax.random.normal(jax.random.PRNGKey(n), (B, n, D))
@@ -251,8 +254,8 @@ def test_bad_settings_name_their_key(key, section):
 def test_config_reading():
   cfg = tiny_model_config(attention='bp_transformer', causal=False,
                           bp_transformer=dict(k=3, num_levels=5))
-  module = BPTransformerAttention.from_config(cfg, jnp.float32)
-  assert (module.k, module.num_levels, module.causal) == (3, 5, False)
+  module = attention_layer(cfg, jnp.float32)
+  assert (module.config.k, module.config.num_levels, module.shared.causal) == (3, 5, False)
 
 
 @pytest.mark.slow

@@ -161,3 +161,16 @@ def test_the_scan_flags_restated_defaults(snippet, flagged):
   assert bool(found) == flagged, found
   if flagged:
     assert found[0].startswith('longformer_jax/example.py:1: ')
+
+
+def test_no_class_copies_settings_into_fields_with_from_config():
+  """A module receives its typed section (attention/shared_settings.py); a `from_config` that
+  copies settings into re-declared fields is a second declaration of each."""
+  found = []
+  for path in sorted(PACKAGE.rglob('*.py')):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      named = isinstance(node, ast.FunctionDef) and node.name == 'from_config'
+      called = isinstance(node, ast.Attribute) and node.attr == 'from_config'
+      if named or called:
+        found.append(f'{path.relative_to(ROOT)}:{node.lineno}')
+  assert not found, 'from_config copies: ' + ', '.join(found)

@@ -30,6 +30,7 @@ eviction policies in test_contract_policies.py. The helpers here are shared
 with test_contract_stacks.py.
 """
 
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -328,6 +329,27 @@ def test_every_registered_variant_builds():
     config = tiny_attention_config(name)      # a ConfigError here: add the variant to TINY
     assert isinstance(attention_layer(config, jnp.float32, name='attention'), cls), name
     jax.eval_shape(lambda: cls.init_state(config, B, jnp.float32))
+
+
+# The fields a variant's module may have: its section, the shared settings, its dtype (and
+# flax's own parent and name). Any other field re-declares a setting (attention/shared_settings.py).
+MODULE_FIELDS = {'config', 'shared', 'dtype', 'parent', 'name',
+                 'layer_index'}   # BigBird: the layer's number in its stack, not a setting
+
+
+def test_a_variant_holds_its_section_and_the_shared_settings_only():
+  for name, cls in sorted(ATTENTION_VARIANTS.items()):
+    fields = {field.name for field in dataclasses.fields(cls)}
+    assert fields <= MODULE_FIELDS, f'attention:{name} re-declares {sorted(fields - MODULE_FIELDS)}'
+    assert 'shared' in fields, f'attention:{name} has no shared settings'
+    section = getattr(cls, 'Config', None)
+    if section is not None:
+      assert cls.__dataclass_fields__['config'].type in (section, section.__name__), name
+    assert not hasattr(cls, 'from_config'), f'attention:{name} still copies settings (from_config)'
+    built = attention_layer(tiny_attention_config(name), jnp.float32, name='attention')
+    if section is not None:
+      want = section.build(tiny_attention_config(name)[name].to_dict(), f'model.{name}')
+      assert built.config == want, f'attention:{name} does not hold its section as configured'
 
 
 @pytest.mark.parametrize('name', VARIANTS)

@@ -202,16 +202,18 @@ def test_longformer_layer_cudnn_equals_xla(global_tokens, causal):
   """The Longformer (causal: window cache; two-sided: two causal passes; documents, padding,
   global tokens) in bfloat16: 'cudnn' (auto's choice on a GPU) against 'xla', two chunks,
   outputs and gradients."""
-  from longformer_jax.attention.longformer.attention import LongformerAttention
+  from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
+  from longformer_jax.attention.shared_settings import SharedSettings
   from tests.test_cudnn_window_layers import CHUNK, chunk_contexts
   contexts = chunk_contexts(bool(global_tokens))
   valid = jnp.concatenate([c.valid for c in contexts], axis=1)
   x = jax.random.normal(jax.random.PRNGKey(3), (B, 2 * CHUNK, D))
   probe = jax.random.normal(jax.random.PRNGKey(4), (B, 2 * CHUNK, D)) * valid[..., None]
   make = lambda backend: LongformerAttention(
-      num_heads=H, head_dim=HD, d_model=D, window=6, head_dilations=(1,) * H, causal=causal,
-      window_cache=causal, global_tokens=global_tokens, attention_backend=backend,
-      dtype=jnp.bfloat16)
+      config=LongformerConfig(window=6, head_dilations=','.join(['1'] * H), window_cache=causal,
+                              global_tokens=global_tokens),
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=causal,
+                            attention_backend=backend), dtype=jnp.bfloat16)
   state = fifo.create(B, 6 if causal else 0, (D,))   # the window cache: w hidden states
   params = make('xla').init(jax.random.PRNGKey(0), x[:, :CHUNK], state, contexts[0])['params']
 

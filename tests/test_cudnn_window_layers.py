@@ -26,7 +26,7 @@ from longformer_jax.attention.longformer import attention as longformer
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cudnn_window
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.longformer.attention import LongformerAttention
+from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention, StreamingSinksConfig
 from longformer_jax.memory import fifo
@@ -71,8 +71,9 @@ def on_cudnn_path(monkeypatch):
 def test_longformer_cudnn_window_path_equals_xla(on_cudnn_path, global_tokens):
   contexts = chunk_contexts(bool(global_tokens))
   make = lambda backend: LongformerAttention(
-      num_heads=H, head_dim=HD, d_model=D, window=WINDOW, head_dilations=(1, 1), causal=True,
-      global_tokens=global_tokens, attention_backend=backend)
+      config=LongformerConfig(window=WINDOW, head_dilations='1,1', global_tokens=global_tokens),
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=True,
+                            attention_backend=backend))
   state = LongformerAttention.init_state(_config(global_tokens), B)
   params, *want = two_chunk_run(make, state, contexts, 'xla')
   _, *got = two_chunk_run(make, state, contexts, 'cudnn', params)
@@ -87,8 +88,10 @@ def test_longformer_two_sided_cudnn_window_path_equals_xla(on_cudnn_path, global
   log-sum-exp, global tokens merged in; one chunk with documents mid-chunk and padding."""
   contexts = chunk_contexts(bool(global_tokens))
   make = lambda backend: LongformerAttention(
-      num_heads=H, head_dim=HD, d_model=D, window=WINDOW, head_dilations=(1, 1), causal=False,
-      window_cache=False, global_tokens=global_tokens, attention_backend=backend)
+      config=LongformerConfig(window=WINDOW, head_dilations='1,1', window_cache=False,
+                              global_tokens=global_tokens),
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=False,
+                            attention_backend=backend))
   state = fifo.create(B, 0, (D,))
   params, *want = two_chunk_run(make, state, contexts, 'xla')
   _, *got = two_chunk_run(make, state, contexts, 'cudnn', params)

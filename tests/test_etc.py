@@ -21,7 +21,9 @@ import pytest
 
 from benchmarks import etc_cases
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.etc import ETCAttention, etc_attention, num_labels
+from longformer_jax.attention.etc import ETCAttention, ETCConfig, etc_attention, num_labels
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from tests.gradient_checks import assert_gradients_match
 from tests.test_sparse_transformer import largest_intermediate
@@ -178,8 +180,8 @@ def context_for(facts) -> AttentionContext:
 def test_layer_matches_float64_reference():
   """The module: shared projections, the learned label vectors, output projection."""
   n, radius = 13, 4
-  module = ETCAttention(num_heads=H, head_dim=HD, d_model=D, radius=radius, max_global=8,
-                        structure='sentence')
+  module = ETCAttention(config=ETCConfig(radius=radius, max_global=8, structure='sentence'),
+                        shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=False))
   facts = chunk_facts(n)
   x = jax.random.normal(jax.random.PRNGKey(7), (B, n, D))
   params = jax.jit(module.init)(jax.random.PRNGKey(0), x, {}, context_for(facts))['params']
@@ -266,6 +268,6 @@ def test_bad_value_message_names_value_and_rule():
 def test_config_reading():
   cfg = tiny_model_config(attention='etc', causal=False,
                           etc=dict(radius=5, max_global=3, structure='sentence'))
-  module = ETCAttention.from_config(cfg, jnp.float32)
-  assert (module.radius, module.max_global, module.structure, module.causal) == (
-      5, 3, 'sentence', False)
+  module = attention_layer(cfg, jnp.float32)
+  assert (module.config.radius, module.config.max_global, module.config.structure,
+          module.shared.causal) == (5, 3, 'sentence', False)

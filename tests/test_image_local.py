@@ -19,6 +19,7 @@ import pytest
 
 from longformer_jax.attention.image_local import attention as image_local
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.model_config import resolve_model
 from tests.gradient_checks import assert_gradients_match
@@ -112,7 +113,8 @@ def context_for(positions, segments, valid) -> AttentionContext:
 
 @pytest.mark.parametrize('cfg,n', CASES)
 def test_layer_matches_dense_reference(cfg, n):
-  module = image_local.ImageLocalAttention(num_heads=H, head_dim=HD, d_model=D, section=cfg)
+  module = image_local.ImageLocalAttention(
+      config=cfg, shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
   x = jax.random.normal(jax.random.PRNGKey(n), (B, n, D))

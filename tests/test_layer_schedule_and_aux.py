@@ -94,19 +94,18 @@ def test_weighted_aux_losses_reference():
 
 class _PenalisedVanilla(nn.Module):
   """Vanilla attention that reports the mean square of its output as a loss."""
-  inner: nn.Module
-
-  @classmethod
-  def from_config(cls, config, dtype, name=None):
-    vanilla = registry.ATTENTION_VARIANTS['vanilla']
-    return cls(vanilla(shared=SharedSettings.of(config), dtype=dtype), name=name)
+  shared: SharedSettings
+  dtype: jnp.dtype = jnp.float32
 
   @staticmethod
   def init_state(config, batch_size, dtype=jnp.float32):
     return registry.ATTENTION_VARIANTS['vanilla'].init_state(config, batch_size, dtype)
 
+  @nn.compact
   def __call__(self, x, state, ctx):
-    y, state, _ = self.inner(x, state, ctx)
+    inner = registry.ATTENTION_VARIANTS['vanilla'](shared=self.shared, dtype=self.dtype,
+                                                   name='inner')
+    y, state, _ = inner(x, state, ctx)
     return y, state, {'square_loss': jnp.mean(jnp.square(y.astype(jnp.float32))), 'seen': 1.0}
 
 

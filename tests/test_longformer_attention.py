@@ -17,7 +17,9 @@ import pytest
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.longformer.dilated_window import dilated_window_attention
-from longformer_jax.attention.longformer.attention import LongformerAttention
+from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.sliding_window import blocked_window_attention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model
@@ -89,6 +91,15 @@ def reference(xp, params, x, context_values, masks, q_pos, k_pos, is_global, set
   return xp.einsum('bqhe,hed->bqd', out, params['out']['kernel'])
 
 
+def longformer(head_dilations=(1,), causal=True, dtype=jnp.float32, **section):
+  """The module (H heads), one dilation per head in `head_dilations`, `section` its other
+  `LongformerConfig` values."""
+  config = LongformerConfig(head_dilations=','.join(map(str, head_dilations)), **section)
+  return LongformerAttention(config=config, dtype=dtype,
+                             shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D,
+                                                   causal=causal))
+
+
 def make_case(causal=True, chunk=13, window=3, head_dilations=(1, 2), block_size=4,
               global_tokens=0, global_projections=True, padding=False, cache=False, seed=0,
               dtype=jnp.float32, perturb_global=True):
@@ -96,7 +107,7 @@ def make_case(causal=True, chunk=13, window=3, head_dilations=(1, 2), block_size
   settings = dict(window=window, head_dilations=head_dilations, causal=causal,
                   block_size=block_size, global_tokens=global_tokens,
                   global_projections=global_projections, window_cache=cache)
-  module = LongformerAttention(num_heads=H, head_dim=HD, d_model=D, dtype=dtype, **settings)
+  module = longformer(dtype=dtype, **settings)
   rng = np.random.default_rng(seed)
   start = 40
   q_pos = np.tile(np.arange(start, start + chunk, dtype=np.int32), (B, 1))
@@ -242,8 +253,7 @@ def test_bfloat16_keeps_float32_softmax_and_zero_masked_rows():
 def test_stream_with_cache_equals_one_long_sequence():
   """Chunk by chunk with the window cache is exactly the whole sequence at once."""
   window, dilations, chunk, chunks = 5, (1, 2), 8, 4
-  module = LongformerAttention(num_heads=H, head_dim=HD, d_model=D, window=window,
-                               head_dilations=dilations, block_size=4, window_cache=True)
+  module = longformer(window=window, head_dilations=dilations, block_size=4, window_cache=True)
   length = chunk * chunks
   rng = np.random.default_rng(3)
   x = jnp.asarray(rng.normal(size=(B, length, D)), jnp.float32)
@@ -336,17 +346,17 @@ def test_old_flat_names_move_to_the_section():
 
 
 def test_config_reading_and_cache_length():
-  module = LongformerAttention.from_config(model_config(window=8, head_dilations='1:1:1 1'),
-                                           jnp.float32)
-  assert module.head_dilations == (1, 1, 1, 1) and module.causal and module.window_cache
-  assert module.window == 8 and module.rotary and module.global_projections
+  module = attention_layer(model_config(window=8, head_dilations='1:1:1 1'), jnp.float32)
+  assert module.head_dilations == (1, 1, 1, 1) and module.shared.causal
+  assert module.uses_window_cache
+  assert module.config.window == 8 and module.rotary and module.config.global_projections
   state = LongformerAttention.init_state(model_config(window=8, head_dilations='1,3,1,1'), 2)
   assert state.values.shape == (2, 24, D)
-  dilated = LongformerAttention.from_config(model_config(dilation=2), jnp.float32)
+  dilated = attention_layer(model_config(dilation=2), jnp.float32)
   assert dilated.head_dilations == (2, 2, 2, 2)
   # Two-sided layers never cache (their window would need the next chunk's keys).
   encoder = model_config(window=8, causal=False)
-  assert not LongformerAttention.from_config(encoder, jnp.float32).window_cache
+  assert not attention_layer(encoder, jnp.float32).uses_window_cache
   assert LongformerAttention.init_state(encoder, 2).values.shape == (2, 0, D)
   no_cache = model_config(window=8, window_cache=False)
   assert LongformerAttention.init_state(no_cache, 2).values.shape == (2, 0, D)

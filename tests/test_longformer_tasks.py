@@ -342,7 +342,7 @@ def test_layer_schedule_gives_each_layer_its_window():
     """Each attention layer's window, input and output."""
     if not is_attention(context):
       return next_fun(*args, **kwargs)
-    windows.append(context.module.window)
+    windows.append(context.module.config.window)
     inputs.append(args[0])
     out = next_fun(*args, **kwargs)
     outputs.append(out[0])

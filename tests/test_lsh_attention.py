@@ -19,7 +19,7 @@ import pytest
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.lsh.attention import (SELF_LOGIT, LSHAttention, hash_buckets,
                                           lsh_attention, random_rotations)
-from longformer_jax.attention.registry import attention_class
+from longformer_jax.attention.registry import attention_class, attention_layer
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.config.migration import migrate_flat_model
@@ -232,7 +232,7 @@ class TwoLayers(nn.Module):
 
   @nn.compact
   def __call__(self, x, ctx):
-    return [LSHAttention.from_config(self.config, jnp.float32, name=f'layer_{i}')(x, {}, ctx)[0]
+    return [attention_layer(self.config, jnp.float32, name=f'layer_{i}')(x, {}, ctx)[0]
             for i in range(2)]
 
 
@@ -300,14 +300,15 @@ def test_old_flat_names_move_to_the_section():
 
 
 def test_config_reading():
-  module = LSHAttention.from_config(
+  module = attention_layer(
       tiny_lsh_config(num_hashes=3, seed=2, rotations_per_step=True, rotary=False), jnp.float32)
-  assert (module.num_hashes, module.num_buckets, module.chunk_len, module.seed,
-          module.rotations_per_step, module.rotary, module.causal) == (3, 4, 8, 2, True, False,
-                                                                       True)
-  assert module.logit_scale == 'inverse_sqrt_head_dim'
-  assert LSHAttention.from_config(tiny_lsh_config(logit_scale='none'),
-                                  jnp.float32).logit_scale == 'none'
+  config = module.config
+  assert (config.num_hashes, config.num_buckets, config.chunk_len, config.seed,
+          config.rotations_per_step, config.rotary, module.shared.causal) == (3, 4, 8, 2, True,
+                                                                              False, True)
+  assert config.logit_scale == 'inverse_sqrt_head_dim'
+  assert attention_layer(tiny_lsh_config(logit_scale='none'),
+                         jnp.float32).config.logit_scale == 'none'
 
 
 def test_bad_logit_scale_is_a_one_line_error_naming_key_and_value():

@@ -14,6 +14,7 @@ import pytest
 
 from longformer_jax.attention.performer import attention as performer
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from tests.test_performer import (B, BLOCK, D, H, HD, M, chunk_facts, jit, reference_attention,
                                   reference_mask)
@@ -31,9 +32,11 @@ def context(positions, segments, valid, reset=None, step=None, deterministic=Tru
                           deterministic=deterministic)
 
 
-def make_layer(**settings):
-  module = performer.PerformerAttention(num_heads=H, head_dim=HD, d_model=D, num_features=M,
-                                        block_len=BLOCK, **settings)
+def make_layer(causal=True, **settings):
+  """The layer (`settings`: its other `PerformerConfig` values) and its jitted apply."""
+  module = performer.PerformerAttention(
+      config=performer.PerformerConfig(num_features=M, block_len=BLOCK, **settings),
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=causal))
   return module, jit(functools.partial(module.apply, mutable=['intermediates']))
 
 
@@ -55,7 +58,7 @@ def numpy_rotate(x, positions):
 def layer_params(module, n):
   positions, segments, valid = chunk_facts(n)
   x = jax.random.normal(jax.random.PRNGKey(0), (B, n, D))
-  state = performer.empty_state(B, H, M, HD) if module.causal else {}
+  state = performer.empty_state(B, H, M, HD) if module.shared.causal else {}
   return jit(module.init)(jax.random.PRNGKey(1), x, state,
                               context(positions, segments, valid))['params']
 

@@ -24,6 +24,7 @@ import pytest
 
 from longformer_jax.attention.routing import attention as routing
 from longformer_jax.attention.context import MODEL_STATE, AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.train import optimizer as optimizer_lib
@@ -56,9 +57,10 @@ class _OlderTrainState:
 
 
 def layer_and_context(causal: bool):
-  layer = routing.RoutingAttention(num_heads=H, head_dim=HD, d_model=D_MODEL,
-                                   num_clusters=CLUSTERS, window=WINDOW, local_heads=LOCAL,
-                                   local_window=LOCAL_WINDOW, decay=0.8, causal=causal)
+  layer = routing.RoutingAttention(
+      config=routing.RoutingConfig(num_clusters=CLUSTERS, window=WINDOW, local_heads=LOCAL,
+                                   local_window=LOCAL_WINDOW, decay=0.8),
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D_MODEL, causal=causal))
   positions = np.tile(np.arange(30, 30 + N, dtype=np.int32), (B, 1))
   segments = np.zeros((B, N), np.int32)
   segments[1, 5:] = 1

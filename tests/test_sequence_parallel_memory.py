@@ -25,12 +25,13 @@ import pytest
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
-from longformer_jax.attention.longformer.attention import LongformerAttention
+from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.parallel.parallel_config import ParallelConfig
 from longformer_jax.attention.sequence_parallel.attention import sequence_parallel_attention
+from longformer_jax.attention.shared_settings import SharedSettings
 
 BATCH, CHUNK, MEM, HEADS, HEAD_DIM = 4, 32, 8, 2, 8
 DATA_2_SEQUENCE_4 = (2, 1, 1, 4)
@@ -153,10 +154,10 @@ LF_BATCH, LF_CHUNK, LF_D = 4, 32, 16
 def _longformer_case(causal, global_projections, seed=0):
   """Module, parameters, input and context: 3 global slots, padding, a document from
   token 18 of rows 1 and 3, more flagged tokens than slots in row 0, none in row 2."""
-  module = LongformerAttention(num_heads=HEADS, head_dim=HEAD_DIM, d_model=LF_D, window=4,
-                               head_dilations=(1, 1), causal=causal, block_size=4,
-                               global_tokens=3, global_projections=global_projections,
-                               window_cache=False)
+  module = LongformerAttention(
+      config=LongformerConfig(window=4, head_dilations='1,1', block_size=4, global_tokens=3,
+                              global_projections=global_projections, window_cache=False),
+      shared=SharedSettings(num_heads=HEADS, head_dim=HEAD_DIM, d_model=LF_D, causal=causal))
   rng = np.random.default_rng(seed)
   positions = np.tile(np.arange(50, 50 + LF_CHUNK, dtype=np.int32), (LF_BATCH, 1))
   segments = np.zeros((LF_BATCH, LF_CHUNK), np.int32)

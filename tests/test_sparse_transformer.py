@@ -18,7 +18,10 @@ import pytest
 
 import train as train_script
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.sparse_transformer.attention import (SparseTransformerAttention,
+                                                         SparseTransformerConfig,
                                                          sparse_transformer_attention)
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.decoder_lm import DecoderLM
@@ -125,8 +128,10 @@ CASES = ([(pattern, 'merged', n) for pattern in ('strided', 'fixed') for n in (1
 
 @pytest.mark.parametrize('pattern,integration,n', CASES)
 def test_layer_matches_dense_reference(pattern, integration, n):
-  module = SparseTransformerAttention(num_heads=H, head_dim=HD, d_model=D, pattern=pattern,
-                                      stride=STRIDE, summary_len=SUMMARY, integration=integration)
+  module = SparseTransformerAttention(
+      config=SparseTransformerConfig(pattern=pattern, stride=STRIDE, summary_len=SUMMARY,
+                                     integration=integration),
+      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
   x = jax.random.normal(jax.random.PRNGKey(n), (B, n, D))
@@ -250,7 +255,7 @@ def test_an_encoder_made_bidirectional_after_the_check_is_refused():
   """models/encoder.py sets causal=False on a checked config: building the layer refuses it."""
   cfg = dict(tiny_model_config(attention='sparse_transformer').to_dict(), causal=False)
   with pytest.raises(ConfigError) as error:
-    SparseTransformerAttention.from_config(ml_collections.FrozenConfigDict(cfg), jnp.float32)
+    attention_layer(ml_collections.FrozenConfigDict(cfg), jnp.float32)
   assert error.value.key == 'model.causal'
 
 
@@ -269,8 +274,8 @@ def test_old_flat_names_move_to_the_section():
 def test_config_reading():
   cfg = tiny_model_config(attention='sparse_transformer', sparse_transformer=dict(
       pattern='fixed', stride=4, summary_len=2, integration='multihead'))
-  module = SparseTransformerAttention.from_config(cfg, jnp.float32)
-  assert (module.pattern, module.stride, module.summary_len, module.integration) == (
+  config = attention_layer(cfg, jnp.float32).config
+  assert (config.pattern, config.stride, config.summary_len, config.integration) == (
       'fixed', 4, 2, 'multihead')
 
 

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.bigbird import attention as bigbird
-from longformer_jax.attention.bigbird.attention import BigBirdAttention
+from longformer_jax.attention.bigbird.attention import BigBirdAttention, BigBirdConfig
 from longformer_jax.attention.core import attention_backend
 from longformer_jax.attention.bigbird import splash as bigbird_splash
 from longformer_jax.attention.core import splash_kernels as sk
-from longformer_jax.attention.longformer.attention import LongformerAttention
+from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads, resolve
 from tests.test_splash_masks import chunk_facts, compare_with_mask, random_qkv
@@ -169,9 +170,11 @@ def test_bigbird_splash_equals_the_modules_blocked_xla(causal):
 # ---- the layers: splash == xla ----
 
 def longformer(dilations, causal):
+  config = LongformerConfig(window=WINDOW, head_dilations=','.join(map(str, dilations)),
+                            window_cache=False)
   return lambda backend: LongformerAttention(
-      num_heads=2, head_dim=16, d_model=32, window=WINDOW, head_dilations=dilations,
-      causal=causal, window_cache=False, attention_backend=backend)
+      config=config, shared=SharedSettings(num_heads=2, head_dim=16, d_model=32, causal=causal,
+                                           attention_backend=backend))
 
 
 def test_longformer_dilated_layer_splash_equals_xla():
@@ -188,9 +191,11 @@ def test_longformer_dilated_causal_layer_splash_equals_xla():
 
 
 def bigbird_layer(causal):
+  config = BigBirdConfig(block=16, window_blocks=1, random_blocks=2, global_blocks=1, seed=3)
   return lambda backend: BigBirdAttention(
-      num_heads=2, head_dim=16, d_model=32, block=16, window_blocks=1, random_blocks=2,
-      global_blocks=1, seed=3, layer_index=1, causal=causal, attention_backend=backend)
+      config=config, layer_index=1,
+      shared=SharedSettings(num_heads=2, head_dim=16, d_model=32, causal=causal,
+                            attention_backend=backend))
 
 
 def test_bigbird_layer_splash_equals_xla():

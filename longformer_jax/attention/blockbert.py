@@ -46,6 +46,7 @@ import numpy as np
 
 from longformer_jax.attention.core import block_sparse, projections
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
@@ -153,22 +154,17 @@ def blockbert_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax
 
 
 class BlockBERTAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`.
+
+  Fields: `config` (`BlockBERTConfig`, the layer's `model.blockbert`), `shared`
+  (`SharedSettings`: heads, `causal`), `dtype`.
+  """
   Config = BlockBERTConfig
   reads_mem_len = False           # stateless: attends within the chunk
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  permutations: str = '0,1;1,0'
-  causal: bool = False
+  shared: SharedSettings
+  config: BlockBERTConfig = BlockBERTConfig()
   dtype: jnp.dtype = jnp.float32
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               permutations=config.blockbert.permutations, causal=config.causal, dtype=dtype,
-               name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -177,9 +173,10 @@ class BlockBERTAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
-    key_blocks = key_block_maps(self.permutations, self.num_heads, self.causal)
+    shared = self.shared
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, shared.num_heads, shared.head_dim, self.dtype)
+    key_blocks = key_block_maps(self.config.permutations, shared.num_heads, shared.causal)
     out = blockbert_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, key_blocks,
-                              causal=self.causal)
+                              causal=shared.causal)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, shared.d_model, self.dtype), state, {}

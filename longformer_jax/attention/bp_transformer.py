@@ -59,6 +59,7 @@ import numpy as np
 
 from longformer_jax.attention.core import block_sparse, projections
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
 
@@ -217,24 +218,17 @@ def bp_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, rel_keys:
 
 
 class BPTransformerAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`.
+
+  Fields: `config` (`BPTransformerConfig`, the layer's `model.bp_transformer`), `shared`
+  (`SharedSettings`: heads, `causal`), `dtype`.
+  """
   Config = BPTransformerConfig
   reads_mem_len = False           # stateless: attends within the chunk
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  k: int = 4
-  num_levels: int = 8
-  causal: bool = False
+  shared: SharedSettings
+  config: BPTransformerConfig = BPTransformerConfig()
   dtype: jnp.dtype = jnp.float32
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    section = config.bp_transformer
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               k=section.k, num_levels=section.num_levels, causal=config.causal, dtype=dtype,
-               name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -243,12 +237,14 @@ class BPTransformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = projections.chunk_qkv(x, self.num_heads, self.head_dim, self.dtype)
+    config, shared = self.config, self.shared
+    q, k, v = projections.chunk_qkv(x, shared.num_heads, shared.head_dim, self.dtype)
     init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
                                         (None, None, 'heads', 'head_dim'))
-    rel_keys = self.param('relative_keys', init, (self.num_levels + 1, num_offsets(self.k),
-                                                  self.num_heads, self.head_dim), jnp.float32)
+    rel_keys = self.param('relative_keys', init, (config.num_levels + 1, num_offsets(config.k),
+                                                  shared.num_heads, shared.head_dim), jnp.float32)
     out = bp_transformer_attention(q, k, v, rel_keys, ctx.positions, ctx.segment_ids, ctx.valid,
-                                   radius=self.k, num_levels=self.num_levels, causal=self.causal)
+                                   radius=config.k, num_levels=config.num_levels,
+                                   causal=shared.causal)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, shared.d_model, self.dtype), state, {}

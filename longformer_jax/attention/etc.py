@@ -45,6 +45,7 @@ import ml_collections
 
 from longformer_jax.attention.core import block_sparse, global_tokens, projections
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
 
@@ -222,25 +223,17 @@ def etc_attention(q: jax.Array, k: jax.Array, v: jax.Array, rel_keys: jax.Array,
 
 
 class ETCAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`.
+
+  Fields: `config` (`ETCConfig`, the layer's `model.etc`), `shared` (`SharedSettings`: heads,
+  `causal`), `dtype`.
+  """
   Config = ETCConfig
   reads_mem_len = False           # stateless: attends within the chunk
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  radius: int = 64
-  max_global: int = 64
-  structure: str = 'all'
-  causal: bool = False
+  shared: SharedSettings
+  config: ETCConfig = ETCConfig()
   dtype: jnp.dtype = jnp.float32
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    section = config.etc
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               radius=section.radius, max_global=section.max_global,
-               structure=section.structure, causal=config.causal, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -249,14 +242,16 @@ class ETCAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = projections.chunk_qkv(x, self.num_heads, self.head_dim, self.dtype)
+    config, shared = self.config, self.shared
+    q, k, v = projections.chunk_qkv(x, shared.num_heads, shared.head_dim, self.dtype)
     init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
                                         (None, 'heads', 'head_dim'))
     rel_keys = self.param('relative_keys', init,
-                          (num_labels(self.radius), self.num_heads, self.head_dim), jnp.float32)
+                          (num_labels(config.radius), shared.num_heads, shared.head_dim),
+                          jnp.float32)
     out = etc_attention(q, k, v, rel_keys, ctx.positions, ctx.segment_ids, ctx.valid,
-                        ctx.global_flags, radius=self.radius, max_global=self.max_global,
-                        structure=self.structure, causal=self.causal)
+                        ctx.global_flags, radius=config.radius, max_global=config.max_global,
+                        structure=config.structure, causal=shared.causal)
     out = nn.with_logical_constraint(out.astype(self.dtype),
                                      ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, shared.d_model, self.dtype), state, {}

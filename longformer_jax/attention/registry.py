@@ -62,12 +62,13 @@ def attention_layer(config: ml_collections.ConfigDict, dtype, name: str = 'atten
   section (`config.<variant>`, checked again as the typed section) and the shared settings
   (attention/shared_settings.py)."""
   cls = attention_class(config.attention)
-  if hasattr(cls, 'from_config'):     # not yet converted to (config, shared)
-    return cls.from_config(config, dtype, name=name)
   kwargs = {}
   section_class = getattr(cls, 'Config', None)
   if section_class is not None:
     values = config[config.attention]
     kwargs['config'] = section_class.build(
         values.to_dict() if hasattr(values, 'to_dict') else values, f'model.{config.attention}')
+  if 'layer_index' in cls.__dataclass_fields__:
+    # Not a setting: the layer's number in its stack (BigBird seeds its random blocks with it).
+    kwargs['layer_index'] = config['layer_index'] if 'layer_index' in config else 0
   return cls(shared=SharedSettings.of(config), dtype=dtype, name=name, **kwargs)

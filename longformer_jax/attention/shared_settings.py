@@ -43,7 +43,13 @@ class SharedSettings:
   @classmethod
   def of(cls, config: ml_collections.ConfigDict) -> 'SharedSettings':
     """The shared settings of a layer's resolved model config."""
+    relative = config.position_embedding == 'relative_buckets'
+    heads = CheckpointHeads(
+        num_kv_heads=config.num_kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
+        rotary=config.position_embedding == 'rotary', rope_theta=float(config.rope_theta),
+        rope_scaling=tuple(sorted(dict(config.rope_scaling).items())),
+        relative_num_buckets=config.relative_num_buckets if relative else 0,
+        relative_max_distance=config.relative_max_distance if relative else 128)
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
                causal=config.causal, mem_len=config.mem_len,
-               attention_backend=config.attention_backend,
-               heads=CheckpointHeads.from_config(config))
+               attention_backend=config.attention_backend, heads=heads)

@@ -55,6 +55,7 @@ from longformer_jax.attention.core import block_scan, block_sparse, projections
 from longformer_jax.attention.bigbird import splash as bigbird_splash
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 
 
@@ -207,43 +208,22 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.A
   return out[:, :n]
 
 
-def stack_layer_index(config: ml_collections.ConfigDict) -> int:
-  """The layer's number, set by `layer_schedule.layer_config`; 0 where it is not (scan_layers).
-
-  Not a setting: the stack writes it into each layer's config.
-  """
-  return config['layer_index'] if 'layer_index' in config else 0
-
-
 class BigBirdAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`.
+
+  Fields: `config` (`BigBirdConfig`, the layer's `model.bigbird`), `shared` (`SharedSettings`:
+  heads, `causal`, `attention_backend`), `layer_index`, `dtype`.
+  """
   Config = BigBirdConfig
   reads_mem_len = False           # stateless: attends within the chunk
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  block: int = 16
-  window_blocks: int = 1
-  random_blocks: int = 2
-  global_blocks: int = 1
-  max_global_tokens: int = 0
-  seed: int = 0
+  shared: SharedSettings
+  config: BigBirdConfig = BigBirdConfig()
+  # Not a setting: the layer's number, which seeds its random blocks; the stack writes it
+  # into each layer's config (layer_schedule.layer_config; 0 where it does not, scan_layers)
+  # and `attention_layer` passes it on.
   layer_index: int = 0
-  causal: bool = False
-  attention_backend: str = 'auto'
   dtype: jnp.dtype = jnp.float32
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    section = config.bigbird
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               block=section.block, window_blocks=section.window_blocks,
-               random_blocks=section.random_blocks, global_blocks=section.global_blocks,
-               max_global_tokens=section.max_global_tokens, seed=section.seed,
-               layer_index=stack_layer_index(config), causal=config.causal,
-               attention_backend=config.attention_backend, dtype=dtype,
-               name=name)
 
   @staticmethod
   def kernel_pattern(model, section) -> backends.KernelPattern:
@@ -257,27 +237,30 @@ class BigBirdAttention(nn.Module):
 
   def pattern(self, chunk_len: int) -> jax.Array:
     """This layer's random blocks R for a chunk of `chunk_len` tokens."""
-    return random_block_pattern(pattern_key(self.seed, self.layer_index),
-                                block_sparse.num_blocks_for(chunk_len, self.block),
-                                self.random_blocks, self.window_blocks, self.global_blocks,
-                                self.causal)
+    config = self.config
+    return random_block_pattern(pattern_key(config.seed, self.layer_index),
+                                block_sparse.num_blocks_for(chunk_len, config.block),
+                                config.random_blocks, config.window_blocks, config.global_blocks,
+                                self.shared.causal)
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    config, shared = self.config, self.shared
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, shared.num_heads, shared.head_dim, self.dtype)
     backend = backends.resolve_backend(
-        self.attention_backend, bigbird_splash.kernel_pattern(self, self),
-        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+        shared.attention_backend, bigbird_splash.kernel_pattern(shared, config),
+        dtype=jnp.dtype(self.dtype).name, head_dim=shared.head_dim)
     if backend in ('splash', 'pallas_gpu'):   # static R, no flagged globals (bigbird/splash.py)
       out = bigbird_splash.bigbird_splash(
           q, k, v, ctx.segment_ids, ctx.valid,
-          bigbird_splash.static_random_blocks(self.pattern, x.shape[1]), block=self.block,
-          window_blocks=self.window_blocks, global_blocks=self.global_blocks,
-          causal=self.causal, kernel=masked_kernel(backend)).astype(self.dtype)
+          bigbird_splash.static_random_blocks(self.pattern, x.shape[1]), block=config.block,
+          window_blocks=config.window_blocks, global_blocks=config.global_blocks,
+          causal=shared.causal, kernel=masked_kernel(backend)).astype(self.dtype)
     else:
       out = bigbird_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid,
-                              ctx.global_flags, self.pattern(x.shape[1]), block=self.block,
-                              window_blocks=self.window_blocks, global_blocks=self.global_blocks,
-                              max_global_tokens=self.max_global_tokens, causal=self.causal)
+                              ctx.global_flags, self.pattern(x.shape[1]), block=config.block,
+                              window_blocks=config.window_blocks,
+                              global_blocks=config.global_blocks,
+                              max_global_tokens=config.max_global_tokens, causal=shared.causal)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, shared.d_model, self.dtype), state, {}

@@ -44,18 +44,6 @@ class CheckpointHeads:
   relative_num_buckets: int = 0    # > 0: position_embedding 'relative_buckets'
   relative_max_distance: int = 128
 
-  @classmethod
-  def from_config(cls, config) -> 'CheckpointHeads':
-    position_embedding = config.position_embedding
-    relative = position_embedding == 'relative_buckets'
-    return cls(num_kv_heads=config.num_kv_heads,
-               qkv_bias=config.qkv_bias, out_bias=config.out_bias,
-               rotary=position_embedding == 'rotary',
-               rope_theta=float(config.rope_theta),
-               rope_scaling=tuple(sorted(dict(config.rope_scaling).items())),
-               relative_num_buckets=config.relative_num_buckets if relative else 0,
-               relative_max_distance=config.relative_max_distance if relative else 128)
-
   def inv_freq(self, head_dim: int) -> np.ndarray | None:
     """`[head_dim / 2]` rotary frequencies, or None for the default base without scaling
     (`apply_rotary`'s own default, bit for bit)."""

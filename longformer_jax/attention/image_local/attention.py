@@ -45,6 +45,7 @@ from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.image_local import splash as image_local_splash
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
@@ -186,25 +187,24 @@ def gathered_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions
 
 
 class ImageLocalAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`.
+
+  Fields: `config` (`ImageLocalConfig`, the layer's `model.image_local`), `shared`
+  (`SharedSettings`: heads, `attention_backend`; `causal` must be True), `dtype`.
+  """
   Config = ImageLocalConfig
   reads_mem_len = False           # stateless: attends within the chunk
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  section: ImageLocalConfig = ImageLocalConfig()
-  attention_backend: str = 'auto'
+  shared: SharedSettings
+  config: ImageLocalConfig = ImageLocalConfig()
   dtype: jnp.dtype = jnp.float32
 
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    if not config.causal:
+  def __post_init__(self):
+    """Refuses a bidirectional layer: models/encoder.py makes any model bidirectional after
+    the config was checked."""
+    if not self.shared.causal:
       raise ConfigError('model.causal', f'False: {CAUSAL_ONLY}')
-    section = ImageLocalConfig(**dict(config.image_local))
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               section=section, attention_backend=config.attention_backend,
-               dtype=dtype, name=name)
+    super().__post_init__()
 
   @staticmethod
   def kernel_pattern(model, section) -> backends.KernelPattern:
@@ -218,17 +218,18 @@ class ImageLocalAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    config, shared = self.config, self.shared
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, shared.num_heads, shared.head_dim, self.dtype)
     backend = backends.resolve_backend(
-        self.attention_backend, image_local_splash.kernel_pattern(None, self.section),
-        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+        shared.attention_backend, image_local_splash.kernel_pattern(shared, config),
+        dtype=jnp.dtype(self.dtype).name, head_dim=shared.head_dim)
     if backend in ('splash', 'pallas_gpu'):   # 1D only; positions consecutive along the chunk
       out = image_local_splash.image_local_1d_splash(
-          q, k, v, ctx.segment_ids, ctx.valid, query_len=self.section.query_len,
-          memory_len=self.section.memory_len, kernel=masked_kernel(backend)).astype(self.dtype)
+          q, k, v, ctx.segment_ids, ctx.valid, query_len=config.query_len,
+          memory_len=config.memory_len, kernel=masked_kernel(backend)).astype(self.dtype)
     else:
-      slots, query_len = key_slots(x.shape[1], self.section)
+      slots, query_len = key_slots(x.shape[1], config)
       out = gathered_local_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots,
                                      query_len)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, shared.d_model, self.dtype), state, {}

@@ -59,6 +59,7 @@ from longformer_jax.layers.positional import apply_rotary
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
 from longformer_jax.attention.sequence_parallel import global_attention, window_attention
+from longformer_jax.attention.shared_settings import SharedSettings
 
 KERNEL_AXES = ('embed', 'heads', 'head_dim')
 
@@ -111,45 +112,35 @@ def dilations_per_head(section, num_heads: int) -> tuple[int, ...]:
 
 
 class LongformerAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`."""
+  """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, aux)`.
+
+  Fields: `config` (`LongformerConfig`, this layer's `model.longformer`), `shared`
+  (`SharedSettings`: heads, `causal`, `attention_backend`, and `heads.qkv_bias`/`out_bias` on
+  Q, K, V (and Q_g, K_g, V_g) and the output for imported checkpoints), `dtype`.
+  """
   Config = LongformerConfig
   reads_mem_len = False           # its cache length follows the window, not model.mem_len
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  window: int = 256
-  head_dilations: tuple = ()
-  causal: bool = True
-  block_size: int = 0
-  global_tokens: int = 0
-  global_projections: bool = True
-  window_cache: bool = True
-  rotary: bool = True
-  qkv_bias: bool = False          # biases on Q, K, V (and Q_g, K_g, V_g): imported checkpoints
-  out_bias: bool = False
-  attention_backend: str = 'auto'
+  shared: SharedSettings
+  config: LongformerConfig = LongformerConfig()
   dtype: jnp.dtype = jnp.float32
 
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    return cls(dtype=dtype, name=name, **cls.settings(config))
+  @property
+  def head_dilations(self) -> tuple[int, ...]:
+    """`[num_heads]` dilations: `config.head_dilations` parsed, else `config.dilation` each."""
+    return dilations_per_head(self.config, self.shared.num_heads)
 
-  @staticmethod
-  def settings(config: ml_collections.ConfigDict) -> dict:
-    """The module's fields from a (per-layer, resolved) model config."""
-    section = config.longformer
-    return dict(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-                window=section.window,
-                head_dilations=dilations_per_head(section, config.num_heads),
-                causal=config.causal, block_size=section.block_size,
-                global_tokens=section.global_tokens,
-                global_projections=section.global_projections,
-                window_cache=section.window_cache and config.causal,
-                # Learned absolute positions (imported RoBERTa-based checkpoints) replace RoPE.
-                rotary=section.rotary and config.position_embedding == 'rotary',
-                qkv_bias=config.qkv_bias, out_bias=config.out_bias,
-                attention_backend=config.attention_backend)
+  @property
+  def uses_window_cache(self) -> bool:
+    """Whether the layer caches past hidden states: `config.window_cache` on causal layers
+    (two-sided layers never do)."""
+    return self.config.window_cache and self.shared.causal
+
+  @property
+  def rotary(self) -> bool:
+    """RoPE on queries and keys: `config.rotary` unless the model's positions are not rotary
+    (learned absolute positions of imported RoBERTa-based checkpoints replace RoPE)."""
+    return self.config.rotary and self.shared.heads.rotary
 
   @staticmethod
   def kernel_pattern(model, section) -> backends.KernelPattern:
@@ -160,9 +151,9 @@ class LongformerAttention(nn.Module):
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
     """A FIFO cache of the last `window * max(dilation)` hidden states (empty without cache)."""
-    settings = LongformerAttention.settings(config)
-    capacity = cache_length(settings['window'], settings['head_dilations'],
-                            settings['window_cache'])
+    section = config.longformer
+    capacity = cache_length(section.window, dilations_per_head(section, config.num_heads),
+                            section.window_cache and config.causal)
     return fifo.create(batch_size, capacity, (config.d_model,), dtype)
 
   def _rotate(self, x: jax.Array, positions: jax.Array, origin: jax.Array) -> jax.Array:
@@ -172,22 +163,23 @@ class LongformerAttention(nn.Module):
                    key_valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Sliding-window attention, heads grouped by dilation -> `(out, lse)`."""
     key_offset = context.positions.shape[1] - ctx.positions.shape[1]
-    block_size = self.block_size or auto_block_size(self.window)
+    block_size = self.config.block_size or auto_block_size(self.config.window)
     outs, lses, order = [], [], []
     for dilation in sorted(set(self.head_dilations)):
       heads = [h for h, d in enumerate(self.head_dilations) if d == dilation]
-      pick = (lambda a: a) if len(heads) == self.num_heads else (lambda a: a[:, :, heads])
+      everyone = len(heads) == self.shared.num_heads
+      pick = (lambda a: a) if everyone else (lambda a: a[:, :, heads])
       out, lse = dilated_window_attention(
           pick(q), pick(k), pick(v), ctx.positions, ctx.segment_ids, context.positions,
-          context.segment_ids, key_valid, window=self.window, dilation=dilation,
-          block_size=block_size, causal=self.causal, key_offset=key_offset,
-          scale=self.head_dim ** -0.5)
+          context.segment_ids, key_valid, window=self.config.window, dilation=dilation,
+          block_size=block_size, causal=self.shared.causal, key_offset=key_offset,
+          scale=self.shared.head_dim ** -0.5)
       outs.append(out)
       lses.append(lse)
       order += heads
     if len(outs) == 1:
       return outs[0], lses[0]
-    inverse = [order.index(h) for h in range(self.num_heads)]
+    inverse = [order.index(h) for h in range(self.shared.num_heads)]
     return (jnp.concatenate(outs, axis=2)[:, :, inverse],
             jnp.concatenate(lses, axis=2)[:, :, inverse])
 
@@ -202,27 +194,27 @@ class LongformerAttention(nn.Module):
     Inputs it cannot pack run the blocked XLA kernel instead. The causal
     log-sum-exp (with its gradient) is made only when global tokens are merged in.
     """
-    scale = self.head_dim ** -0.5
-    block_size = self.block_size or auto_block_size(self.window)
+    scale = self.shared.head_dim ** -0.5
+    block_size = self.config.block_size or auto_block_size(self.config.window)
     pad_front = lambda a: jnp.pad(a, ((0, 0), (key_offset, 0)) + ((0, 0),) * (a.ndim - 2))
 
     def fallback(q_slots, k_, v_):
       out, lse = dilated_window_attention(
           q_slots[:, key_offset:], k_, v_, context.positions[:, key_offset:],
           context.segment_ids[:, key_offset:], context.positions, context.segment_ids,
-          key_valid, window=self.window, dilation=1, block_size=block_size,
-          causal=self.causal, key_offset=key_offset, scale=scale)
+          key_valid, window=self.config.window, dilation=1, block_size=block_size,
+          causal=self.shared.causal, key_offset=key_offset, scale=scale)
       return pad_front(out), jnp.pad(lse, ((0, 0), (key_offset, 0), (0, 0)),
                                      constant_values=-jnp.inf)
 
-    if not self.causal:            # two-sided layers keep no cache: key_offset is 0
+    if not self.shared.causal:     # two-sided layers keep no cache: key_offset is 0
       return two_sided_window_attention(q, k, v, context.positions, context.segment_ids,
-                                        key_valid, window=self.window, scale=scale,
+                                        key_valid, window=self.config.window, scale=scale,
                                         fallback=fallback)
-    with_lse = bool(self.global_tokens)
+    with_lse = bool(self.config.global_tokens)
     result = cudnn_window.window_attention(
         pad_front(q), k, v, context.positions, context.segment_ids, key_valid,
-        window=self.window, scale=scale, fallback=fallback, with_lse=with_lse)
+        window=self.config.window, scale=scale, fallback=fallback, with_lse=with_lse)
     out, lse = result if with_lse else (result, None)
     return out[:, key_offset:], None if lse is None else lse[:, key_offset:]
 
@@ -231,8 +223,9 @@ class LongformerAttention(nn.Module):
     context, new_state = projections.memory_and_chunk(state, x, ctx)
     chunk_len = x.shape[1]
     key_offset = context.positions.shape[1] - chunk_len
-    make = lambda name: projection((self.num_heads, self.head_dim), kernel_axes=KERNEL_AXES,
-                                   name=name, dtype=self.dtype, use_bias=self.qkv_bias,
+    shared = self.shared
+    make = lambda name: projection((shared.num_heads, shared.head_dim), kernel_axes=KERNEL_AXES,
+                                   name=name, dtype=self.dtype, use_bias=shared.heads.qkv_bias,
                                    bias_axes=KERNEL_AXES[1:])
     query, key, value = make('query'), make('key'), make('value')
     origin = ctx.positions[:, :1]
@@ -242,10 +235,10 @@ class LongformerAttention(nn.Module):
 
     aux = {}
     key_valid = context.valid
-    if self.global_tokens:
+    if self.config.global_tokens:
       flags = (jnp.zeros_like(ctx.valid) if ctx.global_flags is None
                else ctx.global_flags & ctx.valid)
-      slots, found = global_tokens.first_global_slots(flags, self.global_tokens)
+      slots, found = global_tokens.first_global_slots(flags, self.config.global_tokens)
       aux['global_tokens_dropped'] = jnp.mean(
           jnp.sum(flags, axis=1) - jnp.sum(found, axis=1)).astype(jnp.float32)
       is_global = global_tokens.global_key_flags(slots, chunk_len)
@@ -253,38 +246,41 @@ class LongformerAttention(nn.Module):
       key_valid = key_valid & ~jnp.pad(is_global, ((0, 0), (key_offset, 0)))
 
     backend = backends.resolve_backend(
-        self.attention_backend,
-        _pattern(self.window, self.head_dilations, self.causal, self.global_tokens,
-                 in_chunk=key_offset == 0),
-        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+        self.shared.attention_backend,
+        _pattern(self.config.window, self.head_dilations, self.shared.causal,
+                 self.config.global_tokens, in_chunk=key_offset == 0),
+        dtype=jnp.dtype(self.dtype).name, head_dim=self.shared.head_dim)
     split = self._splits_over_sequence(chunk_len, key_offset)
-    if split and self.global_tokens:
+    if split and self.config.global_tokens:
       # The chunk split over the sequence axis: window halos, gathered global keys, global
       # rows merged across devices (sequence_parallel/global_attention.py; docs/scaling.md).
       projected = self._global_projections(x, context, ctx, slots, origin, (query, key, value))
       q_g, k_g, v_g = projected if projected else (None, None, None)
       out = global_attention.sequence_parallel_global_attention(
           q, k, v, ctx.positions, ctx.segment_ids, ctx.valid, slots, found,
-          mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
-          scale=self.head_dim ** -0.5, block_size=self.block_size or None,
-          global_queries=q_g, global_keys=k_g, global_values=v_g)
+          mesh=jax.sharding.get_abstract_mesh(), window=self.config.window,
+          causal=self.shared.causal, scale=self.shared.head_dim ** -0.5,
+          block_size=self.config.block_size or None, global_queries=q_g, global_keys=k_g,
+          global_values=v_g)
     elif split:
       # The chunk split along its length over the mesh's sequence axis, a halo of `window`
       # tokens from each neighbour (sequence_parallel/window_attention.py; docs/scaling.md).
       out = window_attention.sequence_parallel_window_attention(
           q, k, v, ctx.positions, ctx.segment_ids, key_valid,
-          mesh=jax.sharding.get_abstract_mesh(), window=self.window, causal=self.causal,
-          scale=self.head_dim ** -0.5, block_size=self.block_size or None)
+          mesh=jax.sharding.get_abstract_mesh(), window=self.config.window,
+          causal=self.shared.causal, scale=self.shared.head_dim ** -0.5,
+          block_size=self.config.block_size or None)
     elif backend == 'cudnn':       # dilation 1; cache and global tokens allowed
       out, lse = self._cudnn_window_part(q, k, v, context, key_valid, key_offset)
     elif backend in ('splash', 'pallas_gpu'):   # no cache or global tokens; per-head dilation
-      out = masked_kernel(backend)(q * jnp.asarray(self.head_dim ** -0.5, q.dtype), k, v,
+      out = masked_kernel(backend)(q * jnp.asarray(self.shared.head_dim ** -0.5, q.dtype), k, v,
                                    ctx.segment_ids, key_valid,
-                                   mask=dilated_window_rules(self.window, self.head_dilations,
-                                                             self.causal))
+                                   mask=dilated_window_rules(self.config.window,
+                                                             self.head_dilations,
+                                                             self.shared.causal))
     else:
       out, lse = self._window_part(q, k, v, ctx, context, key_valid)
-    if self.global_tokens and not split:
+    if self.config.global_tokens and not split:
       to_global, to_global_lse = self._attend_global_keys(q, k, v, ctx, slots, found, key_offset)
       out = merge_parts([out, to_global], [lse, to_global_lse])
       rows = self._global_rows(x, q, k, v, context, ctx, slots, found, origin,
@@ -292,7 +288,8 @@ class LongformerAttention(nn.Module):
       out = global_tokens.scatter_slots(out, slots, rows.astype(out.dtype))
     out = out.astype(self.dtype)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return (projections.project_output(out, self.d_model, self.dtype, self.out_bias),
+    return (projections.project_output(out, self.shared.d_model, self.dtype,
+                                       self.shared.heads.out_bias),
             new_state, aux)
 
   def _splits_over_sequence(self, chunk_len: int, key_offset: int) -> bool:
@@ -300,7 +297,7 @@ class LongformerAttention(nn.Module):
     sequence axis > 1: no cache, no dilation, and a window within one device's shard."""
     n = sequence_settings.sequence_axis_size()
     return (n > 1 and key_offset == 0 and set(self.head_dilations) == {1}
-            and self.window <= chunk_len // n)
+            and self.config.window <= chunk_len // n)
 
   def _attend_global_keys(self, q, k, v, ctx: AttentionContext, slots, found, key_offset):
     """Every query over the chunk's global tokens (local K_s, V_s) -> `(out, lse [b, c, h])`."""
@@ -309,9 +306,9 @@ class LongformerAttention(nn.Module):
     mask = causal_document_mask(ctx.positions, ctx.segment_ids,
                                 global_tokens.gather_slots(ctx.positions, slots),
                                 global_tokens.gather_slots(ctx.segment_ids, slots), found,
-                                causal=self.causal)                       # [b, c, g]
+                                causal=self.shared.causal)                       # [b, c, g]
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k_g,
-                        preferred_element_type=jnp.float32) * self.head_dim ** -0.5
+                        preferred_element_type=jnp.float32) * self.shared.head_dim ** -0.5
     weights, lse = softmax_part(logits, mask[:, None])
     out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v_g)
     return out, jnp.swapaxes(lse, 1, 2)
@@ -320,7 +317,7 @@ class LongformerAttention(nn.Module):
                           origin, local_projections):
     """`(Q_g [b, g, h, d] of the global tokens, K_g, V_g [b, mem + c, h, d])`, rotated;
     None without separate global projections."""
-    if not self.global_projections:
+    if not self.config.global_projections:
       return None
     sources = [{name: nn.unbox(value) for name, value in p.variables['params'].items()}
                for p in local_projections]
@@ -340,9 +337,9 @@ class LongformerAttention(nn.Module):
     projected = self._global_projections(x, context, ctx, slots, origin, local_projections)
     q_g, k_g, v_g = projected or (global_tokens.gather_slots(q, slots), k, v)
     mask = causal_document_mask(g_positions, g_segments, context.positions, context.segment_ids,
-                                context.valid, causal=self.causal) & found[:, :, None]
+                                context.valid, causal=self.shared.causal) & found[:, :, None]
     logits = jnp.einsum('bqhd,bkhd->bhqk', q_g, k_g,
-                        preferred_element_type=jnp.float32) * self.head_dim ** -0.5
+                        preferred_element_type=jnp.float32) * self.shared.head_dim ** -0.5
     weights, _ = softmax_part(logits, mask[:, None])
     return jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v_g.dtype), v_g)
 

@@ -69,6 +69,7 @@ import numpy as np
 
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.lsh.chunk_scan import lsh_chunk_attention
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
@@ -328,32 +329,15 @@ permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
 class LSHAttention(nn.Module):
   """`__call__(x [b, c, d_model], {}, ctx) -> (y [b, c, d_model], {}, {})`; stateless.
 
-  Settings: `model.lsh` (`LSHConfig`) and the shared `model.causal`.
+  Fields: `config` (`LSHConfig`, the layer's `model.lsh`), `shared` (`SharedSettings`: heads,
+  `causal`), `dtype`.
   """
   Config = LSHConfig
   reads_mem_len = False           # stateless: attends within the chunk
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  num_hashes: int = 2
-  num_buckets: int = 8
-  chunk_len: int = 64
-  seed: int = 0
-  rotations_per_step: bool = False
-  rotary: bool = True
-  causal: bool = True
-  logit_scale: str = 'inverse_sqrt_head_dim'
+  shared: SharedSettings
+  config: LSHConfig = LSHConfig()
   dtype: jnp.dtype = jnp.float32
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    section = config.lsh
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               num_hashes=section.num_hashes, num_buckets=section.num_buckets,
-               chunk_len=section.chunk_len, seed=section.seed,
-               rotations_per_step=section.rotations_per_step, rotary=section.rotary,
-               causal=config.causal, logit_scale=section.logit_scale, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -362,21 +346,22 @@ class LSHAttention(nn.Module):
 
   def rotation_key(self, ctx: AttentionContext) -> jax.Array:
     """Fixed per layer (config seed, module path), or fresh per training step."""
-    if self.rotations_per_step and not ctx.deterministic:
+    if self.config.rotations_per_step and not ctx.deterministic:
       return self.make_rng('dropout')
     path = '/'.join(str(part) for part in self.scope.path)
-    return jax.random.fold_in(jax.random.PRNGKey(self.seed), zlib.crc32(path.encode()))
+    return jax.random.fold_in(jax.random.PRNGKey(self.config.seed), zlib.crc32(path.encode()))
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    qk = projections.project_heads(x, self.num_heads, self.head_dim, 'query_key', self.dtype)
-    v = projections.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
-    if self.rotary:
+    config, shared = self.config, self.shared
+    qk = projections.project_heads(x, shared.num_heads, shared.head_dim, 'query_key', self.dtype)
+    v = projections.project_heads(x, shared.num_heads, shared.head_dim, 'value', self.dtype)
+    if config.rotary:
       qk = apply_rotary(qk, ctx.positions - ctx.positions[:, :1])
-    rotations = random_rotations(self.rotation_key(ctx), self.num_heads, self.head_dim,
-                                 self.num_hashes, self.num_buckets)
+    rotations = random_rotations(self.rotation_key(ctx), shared.num_heads, shared.head_dim,
+                                 config.num_hashes, config.num_buckets)
     out = lsh_attention(qk, v, ctx.positions, ctx.segment_ids, ctx.valid, rotations,
-                        chunk_len=min(self.chunk_len, x.shape[1]), causal=self.causal,
-                        logit_scale=self.logit_scale)
+                        chunk_len=min(config.chunk_len, x.shape[1]), causal=shared.causal,
+                        logit_scale=config.logit_scale)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, shared.d_model, self.dtype), state, {}

@@ -33,6 +33,7 @@ import ml_collections
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.performer import random_features
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.performer.kernel import (KERNELS, RELU_EPS, PerformerState,
                                                        bidirectional_performer_attention,
                                                        causal_performer_attention, empty_state)
@@ -69,35 +70,16 @@ class PerformerConfig(Section):
 class PerformerAttention(nn.Module):
   """`__call__(x [b, c, d_model], state, ctx) -> (y [b, c, d_model], state, {})`.
 
-  State: `PerformerState` (causal with `carry_state`), else `{}`. Settings:
-  `model.performer` (`PerformerConfig`) and the shared `model.causal`.
+  State: `PerformerState` (causal with `carry_state`), else `{}`. Fields: `config`
+  (`PerformerConfig`, the layer's `model.performer`), `shared` (`SharedSettings`: heads,
+  `causal`), `dtype`.
   """
   Config = PerformerConfig
   reads_mem_len = False           # the carry is S and z, not a cache of mem_len states
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  num_features: int = 256
-  kernel: str = 'softmax'
-  feature_norm: str = 'chi'
-  block_len: int = 64
-  redraw_every: int = 0
-  seed: int = 0
-  carry_state: bool = True
-  rotary: bool = True
-  relu_eps: float = RELU_EPS
-  causal: bool = True
+  shared: SharedSettings
+  config: PerformerConfig = PerformerConfig()
   dtype: jnp.dtype = jnp.float32
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    s = config.performer
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               num_features=s.num_features, kernel=s.kernel, feature_norm=s.feature_norm,
-               block_len=s.block_len, redraw_every=s.redraw_every, seed=s.seed,
-               carry_state=s.carry_state, rotary=s.rotary, relu_eps=s.relu_eps,
-               causal=config.causal, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -110,21 +92,22 @@ class PerformerAttention(nn.Module):
 
   def feature_period(self, ctx: AttentionContext) -> jax.Array:
     """int32 scalar: step // redraw_every in training, 0 (the fixed features) otherwise."""
-    if self.redraw_every == 0 or ctx.deterministic or ctx.step is None:
+    if self.config.redraw_every == 0 or ctx.deterministic or ctx.step is None:
       return jnp.zeros((), jnp.int32)
-    return jnp.asarray(ctx.step, jnp.int32) // self.redraw_every
+    return jnp.asarray(ctx.step, jnp.int32) // self.config.redraw_every
 
   def feature_key(self, period: jax.Array) -> jax.Array:
     """fold_in(PRNGKey(seed), crc32(module path)) for period 0, folded with the period after."""
     path = '/'.join(str(part) for part in self.scope.path)
-    fixed = jax.random.fold_in(jax.random.PRNGKey(self.seed), zlib.crc32(path.encode()))
+    fixed = jax.random.fold_in(jax.random.PRNGKey(self.config.seed), zlib.crc32(path.encode()))
     return jnp.where(period == 0, fixed, jax.random.fold_in(fixed, period))
 
   def incoming_carry(self, state, ctx: AttentionContext, batch: int,
                      period: jax.Array) -> PerformerState:
     """The state as the first block's carry: cleared on reset or a new feature draw."""
-    if not self.carry_state:
-      return empty_state(batch, self.num_heads, self.num_features, self.head_dim)
+    config, shared = self.config, self.shared
+    if not config.carry_state:
+      return empty_state(batch, shared.num_heads, config.num_features, shared.head_dim)
     return state.replace(
         sums=jax.lax.stop_gradient(state.sums),
         normaliser=jax.lax.stop_gradient(state.normaliser),
@@ -132,25 +115,28 @@ class PerformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q = projections.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    k = projections.project_heads(x, self.num_heads, self.head_dim, 'key', self.dtype)
-    v = projections.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
-    if self.rotary:
+    config, shared = self.config, self.shared
+    heads = lambda name: projections.project_heads(x, shared.num_heads, shared.head_dim, name,
+                                                   self.dtype)
+    q, k, v = heads('query'), heads('key'), heads('value')
+    if config.rotary:
       q, k = apply_rotary(q, ctx.positions), apply_rotary(k, ctx.positions)
     period = self.feature_period(ctx)
     features = random_features.random_feature_matrix(
-        self.feature_key(period), self.num_features, self.head_dim, self.feature_norm)
+        self.feature_key(period), config.num_features, shared.head_dim, config.feature_norm)
     self.sow('intermediates', 'features', features)
     facts = (ctx.positions, ctx.segment_ids, ctx.valid, features)
-    if self.causal:
+    if shared.causal:
       carry = self.incoming_carry(state, ctx, x.shape[0], period)
-      out, carry = causal_performer_attention(q, k, v, *facts, carry, kernel=self.kernel,
-                                              block_len=self.block_len, relu_eps=self.relu_eps)
-      if self.carry_state:
+      out, carry = causal_performer_attention(q, k, v, *facts, carry, kernel=config.kernel,
+                                              block_len=config.block_len,
+                                              relu_eps=config.relu_eps)
+      if config.carry_state:
         state = carry.replace(period=jnp.broadcast_to(period, carry.period.shape))
     else:
-      out = bidirectional_performer_attention(q, k, v, *facts, kernel=self.kernel,
-                                              block_len=self.block_len, relu_eps=self.relu_eps)
+      out = bidirectional_performer_attention(q, k, v, *facts, kernel=config.kernel,
+                                              block_len=config.block_len,
+                                              relu_eps=config.relu_eps)
     out = nn.with_logical_constraint(out.astype(self.dtype),
                                      ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, shared.d_model, self.dtype), state, {}

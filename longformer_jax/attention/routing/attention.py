@@ -47,6 +47,7 @@ from longformer_jax.attention.routing import online_kmeans
 from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.attention.core.partial_softmax import softmax_part
 from longformer_jax.attention.core.sliding_window import auto_block_size, blocked_window_attention
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
 from longformer_jax.layers.positional import apply_rotary
@@ -143,31 +144,15 @@ def routing_attention(q: jax.Array, k: jax.Array, v: jax.Array, clusters: jax.Ar
 class RoutingAttention(nn.Module):
   """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, aux)`.
 
-  aux: `commitment_loss` (when there are routing heads). Settings:
-  `model.routing` (`RoutingConfig`) and the shared `model.causal`.
+  aux: `commitment_loss` (when there are routing heads). Fields: `config` (`RoutingConfig`,
+  the layer's `model.routing`), `shared` (`SharedSettings`: heads, `causal`), `dtype`.
   """
   Config = RoutingConfig
   reads_mem_len = False           # stateless: attends within the chunk
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  num_clusters: int = 4
-  window: int = 64
-  local_heads: int = 2
-  local_window: int = 64
-  decay: float = 0.999
-  rotary: bool = True
-  causal: bool = True
+  shared: SharedSettings
+  config: RoutingConfig = RoutingConfig()
   dtype: jnp.dtype = jnp.float32
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    s = config.routing
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               num_clusters=s.num_clusters, window=s.window, local_heads=s.local_heads,
-               local_window=s.local_window, decay=s.decay, rotary=s.rotary,
-               causal=config.causal, dtype=dtype, name=name)
 
   @staticmethod
   def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
@@ -176,43 +161,46 @@ class RoutingAttention(nn.Module):
 
   def centroids(self) -> nn.Variable:
     """`[routing heads, clusters, head_dim]` unit vectors, random at initialisation."""
-    shape = (self.num_heads - self.local_heads, self.num_clusters, self.head_dim)
+    shape = (self.shared.num_heads - self.config.local_heads, self.config.num_clusters,
+             self.shared.head_dim)
     return self.variable(MODEL_STATE, 'centroids', lambda: online_kmeans.unit(
         jax.random.normal(self.make_rng('params'), shape)))
 
   def local_attention(self, x, q, v, ctx: AttentionContext) -> jax.Array:
     """Heads `[0, local_heads)`: a sliding window over the chunk, `[b, c, local_heads, d]`."""
-    k = projections.project_heads(x, self.local_heads, self.head_dim, 'key', self.dtype)
-    if self.rotary:
+    config = self.config
+    k = projections.project_heads(x, config.local_heads, self.shared.head_dim, 'key', self.dtype)
+    if config.rotary:
       k = apply_rotary(k, ctx.positions - ctx.positions[:, :1])
     facts = (ctx.positions, ctx.segment_ids)
     out, _ = blocked_window_attention(q, k, v, *facts, *facts, ctx.valid,
-                                      window=self.local_window,
-                                      block_size=auto_block_size(self.local_window),
-                                      causal=self.causal)
+                                      window=config.local_window,
+                                      block_size=auto_block_size(config.local_window),
+                                      causal=self.shared.causal)
     return out
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    z = projections.project_heads(x, self.num_heads, self.head_dim, 'query', self.dtype)
-    v = projections.project_heads(x, self.num_heads, self.head_dim, 'value', self.dtype)
-    rotated = apply_rotary(z, ctx.positions - ctx.positions[:, :1]) if self.rotary else z
-    q = rotated / jnp.asarray(math.sqrt(self.head_dim), self.dtype)
-    split = self.local_heads
+    config, shared = self.config, self.shared
+    z = projections.project_heads(x, shared.num_heads, shared.head_dim, 'query', self.dtype)
+    v = projections.project_heads(x, shared.num_heads, shared.head_dim, 'value', self.dtype)
+    rotated = apply_rotary(z, ctx.positions - ctx.positions[:, :1]) if config.rotary else z
+    q = rotated / jnp.asarray(math.sqrt(shared.head_dim), self.dtype)
+    split = config.local_heads
     outputs, aux = [], {}
     if split:
       outputs.append(self.local_attention(x, q[:, :, :split], v[:, :, :split], ctx))
-    if split < self.num_heads:
+    if split < shared.num_heads:
       mu = self.centroids()
       route = online_kmeans.unit(z[:, :, split:])                          # [b, c, R, d]
       clusters = online_kmeans.nearest_centroid(jax.lax.stop_gradient(route), mu.value)
       outputs.append(routing_attention(
           q[:, :, split:], rotated[:, :, split:], v[:, :, split:], clusters, ctx.positions,
-          ctx.segment_ids, ctx.valid, window=self.window, causal=self.causal))
+          ctx.segment_ids, ctx.valid, window=config.window, causal=shared.causal))
       aux['commitment_loss'] = online_kmeans.commitment_loss(route, mu.value, clusters, ctx.valid)
       if (self.is_mutable_collection(MODEL_STATE) and not ctx.deterministic
           and not self.is_initializing()):
-        mu.value = online_kmeans.ema_update(mu.value, route, clusters, ctx.valid, self.decay)
+        mu.value = online_kmeans.ema_update(mu.value, route, clusters, ctx.valid, config.decay)
     out = jnp.concatenate(outputs, axis=2) if len(outputs) > 1 else outputs[0]
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype), state, aux
+    return projections.project_output(out, shared.d_model, self.dtype), state, aux

@@ -67,6 +67,7 @@ from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.attention.core import block_scan, block_sparse, partial_softmax, projections
 from longformer_jax.attention.sparse_transformer import splash as sparse_splash
 from longformer_jax.attention.context import AttentionContext
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 
@@ -312,30 +313,24 @@ def sparse_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, posit
 
 
 class SparseTransformerAttention(nn.Module):
-  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`."""
+  """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`.
+
+  Fields: `config` (`SparseTransformerConfig`, the layer's `model.sparse_transformer`), `shared`
+  (`SharedSettings`: heads, `attention_backend`; `causal` must be True), `dtype`.
+  """
   Config = SparseTransformerConfig
   reads_mem_len = False           # stateless: attends within the chunk
 
-  num_heads: int
-  head_dim: int
-  d_model: int
-  pattern: str = 'strided'
-  stride: int = 16
-  summary_len: int = 1
-  integration: str = 'merged'
-  attention_backend: str = 'auto'
+  shared: SharedSettings
+  config: SparseTransformerConfig = SparseTransformerConfig()
   dtype: jnp.dtype = jnp.float32
 
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, dtype, name=None):
-    if not config.causal:
-      # models/encoder.py makes any model bidirectional after the config was checked.
+  def __post_init__(self):
+    """Refuses a bidirectional layer: models/encoder.py makes any model bidirectional after
+    the config was checked."""
+    if not self.shared.causal:
       raise ConfigError('model.causal', f'False: {CAUSAL_ONLY}')
-    section = config.sparse_transformer
-    return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
-               pattern=section.pattern, stride=section.stride, summary_len=section.summary_len,
-               integration=section.integration,
-               attention_backend=config.attention_backend, dtype=dtype, name=name)
+    super().__post_init__()
 
   @staticmethod
   def kernel_pattern(model, section) -> backends.KernelPattern:
@@ -349,19 +344,20 @@ class SparseTransformerAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
-    q, k, v = projections.chunk_rotary_qkv(x, ctx, self.num_heads, self.head_dim, self.dtype)
+    config, shared = self.config, self.shared
+    q, k, v = projections.chunk_rotary_qkv(x, ctx, shared.num_heads, shared.head_dim, self.dtype)
     backend = backends.resolve_backend(
-        self.attention_backend, sparse_splash.kernel_pattern(None, self),
-        dtype=jnp.dtype(self.dtype).name, head_dim=self.head_dim)
+        shared.attention_backend, sparse_splash.kernel_pattern(shared, config),
+        dtype=jnp.dtype(self.dtype).name, head_dim=shared.head_dim)
     if backend in ('splash', 'pallas_gpu'):   # positions consecutive along the chunk
       out = sparse_splash.sparse_transformer_splash(
-          q, k, v, ctx.segment_ids, ctx.valid, pattern=self.pattern, stride=self.stride,
-          summary_len=self.summary_len, integration=self.integration,
+          q, k, v, ctx.segment_ids, ctx.valid, pattern=config.pattern, stride=config.stride,
+          summary_len=config.summary_len, integration=config.integration,
           kernel=masked_kernel(backend)).astype(self.dtype)
     else:
       out = sparse_transformer_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid,
-                                         pattern=self.pattern, stride=self.stride,
-                                         summary_len=self.summary_len,
-                                         integration=self.integration)
+                                         pattern=config.pattern, stride=config.stride,
+                                         summary_len=config.summary_len,
+                                         integration=config.integration)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype), state, {}
+    return projections.project_output(out, shared.d_model, self.dtype), state, {}
