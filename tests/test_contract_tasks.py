@@ -16,7 +16,6 @@ And no code outside `longformer_jax/tasks/` switches on a task's name.
 """
 
 import copy
-import itertools
 import math
 import pathlib
 import re
@@ -29,9 +28,9 @@ import pytest
 from configs import hibert as hibert_config
 from configs import hibert_extractive, image_digits
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.data.stdlib_corpus import split_of
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.tasks.registry import TASKS, task_for
+from tests.test_hibert import corpus  # pylint: disable=unused-import  (the sentence corpus)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORPUS = '<corpus>'          # replaced by the text-file corpus this module writes
@@ -42,7 +41,6 @@ TINY_HIBERT = {'sentence_layers': 1, 'document_layers': 1, 'max_sentences': 6,
 BATCH = {'batch_size': 8, 'eval_batch_size': 8}
 SYNTHETIC = dict(BATCH, corpus='synthetic', seq_len=32, max_examples=16)
 HIBERT_MODEL = {k: v for k, v in TINY_MODEL.items() if k != 'num_layers'}
-WORDS = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu'.split()
 
 # Per task: `(values, (key, bad values))`: its tiny config (sparse, as a config file) and an
 # edit that only this task's checks reject, naming `key`.
@@ -78,25 +76,6 @@ def merged(values: dict, edit: dict) -> dict:
     else:
       out[key] = copy.deepcopy(value)
   return out
-
-
-@pytest.fixture(scope='module')
-def corpus(tmp_path_factory) -> str:
-  """A folder of text files (24 train, 4 valid, 4 test) of 3-7 short sentences each."""
-  root = tmp_path_factory.mktemp('task_corpus')
-  rng = np.random.default_rng(0)
-  wanted = {'train': 24, 'valid': 4, 'test': 4}
-  for i in itertools.count():
-    if not any(wanted.values()):
-      break
-    name = f'doc{i}.txt'
-    if wanted[split_of(name)] == 0:
-      continue
-    wanted[split_of(name)] -= 1
-    sentences = [' '.join(rng.choice(WORDS, int(rng.integers(2, 5)))).capitalize() + '.'
-                 for _ in range(int(rng.integers(3, 8)))]
-    (root / name).write_text(sentences[0] + '\n\n' + ' '.join(sentences[1:]))
-  return str(root) + '/'
 
 
 def tiny_values(name: str, corpus: str) -> dict:

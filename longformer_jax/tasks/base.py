@@ -30,11 +30,15 @@ and generation ask it; none of them switches on the task's name.
 lm): independent examples, no memory, one loss per example batch.
 """
 
+import jax
+import jax.numpy as jnp
 import ml_collections
+import optax
 
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.encoder import encoder_context, encoder_model_config
 from longformer_jax.tasks.example_training import ExampleTraining
+from longformer_jax.train.lm_objective import weighted_aux_losses
 
 
 class Task:
@@ -160,3 +164,22 @@ def token_metrics(metrics: dict, totals: dict) -> dict:
   metrics.update(token_accuracy=totals['correct'] / count, tokens=totals['count'])
   return metrics
 
+
+def token_sums(model, logits: jax.Array, aux, targets: jax.Array, mask: jax.Array,
+               weight: jax.Array) -> dict:
+  """The sums of a per-token task's batch (image, seq2seq, sentence_mask).
+
+  Args:
+    model: the task's model (its `config.aux_loss_weights` weigh `aux`).
+    logits: `[..., vocab]` float; targets: `[...]` int; mask: `[...]` float, 0 where a token
+      does not count (padding, a padded example); weight: `[b]`, 1 for a real example.
+  Returns:
+    `loss_sum` (nats) and `correct` (argmax hits) over the `count` masked tokens,
+    `aux_objective`, `examples`.
+  """
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  aux_objective, _ = weighted_aux_losses(aux, model.config.aux_loss_weights)
+  return {'loss_sum': jnp.sum(nll * mask), 'count': jnp.sum(mask),
+          'aux_objective': aux_objective, 'correct': jnp.sum(correct * mask),
+          'examples': jnp.sum(weight)}

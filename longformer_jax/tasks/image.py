@@ -18,15 +18,13 @@ import math
 import os
 
 import jax.numpy as jnp
-import optax
 
 from longformer_jax.config.errors import require
 from longformer_jax.data import image_data
 from longformer_jax.evaluation import image_sampling
 from longformer_jax.models.decoder_lm import lm_model_config
 from longformer_jax.models.image_decoder import ImageDecoder, image_context
-from longformer_jax.tasks.base import ExampleTask
-from longformer_jax.train.lm_objective import weighted_aux_losses
+from longformer_jax.tasks.base import ExampleTask, token_sums
 
 SAMPLES_FILE = 'samples.png'
 
@@ -38,13 +36,8 @@ def image_sums(model, params, batch: dict, rngs: dict, deterministic: bool, *,
   logits, aux = model.apply({'params': params}, batch['inputs'],
                             image_context(batch['inputs'], deterministic), rngs=rngs)
   logits = logits[..., :levels]                         # intensities only
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
-  mask = jnp.broadcast_to(batch['weight'][:, None], nll.shape)
-  correct = (jnp.argmax(logits, axis=-1) == batch['targets']).astype(jnp.float32)
-  aux_objective, _ = weighted_aux_losses(aux, model.config.aux_loss_weights)
-  return {'loss_sum': jnp.sum(nll * mask), 'count': jnp.sum(mask),
-          'aux_objective': aux_objective, 'correct': jnp.sum(correct * mask),
-          'examples': jnp.sum(batch['weight'])}
+  mask = jnp.broadcast_to(batch['weight'][:, None], batch['targets'].shape)
+  return token_sums(model, logits, aux, batch['targets'], mask, batch['weight'])
 
 
 class ImageTask(ExampleTask):

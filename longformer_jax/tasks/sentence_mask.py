@@ -12,14 +12,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.hibert import HibertPretrainer, max_predictions
-from longformer_jax.tasks.base import token_metrics
+from longformer_jax.tasks.base import token_metrics, token_sums
 from longformer_jax.tasks.hibert import SHARED_KEYS, HibertTask, token_masks
 from longformer_jax.tasks.hibert_masking import mask_sentences
-from longformer_jax.train.lm_objective import weighted_aux_losses
 
 EVAL_MASK_SEED = 0          # evaluation masks: always the same
 _MASKING_SALT = 0x48424552  # the step key is folded with this before masking
@@ -52,12 +50,9 @@ def sentence_mask_sums(model, params, batch: dict, rngs: dict, deterministic: bo
                             deterministic, rngs=rngs)
   weight = batch['weight']
   mask = target_mask.astype(jnp.float32) * weight[:, None, None]
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, decoder_targets)
-  correct = (jnp.argmax(logits, axis=-1) == decoder_targets).astype(jnp.float32)
-  aux_objective, _ = weighted_aux_losses(aux, model.config.aux_loss_weights)
-  return {'loss_sum': jnp.sum(nll * mask), 'count': jnp.sum(mask), 'aux_objective': aux_objective,
-          'correct': jnp.sum(correct * mask), 'examples': jnp.sum(weight),
-          'masked_sentences': jnp.sum(masked['slot_valid'] * weight[:, None])}
+  sums = token_sums(model, logits, aux, decoder_targets, mask, weight)
+  sums['masked_sentences'] = jnp.sum(masked['slot_valid'] * weight[:, None])
+  return sums
 
 
 class SentenceMaskTask(HibertTask):

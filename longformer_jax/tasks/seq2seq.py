@@ -14,15 +14,13 @@ Fine-tunes a Hugging Face LED (or T5).
 import functools
 
 import jax.numpy as jnp
-import optax
 
 from longformer_jax.config.errors import require
 from longformer_jax.data import seq2seq_tasks
 from longformer_jax.evaluation.greedy_decoding import rouge_of_batches
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.encoder_decoder import EncoderDecoder, decoder_context
-from longformer_jax.tasks.base import ExampleTask, token_metrics
-from longformer_jax.train.lm_objective import weighted_aux_losses
+from longformer_jax.tasks.base import ExampleTask, token_metrics, token_sums
 
 HF_TARGET_LEN = 128     # an imported checkpoint's config: targets of at most this many tokens
 
@@ -35,12 +33,7 @@ def seq2seq_sums(model, params, batch: dict, rngs: dict, deterministic: bool) ->
   logits, aux = model.apply({'params': params}, batch['inputs'], source_ctx,
                             batch['decoder_inputs'], target_ctx, rngs=rngs)
   mask = batch['decoder_mask'].astype(jnp.float32) * batch['weight'][:, None]
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch['decoder_targets'])
-  correct = (jnp.argmax(logits, axis=-1) == batch['decoder_targets']).astype(jnp.float32)
-  aux_objective, _ = weighted_aux_losses(aux, model.config.aux_loss_weights)
-  return {'loss_sum': jnp.sum(nll * mask), 'count': jnp.sum(mask),
-          'aux_objective': aux_objective, 'correct': jnp.sum(correct * mask),
-          'examples': jnp.sum(batch['weight'])}
+  return token_sums(model, logits, aux, batch['decoder_targets'], mask, batch['weight'])
 
 
 class Seq2seqTask(ExampleTask):
