@@ -108,8 +108,9 @@ def case_row(variant: str, seq_len: int, mode: str, result: dict, idle_mib: floa
   rate = (before + after) / 2.0
   row.update(spread(result['times']))
   floor = result['flops'] / rate
-  row.update(peak_mib=result['peak_rss_mib'] - idle_mib, xla_temp_mib=result['xla_temp_mib'],
-             flops=result['flops'], matmul_gflops_before=before / 1e9,
+  peak = result.get('peak_rss_mib')
+  row.update(peak_mib=None if peak is None else peak - idle_mib,
+             xla_temp_mib=result['xla_temp_mib'], flops=result['flops'], matmul_gflops_before=before / 1e9,
              matmul_gflops_after=after / 1e9, matmul_gflops=rate / 1e9, floor_seconds=floor,
              over_floor=row['seconds'] / floor)
   return row
@@ -232,6 +233,9 @@ def main(argv=None):
   parser.add_argument('--repeats', type=int, default=3, help='timed runs per row (at least 3)')
   parser.add_argument('--timeout', type=float, default=1800.0, help='seconds per case')
   parser.add_argument('--no_peer', action='store_true', help='skip the Hugging Face peer')
+  parser.add_argument('--no_host_peak', action='store_true',
+                      help='skip the memory child (peak_mib None): on a GPU the host peak says '
+                           'little and the second child doubles the time')
   parser.add_argument('--compare', action='store_true',
                       help=f'also run {PEER_OF} and {PEER}; print ours over the peer')
   parser.add_argument('--child', default='', help=argparse.SUPPRESS)
@@ -278,7 +282,9 @@ def main(argv=None):
           continue
         task = dict(kind='case', variant=variant, seq_len=seq_len, mode=mode)
         result = in_child(dict(task, repeats=args.repeats), args.timeout)
-        if 'error' not in result:   # memory: one run under glibc's default malloc
+        if args.no_host_peak:
+          result['peak_rss_mib'] = None
+        elif 'error' not in result:   # memory: one run under glibc's default malloc
           memory = in_child(dict(task, repeats=0), args.timeout, malloc_settings=False)
           result['peak_rss_mib'] = memory.get('peak_rss_mib', float('nan'))
         rows.append(case_row(variant, seq_len, mode, result, idle['peak_rss_mib']))

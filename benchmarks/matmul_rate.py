@@ -32,14 +32,16 @@ def default_size(backend: str | None = None) -> int:
   return SIZE_BY_BACKEND.get(backend or jax.default_backend(), 2048)
 
 
-def measure(size: int | None = None, min_repeats: int = 5, min_seconds: float = 0.5) -> MatmulRate:
-  """Times `[size, size] @ [size, size]` in float32 after a compiling call.
+def measure(size: int | None = None, min_repeats: int = 5, min_seconds: float = 0.5,
+            dtype=jnp.float32) -> MatmulRate:
+  """Times `[size, size] @ [size, size]` in `dtype` (float32 unless asked: the rate of
+  bfloat16 models on a GPU is the bfloat16 one) after a compiling call.
 
   Repeats until both `min_repeats` timings and `min_seconds` of timed work.
   """
   size = size or default_size()
-  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
-  b = jax.random.normal(jax.random.PRNGKey(1), (size, size), jnp.float32)
+  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype)
+  b = jax.random.normal(jax.random.PRNGKey(1), (size, size), dtype)
   matmul = jax.jit(jnp.matmul)
   matmul(a, b).block_until_ready()
   times = []

@@ -129,6 +129,9 @@ def main(argv):
       sys.exit(f'train_throughput: config.task={config.task!r}: only language models are timed')
     rate_after = measure()
     rates = window_rates(workdir, steps // 2)
+  if not rates:   # train() stops early on SIGTERM (a time limit) and on a diverged loss
+    sys.exit(f'train_throughput: no training window ended after step {steps // 2} of {steps}: '
+             'the run stopped early')
   probe = probes[0]
   rate_before = probe.rate_before
   summary = timed_half_summary(rates, probe.units_per_step, steps // (2 * windows))

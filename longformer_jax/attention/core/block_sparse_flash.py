@@ -32,11 +32,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pallas_triton
 
 from longformer_jax.attention.core.splash_kernels import Window, head_rules, splash_attention
 
 DEFAULT_BLOCK = 64
 MAX_PARTIAL_MASKS = 4096
+# Triton, not Mosaic GPU (JAX's default GPU lowering for pallas_call): Mosaic GPU stages
+# every block in shared memory, and the whole-row key / value blocks do not fit there.
+TRITON = pallas_triton.CompilerParams(num_warps=4, num_stages=2)
 NO_KEY = -1e30
 
 
@@ -223,7 +227,7 @@ def _forward(rule, block, interpret, q, k, v, q_seg, kv_seg):
       out_specs=[row, stat_block],
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((b, h, n), jnp.float32)],
-      interpret=interpret)(*forward_tables, q, k, v, q_seg, kv_seg)
+      interpret=interpret, compiler_params=TRITON)(*forward_tables, q, k, v, q_seg, kv_seg)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -250,7 +254,8 @@ def _attention_bwd(rule, block, interpret, residuals, d_out):
       in_specs=specs + [row, whole_row, whole_row, seg_block, seg_whole, row, stat_block,
                         stat_block],
       out_specs=row, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      interpret=interpret)(*forward_tables, q, k, v, q_seg, kv_seg, d_out, lse, delta)
+      interpret=interpret, compiler_params=TRITON)(
+          *forward_tables, q, k, v, q_seg, kv_seg, d_out, lse, delta)
   specs = [_whole(t.shape) for t in backward_tables]
   dk, dv = pl.pallas_call(
       functools.partial(_dkdv_kernel, block=block), grid=(b, h, n // block),
@@ -258,7 +263,8 @@ def _attention_bwd(rule, block, interpret, residuals, d_out):
                         stat_whole],
       out_specs=[row, row],
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      interpret=interpret)(*backward_tables, q, k, v, q_seg, kv_seg, d_out, lse, delta)
+      interpret=interpret, compiler_params=TRITON)(
+          *backward_tables, q, k, v, q_seg, kv_seg, d_out, lse, delta)
   return dq, dk, dv, None, None
 
 
