@@ -38,9 +38,10 @@ def _with_test_flags(flags: str) -> str:
   return ' '.join(flags.split() + extra)
 
 
-os.environ['XLA_FLAGS'] = _with_test_flags(os.environ.get('XLA_FLAGS', ''))
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+if os.environ['JAX_PLATFORMS'] == 'cpu':   # CPU flags: a GPU run (gpu_checks.sh) keeps its own
+  os.environ['XLA_FLAGS'] = _with_test_flags(os.environ.get('XLA_FLAGS', ''))
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
