@@ -243,3 +243,35 @@ def test_two_sided_window_equals_dense_reference(kind):
   assert not np.any(np.asarray(got[0])[~rows]) and np.all(np.isneginf(np.asarray(got[1])[~rows]))
   for g, r in zip(got[2], want[2]):
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r), atol=1e-4)
+
+
+@pytest.mark.parametrize('kind', ['documents', 'padding'])
+def test_unwritten_rows_of_the_kernel_never_reach_the_gradients(kind, monkeypatch):
+  """cuDNN leaves the output rows of slots outside every run unwritten: garbage, NaN at
+  times (an H200 gave NaN parameter gradients through the two-sided window, whose reversed
+  pass puts the padding first). With NaN written into those rows of every kernel call, the
+  two-sided window's outputs, log-sum-exp and gradients are unchanged."""
+  from longformer_jax.attention.longformer.cudnn_two_sided_window import two_sided_window_attention
+  positions, segments, valid = layout(kind)
+  q, k, v, probe, lse_probe = inputs(3)
+  q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
+  fallback = lambda q, k, v: blocked_window_attention(   # traced by lax.cond, not taken
+      q, k, v, positions, segments, positions, segments, valid, window=W, block_size=16,
+      causal=False, scale=SCALE)
+  fast = lambda q, k, v: two_sided_window_attention(
+      q, k, v, positions, segments, valid, window=W, scale=SCALE, fallback=fallback,
+      implementation='xla')
+  clean = outputs_and_gradients(fast, q, k, v, probe, lse_probe)
+  attend = cudnn_window._attend
+
+  def unwritten_rows_nan(q, k, v, offsets, lengths, **settings):
+    out, lse = attend(q, k, v, offsets, lengths, **settings)
+    covered = cudnn_window.covered_slots(offsets, lengths, q.shape[1])
+    out = jnp.where(covered[..., None, None], out, jnp.nan)
+    return out, None if lse is None else jnp.where(covered[..., None], lse, jnp.nan)
+
+  monkeypatch.setattr(cudnn_window, '_attend', unwritten_rows_nan)
+  poisoned = outputs_and_gradients(fast, q, k, v, probe, lse_probe)
+  for got, want, what in zip(jax.tree_util.tree_leaves(poisoned), jax.tree_util.tree_leaves(clean),
+                             ['out', 'lse', 'dq', 'dk', 'dv']):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, err_msg=what)

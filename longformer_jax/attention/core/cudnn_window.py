@@ -238,6 +238,11 @@ def _attend_with_lse_fwd(q, k, v, offsets, lengths, window, scale, packed, imple
   both, lse = _attend(q, k, jnp.concatenate([v, k.astype(v.dtype)], axis=-1), offsets, lengths,
                       window=window, scale=scale, packed=packed, implementation=implementation)
   out, expected_key = both[..., :head_dim], both[..., head_dim:]
+  # Rows outside every run are unwritten by cuDNN (garbage, NaN at times: seen on an H200 in
+  # the two-sided window's reversed pass, whose padding comes first). The backward multiplies
+  # them by a zero cotangent, and 0 * NaN is NaN: zero them here.
+  covered = covered_slots(offsets, lengths, q.shape[1])
+  expected_key = jnp.where(covered[..., None, None], expected_key, jnp.zeros_like(expected_key))
   return (out, lse), (q, k, v, offsets, lengths, expected_key)
 
 
