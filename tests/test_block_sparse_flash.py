@@ -138,9 +138,18 @@ def test_pallas_gpu_backend_rules():
   for platform in ('gpu', 'cpu'):
     assert backends.resolve_backend('pallas_gpu', pattern, dtype='bfloat16', head_dim=64,
                                     platform=platform) == 'pallas_gpu'
-  # auto does not pick it (its GPU compile is not yet measured): xla on a GPU.
-  assert backends.resolve_backend('auto', pattern, dtype='bfloat16', head_dim=64,
-                                  platform='gpu') == 'xla'
+  # auto picks it on a GPU in bfloat16 for the patterns measured there (Sparse Transformer,
+  # BigBird), not in float32, nor for the Image Transformer's 1D blocks (not measured).
+  bigbird = bigbird_splash.kernel_pattern(type('M', (), dict(causal=False))(),
+                                          type('B', (), dict(max_global_tokens=0))())
+  image_1d = backends.KernelPattern(right=0, dense_mask_ok=False, splash_only='1D blocks')
+  for layer_pattern, dtype, platform, expected in [
+      (pattern, 'bfloat16', 'gpu', 'pallas_gpu'), (bigbird, 'bfloat16', 'gpu', 'pallas_gpu'),
+      (pattern, 'float32', 'gpu', 'xla'), (image_1d, 'bfloat16', 'gpu', 'xla'),
+      (pattern, 'bfloat16', 'cpu', 'xla'), (pattern, 'bfloat16', 'tpu', 'splash')]:
+    assert backends.resolve_backend('auto', layer_pattern, dtype=dtype, head_dim=64,
+                                    platform=platform) == expected, (layer_pattern, dtype,
+                                                                     platform)
   with pytest.raises(ConfigError, match='on TPU use splash'):
     backends.resolve_backend('pallas_gpu', pattern, dtype='bfloat16', head_dim=64,
                              platform='tpu')

@@ -75,7 +75,8 @@ def kernel_pattern(model, section) -> backends.KernelPattern:
                                   unsupported='BigBird tokens made global by their flags '
                                               '(data-dependent key columns)')
   return backends.KernelPattern(right=0 if causal else None, dense_mask_ok=False,
-                                splash_only='the BigBird block pattern')
+                                splash_only='the BigBird block pattern',
+                                block_sparse_on_gpu=True)
 
 
 def static_random_blocks(pattern_fn, chunk_len: int) -> tuple:

@@ -10,10 +10,12 @@
   `model.dtype='bfloat16'`;
 - `'pallas_gpu'`: the block-sparse flash kernel in Pallas (`block_sparse_flash.py`),
   the splash rules on a GPU (compiled by Triton; interpret mode on CPU, for
-  tests); not on TPU (use splash). Not chosen by `auto` yet;
-- `'auto'` (default): splash on TPU, cuDNN on GPU, each only where the layer's
-  pattern fits it, xla otherwise; resolved from `jax.default_backend()` when
-  the layer runs, so a config written on one machine runs on any other.
+  tests); not on TPU (use splash);
+- `'auto'` (default): splash on TPU; on GPU cuDNN, or the Pallas kernel for the
+  block-sparse patterns measured faster than XLA there (`block_sparse_on_gpu`:
+  the Sparse Transformer's and BigBird's, in bfloat16); each only where the
+  layer's pattern fits it, xla otherwise; resolved from `jax.default_backend()`
+  when the layer runs, so a config written on one machine runs on any other.
 
 A backend never changes what a layer computes: each is held to the dense
 reference by the tests (docs/kernels.md). A layer describes what it asks of a
@@ -34,6 +36,9 @@ BACKENDS = ('auto', 'xla', 'splash', 'cudnn', 'pallas_gpu')
 KERNELS = ('splash', 'cudnn', 'pallas_gpu')
 CUDNN_DTYPES = ('bfloat16',)      # cuDNN flash attention takes bfloat16 / float16 only
 CUDNN_MAX_HEAD_DIM = 128
+# auto's Pallas kernel on a GPU: the dtype it was measured in (docs/benchmarks.md, 16k tokens,
+# forward + backward, one H200: 4x the XLA blocked path for strided, 16x for BigBird).
+PALLAS_GPU_AUTO_DTYPES = ('bfloat16',)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +63,9 @@ class KernelPattern:
       mask and takes a memory.
     cudnn_only: what the cuDNN window path computes and splash does not
       ('' if none), e.g. the Longformer's global tokens.
+    block_sparse_on_gpu: `auto` runs the pattern through the Pallas block-sparse
+      kernel on a GPU (in `PALLAS_GPU_AUTO_DTYPES`): set where that was measured
+      faster than the layer's XLA path.
   """
   left: Optional[int] = None
   right: Optional[int] = 0
@@ -67,6 +75,7 @@ class KernelPattern:
   splash_only: str = ''
   cudnn_window: bool = False
   cudnn_only: str = ''
+  block_sparse_on_gpu: bool = False
 
   @property
   def causal(self) -> bool:
@@ -146,7 +155,12 @@ def resolve_backend(requested: str, pattern: KernelPattern, *, dtype: str, head_
                              "use 'auto' (falls back to xla) or 'xla'")
     return requested
   preferred = {'tpu': 'splash', 'gpu': 'cudnn'}.get(platform)
-  return preferred if preferred and not misfits[preferred]() else 'xla'
+  if preferred and not misfits[preferred]():
+    return preferred
+  if (platform == 'gpu' and pattern.block_sparse_on_gpu and dtype in PALLAS_GPU_AUTO_DTYPES
+      and not misfits['pallas_gpu']()):
+    return 'pallas_gpu'
+  return 'xla'
 
 
 def check_layer(requested: str, pattern: Optional[KernelPattern], attention: str, *,

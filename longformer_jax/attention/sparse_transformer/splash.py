@@ -64,12 +64,13 @@ def kernel_pattern(model, section) -> backends.KernelPattern:
   """What a Sparse Transformer layer asks of a kernel (config checks, `resolve_backend`).
 
   Causal within the chunk (stateless); not O(n^2) (no dense mask for cuDNN),
-  and a strided / fixed pattern that only the splash masks express.
+  and a strided / fixed pattern that only the splash masks express; on a GPU
+  `auto` runs it through the Pallas block-sparse kernel.
   """
   del model
   return backends.KernelPattern(left=None, right=0, in_chunk=True, dense_mask_ok=False,
                                 splash_only=f'the Sparse Transformer {section.pattern!r} '
-                                            f'pattern')
+                                            f'pattern', block_sparse_on_gpu=True)
 
 
 def sparse_transformer_splash(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
