@@ -226,7 +226,7 @@ def test_dilated_longformer_and_bigbird_resolve_to_splash():
   choose = lambda requested, platform: attention_backend.resolve_backend(
       requested, pattern, dtype='bfloat16', head_dim=64, platform=platform)
   assert (choose('auto', 'tpu'), choose('auto', 'gpu'), choose('auto', 'cpu')) == (
-      'splash', 'xla', 'xla')
+      'splash', 'pallas_gpu', 'xla')     # on a GPU: the Pallas block-sparse kernel
 
 
 @pytest.mark.parametrize('model, rule', [

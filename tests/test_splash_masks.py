@@ -224,14 +224,14 @@ def test_pattern_rules_per_head(pattern, integration, heads, expected):
     np.testing.assert_array_equal(sk.head_mask(n, rule)[0:n, 0:n], want)
 
 
-def test_sparse_transformer_resolves_to_splash_on_tpu_only():
+def test_sparse_transformer_resolves_to_splash_on_tpu_and_pallas_on_gpu():
   section = type('Section', (), dict(pattern='strided'))()
   pattern = sparse_splash.kernel_pattern(None, section)
   resolve = lambda requested, platform: attention_backend.resolve_backend(
       requested, pattern, dtype='bfloat16', head_dim=64, platform=platform)
   assert resolve('auto', 'tpu') == 'splash'
   assert resolve('splash', 'cpu') == 'splash'
-  assert resolve('auto', 'gpu') == 'xla'
+  assert resolve('auto', 'gpu') == 'pallas_gpu'
   assert resolve('auto', 'cpu') == 'xla'
 
 
