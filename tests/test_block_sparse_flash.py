@@ -15,15 +15,13 @@ give 0), at chunks that are not a multiple of the block:
   the strided pattern skips most of them at 1,024 slots.
 """
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.bigbird import attention as bigbird
 from longformer_jax.attention.core import block_sparse_flash
 from longformer_jax.attention.bigbird import splash as bigbird_splash
 from longformer_jax.attention.sparse_transformer import splash as sparse_splash
-from tests.test_splash_layers import BB, bigbird_loop, loop_mask, random_table
+from tests.test_splash_layers import BB, bigbird_loop, random_table
 from tests.test_splash_layers import reference_mask as loop_reference_mask
 from tests.test_splash_masks import SUMMARY, STRIDE, compare, compare_with_mask
 
@@ -140,11 +138,11 @@ def test_pallas_gpu_backend_rules():
                                     platform=platform) == 'pallas_gpu'
   # auto picks it on a GPU in bfloat16 for the patterns measured there (Sparse Transformer,
   # BigBird), not in float32, nor for the Image Transformer's 1D blocks (not measured).
-  bigbird = bigbird_splash.kernel_pattern(type('M', (), dict(causal=False))(),
+  bigbird_pattern = bigbird_splash.kernel_pattern(type('M', (), dict(causal=False))(),
                                           type('B', (), dict(max_global_tokens=0))())
   image_1d = backends.KernelPattern(right=0, dense_mask_ok=False, splash_only='1D blocks')
   for layer_pattern, dtype, platform, expected in [
-      (pattern, 'bfloat16', 'gpu', 'pallas_gpu'), (bigbird, 'bfloat16', 'gpu', 'pallas_gpu'),
+      (pattern, 'bfloat16', 'gpu', 'pallas_gpu'), (bigbird_pattern, 'bfloat16', 'gpu', 'pallas_gpu'),
       (pattern, 'float32', 'gpu', 'xla'), (image_1d, 'bfloat16', 'gpu', 'xla'),
       (pattern, 'bfloat16', 'cpu', 'xla'), (pattern, 'bfloat16', 'tpu', 'splash')]:
     assert backends.resolve_backend('auto', layer_pattern, dtype=dtype, head_dim=64,
