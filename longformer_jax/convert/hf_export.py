@@ -90,7 +90,7 @@ def gpt2_tensors(params: dict, settings: dict) -> dict:
   return out
 
 
-def _linear(out: dict, name: str, projection: dict, d_in: int) -> None:
+def linear_tensors(out: dict, name: str, projection: dict, d_in: int) -> None:
   """A projection `{kernel [in, *out_shape], bias}` as torch's `name.weight [out, in]`."""
   kernel = projection['kernel']
   out[f'{name}.weight'] = kernel.reshape(d_in, -1).T
@@ -109,7 +109,7 @@ def llama_tensors(params: dict, settings: dict) -> dict:
     block, pre = params['blocks'][f'layer_{layer}'], f'model.layers.{layer}.'
     attention = block['attention']
     for ours, theirs in (('query', 'q_proj'), ('key', 'k_proj'), ('value', 'v_proj')):
-      _linear(out, f'{pre}self_attn.{theirs}', attention[ours], d)
+      linear_tensors(out, f'{pre}self_attn.{theirs}', attention[ours], d)
     o_proj = attention['out']
     out[f'{pre}self_attn.o_proj.weight'] = o_proj['kernel'].reshape(-1, d).T
     if 'bias' in o_proj:
@@ -117,19 +117,24 @@ def llama_tensors(params: dict, settings: dict) -> dict:
     out[f'{pre}input_layernorm.weight'] = block['attention_norm']['scale']
     out[f'{pre}post_attention_layernorm.weight'] = block['feed_forward_norm']['scale']
     ff = block['feed_forward']
-    _linear(out, f'{pre}mlp.gate_proj', ff['wi'], d)
-    _linear(out, f'{pre}mlp.up_proj', ff['wi_up'], d)
-    _linear(out, f'{pre}mlp.down_proj', ff['wo'], d_ff)
+    linear_tensors(out, f'{pre}mlp.gate_proj', ff['wi'], d)
+    linear_tensors(out, f'{pre}mlp.up_proj', ff['wi_up'], d)
+    linear_tensors(out, f'{pre}mlp.down_proj', ff['wo'], d_ff)
   return out
 
 
-def export_tensors(params: dict, hf_config: dict) -> dict:
-  """The Hugging Face tensors (float32 numpy, contiguous) of `params`."""
-  from longformer_jax.convert import loader  # pylint: disable=g-import-not-at-top
+def export_tensors(params: dict, hf_config: dict, original: dict | None = None) -> dict:
+  """The Hugging Face tensors (float32 numpy, contiguous) of `params`; `original`: the
+  original checkpoint's tensors the import folds or drops (encoder_export.ORIGINAL_TENSORS)."""
+  from longformer_jax.convert import encoder_export, loader  # pylint: disable=g-import-not-at-top
+  model_type = hf_config['model_type']
   settings = loader.family(hf_config).model_settings(hf_config)
   params = _numpy(params)
-  tensors = (gpt2_tensors if hf_config['model_type'] == 'gpt2' else llama_tensors)(params,
-                                                                                  settings)
+  if model_type in encoder_export.FAMILY_TENSORS:
+    tensors = encoder_export.FAMILY_TENSORS[model_type](params, settings, hf_config,
+                                                        original or {})
+  else:
+    tensors = (gpt2_tensors if model_type == 'gpt2' else llama_tensors)(params, settings)
   return {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
 
 
