@@ -96,3 +96,25 @@ def test_longformer_without_its_masked_lm_head_is_refused():
     del params[scope]
   with pytest.raises(ConversionError, match='no masked-LM head'):
     hf_export.export_tensors(params, config)
+
+
+@pytest.mark.slow
+def test_a_fine_tuned_led_run_is_written_back(tmp_path):
+  """convert.hf --task=seq2seq, one train.py step, hf_export --workdir=RUN: the run's
+  parameters (restored through its task) import again from the written directory."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  test_hf_import_longformer.written_task_config(FIXTURES['led'], tmp_path / 'import', 'seq2seq')
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  run, out = str(tmp_path / 'run'), str(tmp_path / 'out')
+  result = subprocess.run(
+      [sys.executable, 'train.py', f'--config={tmp_path / "import" / "import_config.py"}',
+       f'--workdir={run}', '--config.train.num_steps=1', '--config.train.eval_every=0',
+       '--config.data.batch_size=8', '--config.data.eval_batch_size=8',
+       '--config.data.seq_len=32', '--config.data.target_len=16'],
+      cwd=test_hf_import_longformer.REPO, capture_output=True, text=True, check=False, env=env)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert 'model.safetensors' in hf_export.export(run, out)
+  _, trained = hf_export.restore_run(run)
+  _, params = hf.load(out)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(trained), params)

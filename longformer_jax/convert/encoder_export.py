@@ -7,7 +7,8 @@ so that importing the written file gives the same parameters. The tied
 tables are written once, as transformers saves them: T5's `shared.weight`
 (no `embed_tokens` copies; `lm_head.weight` only when untied), LED's
 `led.shared.weight` and Longformer's word embeddings (no `lm_head.decoder`).
-convert/hf_export.py dispatches to `FAMILY_TENSORS` and writes the file.
+convert/hf_export.py dispatches to `FAMILY_TENSORS` and writes the file; its decoder
+exporters share `linear_tensors`.
 
 What the import changes is undone:
 - T5: every query kernel is divided by sqrt(d_kv) again, and a scaled untied
@@ -28,13 +29,20 @@ import numpy as np
 
 from longformer_jax.convert import led, longformer, t5
 from longformer_jax.convert.errors import ConversionError
-from longformer_jax.convert.hf_export import linear_tensors
 
 # Tensors of the original checkpoint the import folds or drops (model_type -> names); each
 # family's function takes them as `original` ({} when the checkpoint is not at hand).
 LONGFORMER_EMBEDDINGS = longformer.PREFIX + 'embeddings.'
 ORIGINAL_TENSORS = {'longformer': (LONGFORMER_EMBEDDINGS + 'position_embeddings.weight',
                                    LONGFORMER_EMBEDDINGS + 'token_type_embeddings.weight')}
+
+
+def linear_tensors(out: dict, name: str, projection: dict, d_in: int) -> None:
+  """A projection `{kernel [in, *out_shape], bias}` as torch's `name.weight [out, in]`."""
+  kernel = projection['kernel']
+  out[f'{name}.weight'] = kernel.reshape(d_in, -1).T
+  if 'bias' in projection:
+    out[f'{name}.bias'] = projection['bias'].reshape(-1)
 
 
 def _layer_norm(out: dict, name: str, norm: dict) -> None:
@@ -160,7 +168,7 @@ def longformer_tensors(params: dict, settings: dict, hf: dict, original: dict) -
   pad = hf['pad_token_id']
   positions = params['position_embedding']['embedding']                # [max_positions, d]
   position_name, type_name = ORIGINAL_TENSORS['longformer']
-  if original:
+  if set(ORIGINAL_TENSORS['longformer']) <= set(original):
     types, before = original[type_name], original[position_name][:pad + 1]
     positions = positions - types[0]
   else:
