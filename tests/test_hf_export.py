@@ -54,8 +54,8 @@ def test_bad_workdirs_are_named(tmp_path):
     hf_export.export(str(tmp_path / 'nowhere'), str(tmp_path / 'out'))
   with pytest.raises(ConversionError, match='no hf_import.json'):
     hf_export.export(str(tmp_path), str(tmp_path / 'out'))
-  (tmp_path / 'hf_import.json').write_text(json.dumps({'hf_config': {'model_type': 't5'}}))
-  with pytest.raises(ConversionError, match="'t5' has no exporter"):
+  (tmp_path / 'hf_import.json').write_text(json.dumps({'hf_config': {'model_type': 'bert'}}))
+  with pytest.raises(ConversionError, match="'bert' has no exporter"):
     hf_export.export(str(tmp_path), str(tmp_path / 'out'))
 
 

@@ -1,23 +1,27 @@
-"""Writing an imported decoder back as a Hugging Face model directory.
+"""Writing an imported model back as a Hugging Face model directory.
 
   python -m longformer_jax.convert.hf_export --workdir=RUN --out=DIR [--step=N]
 
 `RUN` is a workdir that `python -m longformer_jax.convert.hf` wrote (GPT-2,
 Llama, Mistral, Qwen2), perhaps fine-tuned since by train.py: its
-`hf_import.json` holds the original config.json, its checkpoint the
-parameters (the latest, or `--step`). `DIR` gets `config.json` (the
-original's, `dtype` float32), `model.safetensors` (float32, written from
-numpy with the `safetensors` package; each tensor the inverse of the
-import's mapping, convert/gpt2.py and convert/llama.py, so that importing
-`DIR` again gives the same parameters) and the tokenizer files of the
-original directory (or the run's tokenizer file). transformers loads `DIR`
-with `AutoModelForCausalLM.from_pretrained(DIR)`.
+`hf_import.json` holds the original config.json; or a train.py run of a
+task fine-tuned from a T5, LED or Longformer checkpoint (`train.init_from_hf`,
+convert/hf_init.py), whose original config.json is read there. Its
+checkpoint (the latest, or `--step`) is restored as eval.py restores the
+run's task. `DIR` gets `config.json` (the original's, `dtype` float32),
+`model.safetensors` (float32, written from numpy with the `safetensors`
+package; each tensor the inverse of the import's mapping, convert/gpt2.py
+and convert/llama.py here, T5, LED and Longformer in convert/encoder_export.py,
+so that importing `DIR` again gives the same parameters) and the tokenizer
+files of the original directory (or the run's tokenizer file).
+transformers loads `DIR` with `AutoModelForCausalLM.from_pretrained(DIR)`
+(`AutoModelForSeq2SeqLM` for T5 and LED, `AutoModelForMaskedLM` for Longformer).
 
 Refused in one line (exit status 2): a missing workdir or `--out` that is
-not empty, a workdir without `hf_import.json` (not an imported model), one
-whose model type has no exporter (T5, LED and Longformer are not written
-back), and a run whose `config.json` no longer builds the model of its
-`hf_import.json`.
+not empty, a workdir with neither `hf_import.json` nor `train.init_from_hf`
+(not an imported model), a model type without an exporter (`EXPORTED`), a run
+whose `config.json` no longer builds the model of the original config, and
+parameters the original layout cannot hold (encoder_export.py).
 """
 
 import json
@@ -30,12 +34,16 @@ import numpy as np
 
 from longformer_jax import command_line
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.convert import encoder_export
+from longformer_jax.convert.encoder_export import linear_tensors
 from longformer_jax.convert.errors import ConversionError
 
 FLAGS = flags.FLAGS
 IMPORT_FILE = 'hf_import.json'
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DECODERS = ('gpt2', 'llama', 'mistral', 'qwen2')
+# Every family written back: the decoders here, the encoder families in encoder_export.py.
+EXPORTED = DECODERS + tuple(encoder_export.FAMILY_TENSORS)
 # Tokenizer files of a Hugging Face directory, copied when the original directory has them.
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer.model', 'spiece.model', 'tokenizer_config.json',
                    'special_tokens_map.json', 'vocab.json', 'merges.txt', 'added_tokens.json',
@@ -43,13 +51,13 @@ TOKENIZER_FILES = ('tokenizer.json', 'tokenizer.model', 'spiece.model', 'tokeniz
 
 
 def read_import(workdir: str) -> dict:
-  """The workdir's `hf_import.json`, checked."""
+  """The workdir's `hf_import.json`, checked; for a task run fine-tuned from a checkpoint
+  (`train.init_from_hf` in its config.json), the same from that checkpoint's config.json."""
   if not os.path.isdir(workdir):
     raise ConversionError(f'--workdir: {workdir!r} is not a directory')
   path = os.path.join(workdir, IMPORT_FILE)
   if not os.path.isfile(path):
-    raise ConversionError(f'--workdir: {workdir!r} has no {IMPORT_FILE}: not a model imported '
-                          f'with python -m longformer_jax.convert.hf')
+    return fine_tuned_import(workdir)
   try:
     with open(path) as f:
       info = json.load(f)
@@ -58,10 +66,32 @@ def read_import(workdir: str) -> dict:
   hf_config = info.get('hf_config') if isinstance(info, dict) else None
   if not isinstance(hf_config, dict) or 'model_type' not in hf_config:
     raise ConversionError(f'{path}: no hf_config with a model_type')
-  if hf_config['model_type'] not in DECODERS:
+  if hf_config['model_type'] not in EXPORTED:
     raise ConversionError(f'{path}: model_type {hf_config["model_type"]!r} has no exporter '
-                          f'(supported: {", ".join(DECODERS)})')
+                          f'(supported: {", ".join(EXPORTED)})')
   return info
+
+
+def fine_tuned_import(workdir: str) -> dict:
+  """`{'hf_config', 'hf_dir'}` of the checkpoint the run in `workdir` fine-tunes
+  (`train.init_from_hf`, convert/hf_init.py)."""
+  from longformer_jax.convert import hf_source  # pylint: disable=g-import-not-at-top
+  from longformer_jax.convert.hf_config import read_hf_config  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, 'config.json')
+  hf_dir = ''
+  if os.path.isfile(path):
+    with open(path) as f:
+      hf_dir = (json.load(f).get('train') or {}).get('init_from_hf') or ''
+  if not hf_dir:
+    raise ConversionError(f'--workdir: {workdir!r} has no {IMPORT_FILE} and its config.json no '
+                          f'train.init_from_hf: not a model imported with '
+                          f'python -m longformer_jax.convert.hf')
+  with hf_source.local_hf_dir(hf_dir, only=('config.json',)) as local_dir:
+    hf_config = read_hf_config(local_dir)
+  if hf_config.get('model_type') not in EXPORTED:
+    raise ConversionError(f'{hf_dir}: model_type {hf_config.get("model_type")!r} has no '
+                          f'exporter (supported: {", ".join(EXPORTED)})')
+  return {'hf_config': hf_config, 'hf_dir': hf_dir}
 
 
 def gpt2_tensors(params: dict, settings: dict) -> dict:
@@ -90,14 +120,6 @@ def gpt2_tensors(params: dict, settings: dict) -> dict:
   return out
 
 
-def _linear(out: dict, name: str, projection: dict, d_in: int) -> None:
-  """A projection `{kernel [in, *out_shape], bias}` as torch's `name.weight [out, in]`."""
-  kernel = projection['kernel']
-  out[f'{name}.weight'] = kernel.reshape(d_in, -1).T
-  if 'bias' in projection:
-    out[f'{name}.bias'] = projection['bias'].reshape(-1)
-
-
 def llama_tensors(params: dict, settings: dict) -> dict:
   """Inverse of convert/llama.py (Llama, Mistral, Qwen2)."""
   d, d_ff = settings['d_model'], settings['d_ff']
@@ -109,7 +131,7 @@ def llama_tensors(params: dict, settings: dict) -> dict:
     block, pre = params['blocks'][f'layer_{layer}'], f'model.layers.{layer}.'
     attention = block['attention']
     for ours, theirs in (('query', 'q_proj'), ('key', 'k_proj'), ('value', 'v_proj')):
-      _linear(out, f'{pre}self_attn.{theirs}', attention[ours], d)
+      linear_tensors(out, f'{pre}self_attn.{theirs}', attention[ours], d)
     o_proj = attention['out']
     out[f'{pre}self_attn.o_proj.weight'] = o_proj['kernel'].reshape(-1, d).T
     if 'bias' in o_proj:
@@ -117,19 +139,24 @@ def llama_tensors(params: dict, settings: dict) -> dict:
     out[f'{pre}input_layernorm.weight'] = block['attention_norm']['scale']
     out[f'{pre}post_attention_layernorm.weight'] = block['feed_forward_norm']['scale']
     ff = block['feed_forward']
-    _linear(out, f'{pre}mlp.gate_proj', ff['wi'], d)
-    _linear(out, f'{pre}mlp.up_proj', ff['wi_up'], d)
-    _linear(out, f'{pre}mlp.down_proj', ff['wo'], d_ff)
+    linear_tensors(out, f'{pre}mlp.gate_proj', ff['wi'], d)
+    linear_tensors(out, f'{pre}mlp.up_proj', ff['wi_up'], d)
+    linear_tensors(out, f'{pre}mlp.down_proj', ff['wo'], d_ff)
   return out
 
 
-def export_tensors(params: dict, hf_config: dict) -> dict:
-  """The Hugging Face tensors (float32 numpy, contiguous) of `params`."""
+def export_tensors(params: dict, hf_config: dict, original: dict | None = None) -> dict:
+  """The Hugging Face tensors (float32 numpy, contiguous) of `params`; `original`: the
+  original checkpoint's tensors the import folds or drops (encoder_export.ORIGINAL_TENSORS)."""
   from longformer_jax.convert import loader  # pylint: disable=g-import-not-at-top
+  model_type = hf_config['model_type']
   settings = loader.family(hf_config).model_settings(hf_config)
   params = _numpy(params)
-  tensors = (gpt2_tensors if hf_config['model_type'] == 'gpt2' else llama_tensors)(params,
-                                                                                  settings)
+  if model_type in encoder_export.FAMILY_TENSORS:
+    tensors = encoder_export.FAMILY_TENSORS[model_type](params, settings, hf_config,
+                                                        original or {})
+  else:
+    tensors = (gpt2_tensors if model_type == 'gpt2' else llama_tensors)(params, settings)
   return {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
 
 
@@ -140,40 +167,66 @@ def _numpy(tree):
 
 
 def restore_run(workdir: str, step: int = -1) -> tuple:
-  """`(config, params)`: the run's config.json and its checkpoint's parameters (numpy)."""
+  """`(config, params)`: the run's config.json and its checkpoint's parameters (numpy),
+  restored as eval.py restores the run's task (a language model's chunks, or a task's
+  examples: the task's model and the shapes of its `eval.split`)."""
   import jax  # pylint: disable=g-import-not-at-top
   if REPO not in sys.path:               # eval.py and generate.py sit at the repository root
     sys.path.insert(0, REPO)
   import eval as eval_script  # pylint: disable=g-import-not-at-top
   import generate  # pylint: disable=g-import-not-at-top
   from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
+  from longformer_jax.evaluation.task_report import restore_task_state  # pylint: disable=g-import-not-at-top
   from longformer_jax.experiment_config import validate_config  # pylint: disable=g-import-not-at-top
   from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
   from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError  # pylint: disable=g-import-not-at-top
+  from longformer_jax.tasks.registry import task_for  # pylint: disable=g-import-not-at-top
   config = generate.run_config(workdir, step)
   validate_config(config, jax.device_count())
-  tokenizer = make_tokenizer(config.data)
+  task = task_for(config.task)
   mesh = make_mesh(config.parallel.mesh_shape)
   try:
-    params, _, _, _ = eval_script.restore_params(config, tokenizer, workdir, mesh,
-                                                 config.parallel.logical_axis_rules)
+    if task.carries_memory:              # lm: as eval.py restores a language model
+      params, _, _, _ = eval_script.restore_params(config, make_tokenizer(config.data), workdir,
+                                                   mesh, config.parallel.logical_axis_rules)
+    else:                                # fixed-size examples: through the task
+      arrays = task.load_arrays(config, config.eval.split, task.tokenizer(config.data))
+      params = restore_task_state(config, workdir, task, arrays, mesh)[2].params
   except CheckpointMismatchError as error:
     raise ConversionError(generate.config_mismatch_message(workdir, error)) from None
   return config, jax.device_get(params)
 
 
 def check_same_model(config, hf_config: dict) -> None:
-  """The run's `config.model` must hold the settings the original config.json maps to."""
-  from longformer_jax.convert import loader  # pylint: disable=g-import-not-at-top
+  """The run's `config.model` must hold the settings the original config.json maps to (but
+  those fine-tuning may change: hf_init.FREE_SETTINGS, dropout and Longformer's global tokens)."""
+  from longformer_jax.convert import hf_init, loader  # pylint: disable=g-import-not-at-top
   settings = loader.family(hf_config).model_settings(hf_config)
   for key, value in sorted(settings.items()):
     ours = config.model.get(key)
     ours = ours.to_dict() if hasattr(ours, 'to_dict') else ours
     if isinstance(value, dict) and isinstance(ours, dict):   # a section: its imported keys
+      value = {k: v for k, v in value.items() if f'{key}.{k}' not in hf_init.FREE_SETTINGS}
       ours = {k: ours.get(k) for k in value}
-    if key != 'dropout_rate' and ours != value:
+    if key not in hf_init.FREE_SETTINGS and ours != value:
       raise ConversionError(f'config.json: model.{key}={ours!r} differs from the imported '
                             f'checkpoint\'s {value!r} ({IMPORT_FILE}); cannot write it back')
+
+
+def original_tensors(info: dict) -> dict:
+  """The original checkpoint's tensors that the import folds or drops
+  (encoder_export.ORIGINAL_TENSORS), when its directory is at hand; else {}."""
+  from longformer_jax.convert import hf_source  # pylint: disable=g-import-not-at-top
+  from longformer_jax.convert.safetensors_reader import read_tensors  # pylint: disable=g-import-not-at-top
+  names = encoder_export.ORIGINAL_TENSORS.get(info['hf_config']['model_type'], ())
+  if not names or not info.get('hf_dir'):
+    return {}
+  try:
+    with hf_source.local_hf_dir(info['hf_dir']) as local_dir:
+      tensors = read_tensors(local_dir)
+  except (ConversionError, OSError):
+    return {}
+  return {name: tensors[name] for name in names if name in tensors}
 
 
 def tokenizer_sources(config, info: dict) -> list:
@@ -196,7 +249,7 @@ def export(workdir: str, out: str, step: int = -1) -> list:
     raise ConversionError(f'--out: {out!r} exists and is not an empty directory')
   config, params = restore_run(workdir, step)
   check_same_model(config, hf_config)
-  tensors = export_tensors(params, hf_config)
+  tensors = export_tensors(params, hf_config, original_tensors(info))
   os.makedirs(out, exist_ok=True)
   save_file(tensors, os.path.join(out, 'model.safetensors'), metadata={'format': 'pt'})
   hf_config['dtype'] = 'float32'

@@ -129,7 +129,7 @@ def convert_params(source: TensorSource, settings: dict, vocab_size: int, hf: di
     out = torch_linear(source, f'{name}.o', (d,), heads * d_kv, False)['kernel']
     params = {
         # T5's logits are q.k unscaled; ours divide by sqrt(d_kv), which this undoes.
-        'query': {'kernel': _scaled(query, np.sqrt(d_kv))},
+        'query': {'kernel': scaled(query, np.sqrt(d_kv))},
         'key': torch_linear(source, f'{name}.k', (heads, d_kv), d, False),
         'value': torch_linear(source, f'{name}.v', (heads, d_kv), d, False),
         'out': {'kernel': out.reshape(heads, d_kv, d)}}
@@ -159,7 +159,7 @@ def convert_params(source: TensorSource, settings: dict, vocab_size: int, hf: di
   else:
     lm_head = source.take('lm_head.weight', (vocab_size, d)).T
     params['embedding']['output'] = {
-        'kernel': _scaled(lm_head, d ** -0.5) if output_is_scaled(hf) else lm_head}
+        'kernel': scaled(lm_head, d ** -0.5) if output_is_scaled(hf) else lm_head}
 
   encoder_bias = relative_bias('encoder')
   blocks = {}
@@ -186,7 +186,7 @@ def convert_params(source: TensorSource, settings: dict, vocab_size: int, hf: di
   return params
 
 
-def _scaled(kernel: np.ndarray, factor: float) -> np.ndarray:
+def scaled(kernel: np.ndarray, factor: float) -> np.ndarray:
   """`kernel * factor`, computed in float32 and returned in the kernel's dtype."""
   return (kernel.astype(np.float32) * np.float32(factor)).astype(kernel.dtype)
 

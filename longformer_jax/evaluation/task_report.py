@@ -41,24 +41,35 @@ def markdown_table(columns: tuple, result: dict) -> str:
                     '| ' + ' | '.join(cells) + ' |'])
 
 
-def evaluate_task_run(config: ml_collections.ConfigDict, workdir: str, task) -> dict:
-  """Scores the checkpoint of the run of `task` (tasks/, `config.task`'s) in `workdir`;
-  returns what it writes to metrics.json."""
+def restore_task_state(config: ml_collections.ConfigDict, workdir: str, task, arrays: dict,
+                       mesh) -> tuple:
+  """`(model_config, model, state, state_shardings)`: the checkpoint of the run of `task` in
+  `workdir` (`config.eval.step`, -1: the latest) in the layout train.py saved, its optimizer
+  and its batch size; `arrays`: the split's examples (their shapes only)."""
   tokenizer = task.tokenizer(config.data)
-  arrays = task.load_arrays(config, config.eval.split, tokenizer)
   model_config, model = task.model(config, tokenizer.vocab_size)
-  mesh = make_mesh(config.parallel.mesh_shape)
-  rules = config.parallel.logical_axis_rules
-  # The layout train.py saved: its optimizer and its batch size.
   optimizer = make_optimizer(config.optimizer, config.train.num_steps)
   abstract, state_shardings, _ = abstract_task_state(
       model, task.init_arguments, optimizer, config.seed,
-      global_batch_example(arrays, config.data.batch_size), mesh, rules)
+      global_batch_example(arrays, config.data.batch_size), mesh,
+      config.parallel.logical_axis_rules)
   step = None if config.eval.step < 0 else config.eval.step
   with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
     if checkpointer.latest_step() is None:
       raise FileNotFoundError(f'no checkpoint in {checkpointer.directory}; train first')
     state, _ = checkpointer.restore(step, abstract)
+  return model_config, model, state, state_shardings
+
+
+def evaluate_task_run(config: ml_collections.ConfigDict, workdir: str, task) -> dict:
+  """Scores the checkpoint of the run of `task` (tasks/, `config.task`'s) in `workdir`;
+  returns what it writes to metrics.json."""
+  tokenizer = task.tokenizer(config.data)
+  arrays = task.load_arrays(config, config.eval.split, tokenizer)
+  mesh = make_mesh(config.parallel.mesh_shape)
+  rules = config.parallel.logical_axis_rules
+  model_config, model, state, state_shardings = restore_task_state(config, workdir, task, arrays,
+                                                                   mesh)
   batch_size = config.data.eval_batch_size
   evaluator = TaskEvaluator(
       task.metrics, task.sums_fn(config, model), arrays, batch_size=batch_size,
