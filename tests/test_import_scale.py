@@ -1,0 +1,28 @@
+"""benchmarks/import_scale.py builds the checkpoints it measures: the real models' shapes
+(parameter counts as published) in a layout the importer reads."""
+
+import numpy as np
+
+from benchmarks import import_scale
+from longformer_jax.convert.safetensors_reader import read_tensors, weight_files
+
+
+def test_shapes_have_the_published_parameter_counts():
+  counts = {size: sum(int(np.prod(s)) for s in import_scale.tensor_shapes(
+      import_scale.SIZES[size]).values()) for size in ('1b', '7b')}
+  # Llama-3.2-1B (tied embeddings) and Mistral-7B-v0.1 as their model cards count them.
+  assert counts == {'1b': 1_235_814_400, '7b': 7_241_732_096}
+
+
+def test_built_checkpoint_is_sharded_bfloat16_the_reader_takes(tmp_path, monkeypatch):
+  monkeypatch.setattr(import_scale, 'SHARD_BYTES', 4 * 10 ** 6)      # several shards
+  total = import_scale.build_checkpoint('small', str(tmp_path))
+  shapes = import_scale.tensor_shapes(import_scale.SIZES['small'])
+  assert len(weight_files(str(tmp_path))) > 1
+  tensors = read_tensors(str(tmp_path), dtype='bfloat16')
+  assert {k: v.shape for k, v in tensors.items()} == shapes
+  assert total == 2 * sum(int(np.prod(s)) for s in shapes.values())
+  assert all(v.dtype.name == 'bfloat16' for v in tensors.values())
+  np.testing.assert_array_equal(np.asarray(tensors['model.norm.weight'], np.float32), 1.0)
+  weights = np.asarray(tensors['model.layers.0.mlp.up_proj.weight'], np.float32)
+  assert 0.015 < weights.std() < 0.025
