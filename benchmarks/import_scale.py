@@ -41,6 +41,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = os.path.join(REPO, 'tests', 'data', 'hf', 'llama', 'tokenizer.json')
 SHARD_BYTES = 2 * 10 ** 9
 READ_CHUNK = 64 * 2 ** 20
+END_TOKENS = (1, 2)            # the tokenizer's BOS and EOS (generation stops at either)
 
 SIZES = {
     '1b': dict(model_type='llama', architectures=['LlamaForCausalLM'], vocab_size=128256,
@@ -83,9 +84,10 @@ def tensor_shapes(c: dict) -> dict:
   return shapes
 
 
-def write_shard(path: str, tensors: list, rng: np.random.Generator) -> None:
-  """A safetensors file of bfloat16 tensors `[(name, shape)]`, values N(0, 0.02) (norms 1),
-  written tensor by tensor: an 8-byte header length, the JSON header, then the data."""
+def write_shard(path: str, tensors: list, rng: np.random.Generator, output_table: str) -> None:
+  """A safetensors file of bfloat16 tensors `[(name, shape)]`, values N(0, 0.02) (norms 1;
+  the `END_TOKENS` rows of `output_table` 0), written tensor by tensor: an 8-byte header
+  length, the JSON header, then the data."""
   header, offset = {'__metadata__': {'format': 'pt'}}, 0
   for name, shape in tensors:
     size = int(np.prod(shape)) * 2
@@ -101,6 +103,8 @@ def write_shard(path: str, tensors: list, rng: np.random.Generator) -> None:
         values = np.ones(shape, ml_dtypes.bfloat16)
       else:
         values = (rng.standard_normal(shape, np.float32) * 0.02).astype(ml_dtypes.bfloat16)
+      if name == output_table:          # logit 0 for BOS and EOS: among ~95 random logits
+        values[list(END_TOKENS)] = 0    # greedy decoding never picks them, never stops early
       f.write(values.tobytes())
     f.flush()
     os.fsync(f.fileno())
@@ -124,10 +128,11 @@ def build_checkpoint(size: str, hf_dir: str) -> int:
     current_bytes += size_bytes
   shards.append(current)
   rng = np.random.default_rng(0)
+  output_table = 'model.embed_tokens.weight' if config['tie_word_embeddings'] else 'lm_head.weight'
   weight_map, total = {}, 0
   for index, tensors in enumerate(shards):
     file = f'model-{index + 1:05d}-of-{len(shards):05d}.safetensors'
-    write_shard(os.path.join(hf_dir, file), tensors, rng)
+    write_shard(os.path.join(hf_dir, file), tensors, rng, output_table)
     for name, shape in tensors:
       weight_map[name] = file
       total += int(np.prod(shape)) * 2

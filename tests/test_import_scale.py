@@ -26,3 +26,20 @@ def test_built_checkpoint_is_sharded_bfloat16_the_reader_takes(tmp_path, monkeyp
   np.testing.assert_array_equal(np.asarray(tensors['model.norm.weight'], np.float32), 1.0)
   weights = np.asarray(tensors['model.layers.0.mlp.up_proj.weight'], np.float32)
   assert 0.015 < weights.std() < 0.025
+
+
+def test_place_consuming_empties_the_numpy_tree_as_it_places():
+  """The importer's host-memory saving: each numpy leaf leaves its tree once placed."""
+  import jax
+  from longformer_jax.train.initialization import place_consuming
+  params = {'layer': {'kernel': np.arange(6.0).reshape(2, 3), 'bias': np.ones(3)},
+            'scale': np.full(4, 2.0)}
+  expected = {'layer': {'kernel': params['layer']['kernel'].copy(), 'bias': np.ones(3)},
+              'scale': np.full(4, 2.0)}
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  shardings = {'layer': {'kernel': device, 'bias': device}, 'scale': device}
+  placed = place_consuming(params, shardings)
+  assert params == {}
+  for got, want in zip(jax.tree_util.tree_leaves(placed), jax.tree_util.tree_leaves(expected)):
+    assert isinstance(got, jax.Array)
+    np.testing.assert_array_equal(np.asarray(got), want)

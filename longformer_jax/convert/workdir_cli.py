@@ -177,8 +177,10 @@ def _convert(hf_dir: str, source_dir: str, workdir: str, dtype: str, tokenizer_f
   values = {'task': task, 'model': model_values, 'data': data, 'eval': {'chunk_len': context}}
   config = ml_collections.ConfigDict(resolve_config(values))
   validate_config(config, jax.device_count())
-  params = hf.load_params(hf_dir, hf_config, settings, dtype)
-  params = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), params)
+  # float32 numpy leaves (views of the read tensors where the mapping allows: no copy), placed
+  # one by one below (place_consuming), which frees each.
+  params = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32),
+                                  hf.load_params(hf_dir, hf_config, settings, dtype))
 
   model = DecoderLM(lm_model_config(config.model, tokenizer.vocab_size))
   optimizer = phases.phased_optimizer(make_optimizer(config.optimizer, config.train.num_steps),
@@ -196,9 +198,11 @@ def _convert(hf_dir: str, source_dir: str, workdir: str, dtype: str, tokenizer_f
     if new.shape != old.shape:
       raise ConversionError(f'parameter {jax.tree_util.keystr(path)} has shape {new.shape}; '
                             f'the model expects {old.shape}')
+  placed = initialization.place_consuming(params, shardings.params)
   state, _ = initialization.train_state_with_params(
       model, optimizer, config.seed, config.data.batch_size, config.data.chunk_len, mesh,
-      config.parallel.logical_axis_rules, params, abstract=(abstract, shardings))
+      config.parallel.logical_axis_rules, placed, abstract=(abstract, shardings))
+  del placed                              # donated to the state
   with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
     checkpointer.save(0, state, {'step': 0})
   run_directory.write_config(config, workdir)

@@ -95,6 +95,9 @@ def train_state_with_params(model: DecoderLM, optimizer: optax.GradientTransform
   compiled call builds the optimizer state, memory and rng on `mesh`. A model with
   non-gradient state (`model_state`) takes the full initialisation instead.
   `abstract`: `abstract_train_state`'s result, if the caller already has it.
+  `params`' buffers are donated to the state (deleted after the call): with
+  `place_consuming` before it, the parameters exist once in host memory, not three
+  times (numpy, placed, state).
   """
   abstract, shardings = abstract or abstract_train_state(model, optimizer, seed, batch_size,
                                                          chunk_len, mesh, rules)
@@ -110,8 +113,22 @@ def train_state_with_params(model: DecoderLM, optimizer: optax.GradientTransform
                       opt_state=optimizer.init(params),
                       memory=nn.meta.unbox(boxed_memory(model.config, batch_size)),
                       rng=state_rng, model_state={})
-  state = jax.jit(build, out_shardings=shardings)(jax.random.PRNGKey(seed), params)
+  state = jax.jit(build, out_shardings=shardings, donate_argnums=1)(
+      jax.random.PRNGKey(seed), params)
   return state, shardings
+
+
+def place_consuming(params: dict, shardings) -> dict:
+  """`params` (nested dicts of numpy arrays) placed with `shardings` (the same tree), leaf
+  by leaf, emptying `params` as it goes: each numpy leaf is freed once placed, so host
+  memory holds one extra leaf at a time, not a second copy of the model."""
+  placed = {}
+  for key in list(params):
+    value = params.pop(key)
+    placed[key] = (place_consuming(value, shardings[key]) if isinstance(value, dict)
+                   else jax.device_put(value, shardings[key]))
+    del value
+  return placed
 
 
 def memory_shardings(model_config, batch_size: int, mesh: jax.sharding.Mesh, rules):
