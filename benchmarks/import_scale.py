@@ -112,8 +112,9 @@ def write_shard(path: str, tensors: list, rng: np.random.Generator, output_table
 
 def build_checkpoint(size: str, hf_dir: str) -> int:
   """Writes the random checkpoint of `size` into `hf_dir`; returns its tensor bytes."""
-  config = dict(SIZES[size], bos_token_id=1, eos_token_id=2, hidden_act='silu',
-                attention_bias=False, mlp_bias=False, dtype='bfloat16')
+  config = dict(SIZES[size], bos_token_id=1, eos_token_id=2, hidden_act='silu', dtype='bfloat16')
+  if config['model_type'] == 'llama':          # fields Mistral's config.json does not have
+    config.update(attention_bias=False, mlp_bias=False)
   os.makedirs(hf_dir, exist_ok=True)
   with open(os.path.join(hf_dir, 'config.json'), 'w') as f:
     json.dump(config, f, indent=1)

@@ -26,6 +26,8 @@ def test_built_checkpoint_is_sharded_bfloat16_the_reader_takes(tmp_path, monkeyp
   np.testing.assert_array_equal(np.asarray(tensors['model.norm.weight'], np.float32), 1.0)
   weights = np.asarray(tensors['model.layers.0.mlp.up_proj.weight'], np.float32)
   assert 0.015 < weights.std() < 0.025
+  table = np.asarray(tensors['model.embed_tokens.weight'], np.float32)   # tied: the output
+  assert not table[list(import_scale.END_TOKENS)].any() and table[3:].std() > 0.015
 
 
 def test_place_consuming_empties_the_numpy_tree_as_it_places():
