@@ -23,6 +23,8 @@ def test_built_checkpoint_is_sharded_bfloat16_the_reader_takes(tmp_path, monkeyp
   assert {k: v.shape for k, v in tensors.items()} == shapes
   assert total == 2 * sum(int(np.prod(s)) for s in shapes.values())
   assert all(v.dtype.name == 'bfloat16' for v in tensors.values())
+  some = {'model.norm.weight', 'model.layers.1.mlp.down_proj.weight'}     # across the shards
+  assert set(read_tensors(str(tmp_path), names=some)) == some
   np.testing.assert_array_equal(np.asarray(tensors['model.norm.weight'], np.float32), 1.0)
   weights = np.asarray(tensors['model.layers.0.mlp.up_proj.weight'], np.float32)
   assert 0.015 < weights.std() < 0.025

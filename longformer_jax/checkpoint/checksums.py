@@ -133,4 +133,4 @@ def _checksum_lanes(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   return jnp.sum(lane_a, dtype=jnp.uint32), jnp.sum(lane_b, dtype=jnp.uint32)
 
 
-_leaf_checksum_lanes = jax.jit(_checksum_lanes)
+_leaf_checksum_lanes = jax.jit(_checksum_lanes)   # one compile per shape and dtype

@@ -61,6 +61,15 @@ def _attention(out: dict, names: dict, attention: dict, d: int) -> None:
     linear_tensors(out, theirs, projection, d_in)
 
 
+def _longformer_attention(out: dict, self_name: str, out_name: str, attention: dict,
+                          d: int) -> None:
+  """The Longformer self-attention's six projections under `self_name.{query, ..., value_global}`
+  and its output under `out_name` (the Longformer's and LED's encoder layers)."""
+  names = {n: f'{self_name}.{n}'
+           for n in ('query', 'key', 'value', 'query_global', 'key_global', 'value_global')}
+  _attention(out, dict(names, out=out_name), attention, d)
+
+
 def _one_relative_table(tables: list, side: str) -> np.ndarray:
   """The `[buckets, heads]` table every layer of `side` must share (Hugging Face keeps one)."""
   for layer, table in enumerate(tables[1:], 1):
@@ -141,9 +150,8 @@ def led_tensors(params: dict, settings: dict, hf: dict, original: dict) -> dict:
   for layer in range(settings['num_layers']):
     block = params['encoder']['blocks'][f'layer_{layer}']
     layer_pre = f'{pre}encoder.layers.{layer}.'
-    names = {n: f'{layer_pre}self_attn.longformer_self_attn.{n}'
-             for n in ('query', 'key', 'value', 'query_global', 'key_global', 'value_global')}
-    _attention(out, dict(names, out=f'{layer_pre}self_attn.output'), block['attention'], d)
+    _longformer_attention(out, f'{layer_pre}self_attn.longformer_self_attn',
+                          f'{layer_pre}self_attn.output', block['attention'], d)
     _layer_norm(out, f'{layer_pre}self_attn_layer_norm', block['attention_norm'])
     feed_forward(layer_pre, block)
   for layer in range(settings['decoder_layers']):
@@ -183,9 +191,8 @@ def longformer_tensors(params: dict, settings: dict, hf: dict, original: dict) -
   for layer in range(settings['num_layers']):
     block = params['encoder']['blocks'][f'layer_{layer}']
     layer_pre = f'{pre}encoder.layer.{layer}.'
-    names = {n: f'{layer_pre}attention.self.{n}'
-             for n in ('query', 'key', 'value', 'query_global', 'key_global', 'value_global')}
-    _attention(out, dict(names, out=f'{layer_pre}attention.output.dense'), block['attention'], d)
+    _longformer_attention(out, f'{layer_pre}attention.self', f'{layer_pre}attention.output.dense',
+                          block['attention'], d)
     _layer_norm(out, f'{layer_pre}attention.output.LayerNorm', block['attention_norm'])
     linear_tensors(out, f'{layer_pre}intermediate.dense', block['feed_forward']['wi'], d)
     linear_tensors(out, f'{layer_pre}output.dense', block['feed_forward']['wo'], d_ff)

@@ -223,10 +223,9 @@ def original_tensors(info: dict) -> dict:
     return {}
   try:
     with hf_source.local_hf_dir(info['hf_dir']) as local_dir:
-      tensors = read_tensors(local_dir)
+      return read_tensors(local_dir, names=names)
   except (ConversionError, OSError):
     return {}
-  return {name: tensors[name] for name in names if name in tensors}
 
 
 def tokenizer_sources(config, info: dict) -> list:

@@ -13,6 +13,7 @@ data) as `ml_dtypes.bfloat16`. Nothing here imports torch.
 import json
 import os
 import struct
+from typing import Collection, Optional
 
 import ml_dtypes
 import numpy as np
@@ -65,13 +66,15 @@ def _raw_tensor(path: str, name: str) -> np.ndarray:
   return np.frombuffer(data, dtype=ml_dtypes.bfloat16).reshape(entry['shape']).copy()
 
 
-def read_tensors(hf_dir: str, dtype: str = 'float32') -> dict[str, np.ndarray]:
-  """Every tensor of `hf_dir`'s weights as numpy, cast to `dtype` (float32 | bfloat16)."""
+def read_tensors(hf_dir: str, dtype: str = 'float32',
+                 names: Optional[Collection[str]] = None) -> dict[str, np.ndarray]:
+  """Every tensor of `hf_dir`'s weights (or those in `names`) as numpy, cast to `dtype`
+  (float32 | bfloat16)."""
   target = DTYPES[dtype]
   tensors = {}
   for path in weight_files(hf_dir):
     try:
-      tensors.update(_file_tensors(path, target))
+      tensors.update(_file_tensors(path, target, names))
     except ConversionError:
       raise
     except Exception as e:  # pylint: disable=broad-except
@@ -82,10 +85,12 @@ def read_tensors(hf_dir: str, dtype: str = 'float32') -> dict[str, np.ndarray]:
   return tensors
 
 
-def _file_tensors(path: str, target) -> dict[str, np.ndarray]:
+def _file_tensors(path: str, target, names=None) -> dict[str, np.ndarray]:
   tensors = {}
   with safe_open(path, framework='np') as f:
     for name in f.keys():
+      if names is not None and name not in names:
+        continue
       if f.get_slice(name).get_dtype() == 'BF16':
         tensor = _raw_tensor(path, name)
       else:
