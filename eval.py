@@ -141,7 +141,8 @@ def at_checkpoint_phase(config: ml_collections.ConfigDict, workdir: str) -> ml_c
 
 def restore_params(config, tokenizer, workdir: str, mesh, rules):
   """`(params, param_shardings, step, model_state)` of the requested (or latest) checkpoint
-  (`model_state`: the non-gradient state, train/train_state.py; `{}` for most models)."""
+  (`model_state`: the non-gradient state, train/train_state.py; `{}` for most models). The
+  optimizer state and memory are not read (`Checkpointer.restore_params`)."""
   model = DecoderLM(lm_model_config(config.model, tokenizer.vocab_size))
   # The optimizer train.py built (a phased run chains a phase scale): same state layout.
   optimizer = phases.phased_optimizer(make_optimizer(config.optimizer, config.train.num_steps),
@@ -152,8 +153,8 @@ def restore_params(config, tokenizer, workdir: str, mesh, rules):
   with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
     if checkpointer.latest_step() is None:
       raise FileNotFoundError(f'no checkpoint in {checkpointer.directory}; train first')
-    state, _ = checkpointer.restore(step, abstract)
-  return state.params, shardings.params, int(state.step), state.model_state
+    params, model_state, step = checkpointer.restore_params(step, abstract)
+  return params, shardings.params, step, model_state
 
 
 def markdown_table(rows: list[dict]) -> str:

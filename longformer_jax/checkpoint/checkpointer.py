@@ -34,13 +34,13 @@ it when it is created, before any read.
 import itertools
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
 
 from longformer_jax.checkpoint import orbax_noise, saved_layout
-from longformer_jax.checkpoint.checksums import state_checksums
+from longformer_jax.checkpoint.checksums import checksum_mismatches, state_checksums
 from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
 from longformer_jax.checkpoint.resume_checks import mismatch_error
 from longformer_jax.checkpoint.resume_checks import orbax_mismatch_summary
@@ -50,9 +50,11 @@ from longformer_jax.storage import paths
 PyTree = Any
 
 _STATE = 'state'
+_PARAMS = 'params'        # a parameters-only checkpoint's (an import's) item instead of `state`
 _DATA = 'data'
 _CHECKSUMS = 'checksums'
-_ITEM_NAMES = (_STATE, _DATA, _CHECKSUMS)
+# The fields of a train state that evaluation and generation read (`restore_params`).
+_PARAMS_FIELDS = ('step', 'params', 'model_state')
 _CORRUPT_SUFFIX = '.corrupt'
 
 _log = logging.getLogger(__name__)
@@ -91,6 +93,7 @@ class Checkpointer:
     )
     handlers = {
         _STATE: ocp.StandardCheckpointHandler(),
+        _PARAMS: ocp.StandardCheckpointHandler(),
         _DATA: ocp.JsonCheckpointHandler(),
         _CHECKSUMS: ocp.JsonCheckpointHandler(),
     }
@@ -185,16 +188,20 @@ class Checkpointer:
     self.wait()
     orbax_noise.install()  # Again, in case something replaced the filters.
     step = self._existing_step(step)
+    if self.holds_params_only(step):
+      raise CheckpointMismatchError(
+          f'Checkpoint step {step} in {self._directory} holds parameters only (an import):'
+          ' no train state to restore; restore_params reads it.')
     target = saved_layout.without_empty_arrays(abstract_state)
     target, as_target = self._target_like_saved(step, target)
     self._check_shapes(step, target)
-    restored = self._restore_items(step, target)
+    restored = self._restore_items(step, _STATE, target)
     state = as_target(restored[_STATE])
-    self._verify_checksums(step, state, restored[_CHECKSUMS])
+    self._verify_checksums(step, state_checksums(state), restored[_CHECKSUMS])
     return saved_layout.with_empty_arrays(state, abstract_state), restored[_DATA]
 
   def restore_latest_intact(
-      self, abstract_state: PyTree
+      self, abstract_state: PyTree, from_params: Callable | None = None
   ) -> tuple[PyTree, dict, int]:
     """Restores the newest checkpoint that is intact, moving broken ones aside.
 
@@ -206,6 +213,9 @@ class Checkpointer:
 
     Args:
       abstract_state: as for `restore`.
+      from_params: builds the state from a parameters-only checkpoint's
+        parameters (`save_params`), restored into `abstract_state.params`'
+        dtypes and shardings; None refuses such a checkpoint.
 
     Returns:
       `(state, data_state, step)` of the newest intact checkpoint.
@@ -222,6 +232,13 @@ class Checkpointer:
     moved = []
     for step in reversed(self.all_steps()):
       try:
+        if self.holds_params_only(step):
+          if from_params is None:
+            raise CheckpointMismatchError(
+                f'Checkpoint step {step} in {self._directory} holds parameters only'
+                ' (an import); this run cannot start from it.')
+          params, data_state = self._restore_params_item(step, abstract_state.params)
+          return from_params(params), data_state, step
         state, data_state = self.restore(step, abstract_state)
         return state, data_state, step
       except CorruptCheckpointError as error:
@@ -235,6 +252,57 @@ class Checkpointer:
         ' for inspection, no longer listed). Run the same command again to'
         ' start this workdir from step 0, or use a new --workdir.'
     )
+
+  def save_params(self, step: int, params: PyTree, data_state: dict) -> bool:
+    """Saves a parameters-only checkpoint `step` (an import): `params` (numpy or jax
+    arrays, stored in their own dtypes, e.g. a checkpoint's bfloat16), `data_state` and
+    their checksums; no optimizer state, memory or rng. `restore_params` reads it, and
+    `restore_latest_intact` with `from_params` (train.py's first start from it)."""
+    args = ocp.args.Composite(**{
+        _PARAMS: ocp.args.StandardSave(saved_layout.without_empty_arrays(params)),
+        _DATA: ocp.args.JsonSave(data_state),
+        _CHECKSUMS: ocp.args.JsonSave(state_checksums(params)),
+    })
+    return self._manager.save(int(step), args=args, force=True)
+
+  def holds_params_only(self, step: int) -> bool:
+    """Whether checkpoint `step` was written by `save_params`."""
+    return (paths.as_path(self._step_directory(step)) / _PARAMS).exists()
+
+  def restore_params(self, step: int | None,
+                     abstract_state: PyTree) -> tuple[PyTree, PyTree, int]:
+    """`(params, model_state, step)` of checkpoint `step` (the latest when None), in
+    `abstract_state`'s dtypes and shardings, reading neither the optimizer state nor the
+    memory (what evaluation and generation need; a whole state's moments are twice the
+    parameters). A parameters-only checkpoint's arrays are cast from their stored dtype
+    after their checksums are checked. Raises as `restore` does; nothing is moved."""
+    self.wait()
+    orbax_noise.install()
+    step = self._existing_step(step)
+    if self.holds_params_only(step):
+      if jax.tree_util.tree_leaves(abstract_state.model_state):
+        raise CheckpointMismatchError(
+            f'Checkpoint step {step} in {self._directory} holds parameters only; this model'
+            ' also needs its non-gradient state (model_state).')
+      params, _ = self._restore_params_item(step, abstract_state.params)
+      return params, abstract_state.model_state, step
+    fields = {name: getattr(abstract_state, name) for name in _PARAMS_FIELDS
+              if jax.tree_util.tree_leaves(getattr(abstract_state, name))}
+    target = saved_layout.without_empty_arrays(fields)
+    saved = self._saved_metadata(step, _STATE)
+    if saved is not None and hasattr(saved, 'keys'):
+      differences = shape_differences({k: saved[k] for k in fields if k in saved}, target)
+      if differences:
+        raise mismatch_error(step, self._directory, differences)
+    restored = self._read_fields(step, target)
+    checksums = self._restore_items(step, None, None)[_CHECKSUMS]
+    computed = {}
+    for name, value in restored.items():
+      computed.update(state_checksums(value, prefix=f'.{name}'))
+    self._verify_checksums(step, computed, checksums)
+    restored = saved_layout.with_empty_arrays(restored, fields)
+    model_state = restored.get('model_state', abstract_state.model_state)
+    return restored['params'], model_state, int(restored['step'])
 
   def wait(self) -> None:
     """Blocks until in-flight saves are written; raises their errors."""
@@ -287,47 +355,74 @@ class Checkpointer:
     self._manager.reload()
     return target
 
+  def _saved_metadata(self, step: int, item: str) -> Any:
+    """The saved tree of `item` (leaves with shapes and dtypes), or None where unreadable
+    (the restore then reports why)."""
+    try:
+      return self._manager.item_metadata(step)[item]
+    except Exception as error:  # Unreadable metadata: the restore reports it.
+      _log.debug('No metadata for step %d: %s', step, _first_line(error))
+      return None
+
   def _target_like_saved(self, step: int, target: PyTree):
     """`saved_layout.target_like_saved` against this step's saved metadata."""
-    try:
-      saved = self._manager.item_metadata(step)[_STATE]
-    except Exception:  # Unreadable metadata: the restore reports it.
+    saved = self._saved_metadata(step, _STATE)
+    if saved is None:
       return target, lambda restored: restored
     return saved_layout.target_like_saved(saved, target)
 
-  def _check_shapes(self, step: int, target: PyTree) -> None:
+  def _check_shapes(self, step: int, target: PyTree, item: str = _STATE) -> None:
     """Raises `CheckpointMismatchError` if leaves of `target` have other
     shapes than saved; checked on the metadata, before reading any array."""
-    try:
-      saved = self._manager.item_metadata(step)[_STATE]
-    except Exception as error:  # Unreadable metadata: the restore reports it.
-      _log.debug('No metadata for step %d: %s', step, _first_line(error))
-      return
+    saved = self._saved_metadata(step, item)
     differences = [] if saved is None else shape_differences(saved, target)
     if differences:
       raise mismatch_error(step, self._directory, differences)
 
-  def _restore_items(self, step: int, abstract_state: PyTree) -> dict:
-    """Reads all items of `step`, turning any failure into a clear error."""
-    args = ocp.args.Composite(
-        **{
-            _STATE: ocp.args.StandardRestore(abstract_state),
-            _DATA: ocp.args.JsonRestore(),
-            _CHECKSUMS: ocp.args.JsonRestore(),
-        }
-    )
+  def _restore_params_item(self, step: int, abstract_params: PyTree) -> tuple[PyTree, dict]:
+    """`(params, data_state)` of a parameters-only checkpoint: read in their stored dtypes
+    and checked against their checksums, then cast to `abstract_params`' dtypes."""
+    target = saved_layout.without_empty_arrays(abstract_params)
+    self._check_shapes(step, target, _PARAMS)
+    saved = self._saved_metadata(step, _PARAMS)
+    if saved is not None:      # read as stored: the checksums then apply
+      target = jax.tree_util.tree_map(
+          lambda a, m: jax.ShapeDtypeStruct(a.shape, m.dtype, sharding=a.sharding),
+          target, getattr(saved, 'tree', saved))
+    restored = self._restore_items(step, _PARAMS, target)
+    params = restored[_PARAMS]
+    self._verify_checksums(step, state_checksums(params), restored[_CHECKSUMS])
+    params = jax.tree_util.tree_map(
+        lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype),
+        saved_layout.with_empty_arrays(params, abstract_params), abstract_params)
+    return params, restored[_DATA]
+
+  def _read_fields(self, step: int, target: dict) -> dict:
+    """The fields of `target` (a dict of some train-state fields) from the step's state
+    item, the other fields left unread (Orbax's partial restore)."""
+    reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+    args = ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True)
     try:
-      restored = self._manager.restore(step, args=args)
+      return reader.restore(os.path.join(self._step_directory(step), _STATE), args=args)
     except Exception as error:  # Orbax/TensorStore raise many error types.
-      summary = orbax_mismatch_summary(error)
-      if summary:
-        raise mismatch_error(step, self._directory, [summary]) from error
-      raise CorruptCheckpointError(
-          f'Checkpoint step {step} ({self._step_directory(step)}) is corrupt'
-          f' or truncated: {type(error).__name__}: {_first_line(error)}'
-      ) from error
-    items = {name: restored.get(name) for name in _ITEM_NAMES}
-    missing = [name for name, item in items.items() if item is None]
+      raise self._read_error(step, error) from error
+    finally:
+      reader.close()
+
+  def _restore_items(self, step: int, item: str | None, target: PyTree) -> dict:
+    """Reads `item` (`_STATE` or `_PARAMS` into `target`; None: no arrays), the data
+    position and the checksums of `step`, turning any failure into a clear error."""
+    items = {_DATA: ocp.args.JsonRestore(), _CHECKSUMS: ocp.args.JsonRestore()}
+    if item is not None:
+      items[item] = ocp.args.StandardRestore(target)
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as error:  # Orbax/TensorStore raise many error types.
+      raise self._read_error(step, error) from error
+    items = {name: restored.get(name) for name in items}
+    missing = [name for name, value in items.items() if value is None]
     if missing:
       raise CorruptCheckpointError(
           f'Checkpoint directory {self._step_directory(step)} (step {step})'
@@ -335,33 +430,26 @@ class Checkpointer:
       )
     return items
 
-  def _verify_checksums(
-      self, step: int, state: PyTree, saved: dict[str, dict]
-  ) -> None:
-    """Raises `CorruptCheckpointError` unless `state` matches `saved`.
+  def _read_error(self, step: int, error: Exception) -> Exception:
+    """The error to raise for a failed read: a mismatch of shapes, else corruption."""
+    summary = orbax_mismatch_summary(error)
+    if summary:
+      return mismatch_error(step, self._directory, [summary])
+    return CorruptCheckpointError(
+        f'Checkpoint step {step} ({self._step_directory(step)}) is corrupt'
+        f' or truncated: {type(error).__name__}: {_first_line(error)}')
 
-    Arrays restored into another dtype or shape than they were saved with (a
-    deliberate conversion) cannot match their checksum and are skipped.
-    """
-    restored = state_checksums(state)
-    bad = [
-        path
-        for path, record in restored.items()
-        if _comparable(record, saved.get(path)) and record != saved[path]
-    ]
-    bad += sorted(set(restored) - set(saved))
+  def _verify_checksums(self, step: int, restored: dict[str, dict],
+                        saved: dict[str, dict]) -> None:
+    """Raises `CorruptCheckpointError` unless `restored` (`state_checksums` of what was
+    read) matches `saved` (`checksums.checksum_mismatches`)."""
+    bad = checksum_mismatches(restored, saved)
     if bad:
       raise CorruptCheckpointError(
           f'Checkpoint directory {self._step_directory(step)} (step {step})'
           f' is corrupt: the restored arrays {bad} differ from the checksums'
           ' written when it was saved.'
       )
-
-
-def _comparable(restored: dict, saved: dict | None) -> bool:
-  """Whether a restored leaf has the dtype and shape it was saved with."""
-  return saved is not None and all(
-      restored[key] == saved[key] for key in ('dtype', 'shape'))
 
 
 def _first_line(error: BaseException, max_chars: int = 300) -> str:

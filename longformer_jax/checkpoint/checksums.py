@@ -15,34 +15,47 @@ PyTree = Any
 HOST_BYTES = 64 * 2**20   # states up to this size are hashed with numpy (no XLA compile)
 
 
-def state_checksums(state: PyTree) -> dict[str, dict]:
-  """Returns `{leaf path: {dtype, shape, checksum}}` for the arrays of `state`.
+def state_checksums(state: PyTree, prefix: str = '') -> dict[str, dict]:
+  """Returns `{prefix + leaf path: {dtype, shape, checksum}}` for the arrays of `state`.
 
   The checksum is a 64-bit position-dependent hash of the array's bits,
   computed on the devices that hold the array (so it works for arrays sharded
   across hosts) and independent of the sharding; a small state held by this
   process (at most `HOST_BYTES`) is hashed with numpy instead, the same values
-  without compiling a program.
+  without compiling a program. numpy leaves of a large state (an import's
+  parameters) go to the device one at a time, so they are never held twice.
+  `prefix`: prepended to every path (`.params` names a train state's parameters).
   """
   leaves = [
-      (path, leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf))
+      (path, leaf if isinstance(leaf, (jax.Array, np.ndarray)) else jnp.asarray(leaf))
       for path, leaf in jax.tree_util.tree_leaves_with_path(state)
   ]
   arrays = [leaf for _, leaf in leaves]
-  if (all(a.is_fully_addressable for a in arrays)
+  if (all(getattr(a, 'is_fully_addressable', True) for a in arrays)
       and sum(a.size * a.dtype.itemsize for a in arrays) <= HOST_BYTES):
-    lanes = [_host_lanes(a) for a in arrays]        # small: no compile (e.g. an import)
+    lanes = [_host_lanes(a) for a in arrays]        # small: no compile
   else:
-    # One compiled program for the whole state (one compile, not one per leaf shape).
     lanes = _all_checksum_lanes(arrays)
   return {
-      jax.tree_util.keystr(path): {
+      prefix + jax.tree_util.keystr(path): {
           'dtype': str(leaf.dtype),
           'shape': list(leaf.shape),
           'checksum': ''.join(f'{_scalar_value(lane):08x}' for lane in pair),
       }
       for (path, leaf), pair in zip(leaves, lanes)
   }
+
+
+def checksum_mismatches(restored: dict[str, dict], saved: dict[str, dict]) -> list[str]:
+  """Paths of `restored` (`state_checksums` of what was read) whose checksum differs from
+  `saved` (written with the checkpoint) or that `saved` lacks. A leaf restored into another
+  dtype or shape than it was saved with (a deliberate conversion) cannot match and is
+  skipped."""
+  def comparable(record, other):
+    return other is not None and all(record[key] == other[key] for key in ('dtype', 'shape'))
+  bad = [path for path, record in restored.items()
+         if comparable(record, saved.get(path)) and record != saved[path]]
+  return bad + sorted(set(restored) - set(saved))
 
 
 def _scalar_value(value) -> int:
@@ -116,7 +129,13 @@ def _all_checksum_lanes(leaves: list) -> list:
   called leaf by leaf (a train state repeats its shapes: layers, optimizer moments), so
   the temporaries are one leaf's. (One program over the state with leaves of a shape
   stacked asked for 33 GB of temporaries for the train state of a 1.2B-parameter model.)"""
-  return [_leaf_checksum_lanes(x) for x in leaves]
+  lanes = []
+  for x in leaves:
+    pair = _leaf_checksum_lanes(jnp.asarray(x))
+    if isinstance(x, np.ndarray):
+      jax.block_until_ready(pair)    # its device copy is freed before the next leaf's
+    lanes.append(pair)
+  return lanes
 
 
 def _checksum_lanes(x: jax.Array) -> tuple[jax.Array, jax.Array]:

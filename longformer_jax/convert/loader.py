@@ -9,7 +9,7 @@ from longformer_jax.convert import gpt2, led, llama, longformer, t5
 from longformer_jax.convert.errors import ConversionError
 from longformer_jax.convert.hf_config import read_hf_config, required
 from longformer_jax.convert.hf_fields import check_fields
-from longformer_jax.convert.safetensors_reader import DTYPES, TensorSource, read_tensors
+from longformer_jax.convert.safetensors_reader import DTYPES, SafetensorsFiles, TensorSource
 
 FAMILIES = {name: module for module in (gpt2, llama, longformer, led, t5)
             for name in module.MODEL_TYPES}
@@ -47,13 +47,15 @@ def model_settings(hf_dir: str) -> tuple:
   return hf, module.model_settings(hf)
 
 
-def load_params(hf_dir: str, hf: dict, settings: dict, dtype: str = 'float32') -> dict:
-  """The checkpoint's parameters (of the module `load_model` builds) as numpy arrays of `dtype`."""
-  if dtype not in DTYPES:
+def load_params(hf_dir: str, hf: dict, settings: dict, dtype: str | None = 'float32') -> dict:
+  """The checkpoint's parameters (of the module `load_model` builds) as numpy arrays of
+  `dtype` (None: each as its file stores it). Tensors are read one at a time as the
+  mapping takes them (safetensors_reader.SafetensorsFiles)."""
+  if dtype is not None and dtype not in DTYPES:
     raise ConversionError(f'dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)}')
   module = family(hf)
   vocab_size = required(hf, 'vocab_size')
-  source = TensorSource(read_tensors(hf_dir, dtype), module.IGNORED_SUFFIXES)
+  source = TensorSource(SafetensorsFiles(hf_dir), dtype, module.IGNORED_SUFFIXES)
   if module is gpt2:
     gpt2.lm_head_check(source, vocab_size, settings['d_model'])
   params = module.convert_params(source, settings, vocab_size, hf)

@@ -1,13 +1,19 @@
-"""Reading a Hugging Face directory's `*.safetensors` into numpy, and checking each tensor.
+"""Reading a Hugging Face directory's `*.safetensors` into numpy, tensor by tensor, and
+checking each tensor.
 
 One file (`model.safetensors`) or shards listed by `model.safetensors.index.json`.
-Tensors are read with the `safetensors` package (`safe_open(framework='np')`);
-bfloat16 tensors, which numpy cannot name, are read from the file's own
-layout (an 8-byte header length, a JSON header of dtype/shape/offsets, then the
-data) as `ml_dtypes.bfloat16`. Nothing here imports torch.
+A safetensors file is an 8-byte little-endian header length, a JSON header of
+`{name: {dtype, shape, data_offsets}}`, then the tensors' bytes. `SafetensorsFiles`
+reads every header once (checking that each tensor's bytes lie inside its file, so a
+truncated file is named before anything is read) and then reads one tensor at a time,
+straight into its numpy array (`readinto`: no intermediate copy, no memory map whose
+pages would stay resident). So an import holds the tensors it has converted and one
+more, never the whole checkpoint twice. bfloat16, which numpy cannot name, is
+`ml_dtypes.bfloat16`. Nothing here imports torch.
 
-`TensorSource.take(name, shape)` hands out a tensor once, checking its shape;
-`TensorSource.check_all_used()` then names any tensor no parameter took.
+`TensorSource.take(name, shape)` reads a tensor when the mapping asks for it,
+checking its shape first; `TensorSource.check_all_used()` then names any tensor no
+parameter took.
 """
 
 import json
@@ -17,13 +23,17 @@ from typing import Collection, Optional
 
 import ml_dtypes
 import numpy as np
-from safetensors import safe_open
 
 from longformer_jax.convert.errors import ConversionError
 
 INDEX_FILE = 'model.safetensors.index.json'
 SINGLE_FILE = 'model.safetensors'
-DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16}
+DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16}   # cast targets
+# The safetensors format's dtype names.
+STORED_DTYPES = {'F64': np.float64, 'F32': np.float32, 'F16': np.float16,
+                 'BF16': ml_dtypes.bfloat16, 'I64': np.int64, 'I32': np.int32,
+                 'I16': np.int16, 'I8': np.int8, 'U8': np.uint8, 'BOOL': np.bool_}
+MAX_HEADER_BYTES = 100 * 2**20   # the format's own limit
 
 
 def weight_files(hf_dir: str) -> list[str]:
@@ -55,75 +65,119 @@ def weight_files(hf_dir: str) -> list[str]:
                         f'shards); only safetensors checkpoints are read')
 
 
-def _raw_tensor(path: str, name: str) -> np.ndarray:
-  """A bfloat16 tensor read from the file layout (numpy has no bfloat16 for safetensors)."""
+class SafetensorsFiles:
+  """The tensors of a directory's safetensors files: names, shapes and dtypes from the
+  headers, each tensor's data read when asked for (`read`)."""
+
+  def __init__(self, hf_dir: str):
+    # name -> (path, stored numpy dtype, shape, first byte, end byte), offsets in the file
+    self._entries = {}
+    for path in weight_files(hf_dir):
+      for name, entry in _file_entries(path).items():
+        self._entries[name] = entry
+
+  def names(self) -> list[str]:
+    return list(self._entries)
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._entries
+
+  def shape(self, name: str) -> tuple:
+    return self._entries[name][2]
+
+  def read(self, name: str, dtype=None) -> np.ndarray:
+    """Tensor `name` as stored, or cast to the numpy `dtype` (a new array only then)."""
+    path, stored, shape, start, end = self._entries[name]
+    array = np.empty(shape, stored)
+    if end > start:
+      try:
+        with open(path, 'rb') as f:
+          f.seek(start)
+          read = f.readinto(memoryview(array.reshape(-1).view(np.uint8)))
+      except OSError as e:
+        raise ConversionError(f'{path}: cannot read tensor {name!r}: {e}') from None
+      if read != end - start:
+        raise ConversionError(f'{path}: not a readable safetensors file (truncated or '
+                              f'corrupt?): tensor {name!r} ends past the file')
+    return array if dtype is None or array.dtype == dtype else array.astype(dtype)
+
+
+def _file_entries(path: str) -> dict:
+  """`{name: (path, dtype, shape, start, end)}` of one file's header, checked against the
+  file's size; any fault is one `ConversionError` naming the file."""
+  def corrupt(reason: str) -> ConversionError:
+    return ConversionError(f'{path}: not a readable safetensors file (truncated or '
+                           f'corrupt?): {reason}')
+  size = os.path.getsize(path)
   with open(path, 'rb') as f:
-    (header_len,) = struct.unpack('<Q', f.read(8))
-    entry = json.loads(f.read(header_len))[name]
-    start, end = entry['data_offsets']
-    f.seek(8 + header_len + start)
-    data = f.read(end - start)
-  return np.frombuffer(data, dtype=ml_dtypes.bfloat16).reshape(entry['shape']).copy()
+    prefix = f.read(8)
+    if len(prefix) < 8:
+      raise corrupt('shorter than its 8-byte header length')
+    (header_len,) = struct.unpack('<Q', prefix)
+    if header_len > min(MAX_HEADER_BYTES, size - 8):
+      raise corrupt(f'header length {header_len} exceeds the file')
+    try:
+      header = json.loads(f.read(header_len))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise corrupt(f'header is not JSON ({e})') from None
+  if not isinstance(header, dict):
+    raise corrupt('header is not a JSON object')
+  data_start = 8 + header_len
+  entries = {}
+  for name, entry in header.items():
+    if name == '__metadata__':
+      continue
+    try:
+      stored = np.dtype(STORED_DTYPES[entry['dtype']])
+      shape = tuple(int(n) for n in entry['shape'])
+      start, end = (int(n) for n in entry['data_offsets'])
+    except (KeyError, TypeError, ValueError) as e:
+      raise corrupt(f'tensor {name!r} has a bad entry {entry!r} ({type(e).__name__})') from None
+    if end - start != int(np.prod(shape)) * stored.itemsize or start < 0:
+      raise corrupt(f'tensor {name!r}: offsets {start}-{end} do not hold {shape} {stored}')
+    if data_start + end > size:
+      raise corrupt(f'tensor {name!r} ends at byte {data_start + end} of {size}')
+    entries[name] = (path, stored, shape, data_start + start, data_start + end)
+  return entries
 
 
-def read_tensors(hf_dir: str, dtype: str = 'float32',
+def read_tensors(hf_dir: str, dtype: Optional[str] = 'float32',
                  names: Optional[Collection[str]] = None) -> dict[str, np.ndarray]:
   """Every tensor of `hf_dir`'s weights (or those in `names`) as numpy, cast to `dtype`
-  (float32 | bfloat16)."""
-  target = DTYPES[dtype]
-  tensors = {}
-  for path in weight_files(hf_dir):
-    try:
-      tensors.update(_file_tensors(path, target, names))
-    except ConversionError:
-      raise
-    except Exception as e:  # pylint: disable=broad-except
-      # SafetensorError (a truncated or corrupt file), struct/JSON errors of the raw reader.
-      reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      raise ConversionError(f'{path}: not a readable safetensors file (truncated or '
-                            f'corrupt?): {reason}') from None
-  return tensors
-
-
-def _file_tensors(path: str, target, names=None) -> dict[str, np.ndarray]:
-  tensors = {}
-  with safe_open(path, framework='np') as f:
-    for name in f.keys():
-      if names is not None and name not in names:
-        continue
-      if f.get_slice(name).get_dtype() == 'BF16':
-        tensor = _raw_tensor(path, name)
-      else:
-        tensor = f.get_tensor(name)
-      tensors[name] = np.asarray(tensor).astype(target)
-  return tensors
+  (float32 | bfloat16; None: as stored)."""
+  files = SafetensorsFiles(hf_dir)
+  target = None if dtype is None else DTYPES[dtype]
+  return {name: files.read(name, target) for name in files.names()
+          if names is None or name in names}
 
 
 class TensorSource:
-  """The checkpoint's tensors, each taken once by name with its expected shape."""
+  """The checkpoint's tensors, each read when taken by name with its expected shape."""
 
-  def __init__(self, tensors: dict, ignored_suffixes: tuple = ()):
-    self._tensors = dict(tensors)
+  def __init__(self, files: SafetensorsFiles, dtype: Optional[str] = None,
+               ignored_suffixes: tuple = ()):
+    """`dtype`: what `take` casts to (float32 | bfloat16; None: as stored)."""
+    self._files = files
+    self._dtype = None if dtype is None else DTYPES[dtype]
     self._used = set()
     self._ignored = tuple(ignored_suffixes)
 
   def has(self, name: str) -> bool:
-    return name in self._tensors
+    return name in self._files
 
   def take(self, name: str, shape: tuple) -> np.ndarray:
-    """The tensor `name`, which must have `shape`."""
-    if name not in self._tensors:
+    """The tensor `name`, which must have `shape` (checked before it is read)."""
+    if name not in self._files:
       raise ConversionError(f'missing tensor {name!r} (expected shape {tuple(shape)})')
-    tensor = self._tensors[name]
-    if tuple(tensor.shape) != tuple(shape):
-      raise ConversionError(f'tensor {name!r} has shape {tuple(tensor.shape)}; '
+    if tuple(self._files.shape(name)) != tuple(shape):
+      raise ConversionError(f'tensor {name!r} has shape {tuple(self._files.shape(name))}; '
                             f'expected {tuple(shape)}')
     self._used.add(name)
-    return tensor
+    return self._files.read(name, self._dtype)
 
   def check_all_used(self) -> None:
     """Raises naming the first tensor nothing took (buffers in `ignored_suffixes` aside)."""
-    unused = sorted(n for n in self._tensors
+    unused = sorted(n for n in self._files.names()
                     if n not in self._used and not n.endswith(self._ignored))
     if unused:
       more = f' (and {len(unused) - 1} more)' if len(unused) > 1 else ''

@@ -3,16 +3,18 @@
 The workdir holds what a train.py run leaves: `config.json` (the complete
 experiment config: the imported `model` section, `data.tokenizer='hf'` with
 the directory's `tokenizer.json`, or 'sentencepiece' with its
-`tokenizer.model` or `spiece.model`) and an Orbax checkpoint of step 0 with the full train state
-(the imported parameters, float32; a fresh optimizer state and memory; data
-position step 0; `data.chunk_len` at most the learned position table's
-rows), so eval.py and generate.py read it like any run's, and
+`tokenizer.model` or `spiece.model`) and an Orbax checkpoint of step 0 that holds the parameters only,
+in the checkpoint's own dtype (`Checkpointer.save_params`: no optimizer state,
+memory or float32 copy, so the import needs about the checkpoint's size in host
+memory; `data.chunk_len` at most the learned position table's rows), which
+eval.py and generate.py read like any run's (cast to the model's float32), and
 `import_config.py`, a config file that returns that `config.json`, so train.py
 fine-tunes from it: `python train.py --config=OUT/import_config.py
 --workdir=OUT [--config.train.num_steps=N ...]` (settings that change the
-train state's shapes are refused, as for any resumed run). `--dtype=bfloat16` reads the
-weights as bfloat16 and sets `model.dtype='bfloat16'` (the stored parameters
-are those values in float32, as every train state's are). Errors: one line,
+train state's shapes are refused, as for any resumed run; its first start builds
+the optimizer state, and its first save writes a whole train state). `--dtype=bfloat16`
+rounds float32 weights to bfloat16 and sets `model.dtype='bfloat16'` (the train state's
+parameters are those values in float32, as every train state's are). Errors: one line,
 exit status 2 (`command_line.py`).
 """
 
@@ -145,17 +147,15 @@ def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
 def _convert(hf_dir: str, source_dir: str, workdir: str, dtype: str, tokenizer_file: str,
              task: str) -> None:
   """`convert_to_workdir` reading the files of `hf_dir`, the local copy of `source_dir`."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from longformer_jax.convert import loader as hf  # pylint: disable=g-import-not-at-top
   from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
   from longformer_jax.experiment_config import resolve_config, validate_config  # pylint: disable=g-import-not-at-top
   from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config  # pylint: disable=g-import-not-at-top
-  from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
-  from longformer_jax.train import initialization, phases, run_directory  # pylint: disable=g-import-not-at-top
+  from longformer_jax.train import initialization, run_directory  # pylint: disable=g-import-not-at-top
   from longformer_jax.checkpoint.checkpointer import Checkpointer  # pylint: disable=g-import-not-at-top
-  from longformer_jax.train.optimizer import make_optimizer  # pylint: disable=g-import-not-at-top
 
   run_directory.check_workdir(workdir)
   if (paths.as_path(workdir) / 'checkpoints').is_dir():
@@ -177,34 +177,24 @@ def _convert(hf_dir: str, source_dir: str, workdir: str, dtype: str, tokenizer_f
   values = {'task': task, 'model': model_values, 'data': data, 'eval': {'chunk_len': context}}
   config = ml_collections.ConfigDict(resolve_config(values))
   validate_config(config, jax.device_count())
-  # float32 numpy leaves (views of the read tensors where the mapping allows: no copy), placed
-  # one by one below (place_consuming), which frees each.
-  params = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32),
-                                  hf.load_params(hf_dir, hf_config, settings, dtype))
-
+  # numpy leaves in the checkpoint's own dtypes (--dtype=bfloat16 rounds float32 tensors),
+  # read one tensor at a time: the import holds the parameters once, never a train state.
+  params = hf.load_params(hf_dir, hf_config, settings, None if dtype == 'float32' else dtype)
   model = DecoderLM(lm_model_config(config.model, tokenizer.vocab_size))
-  optimizer = phases.phased_optimizer(make_optimizer(config.optimizer, config.train.num_steps),
-                                      phases.training_phases(config))
-  mesh = make_mesh(config.parallel.mesh_shape)
-  abstract, shardings = initialization.abstract_train_state(
-      model, optimizer, config.seed, config.data.batch_size, config.data.chunk_len, mesh,
-      config.parallel.logical_axis_rules)
-  expected = jax.tree_util.tree_structure(abstract.params)
-  if jax.tree_util.tree_structure(params) != expected:
+  expected = jax.eval_shape(lambda: initialization.init_params(
+      model, jax.random.PRNGKey(0), 1, config.data.chunk_len))
+  expected = nn.meta.unbox(expected)
+  if jax.tree_util.tree_structure(params) != jax.tree_util.tree_structure(expected):
     raise ConversionError('the imported parameters do not match the model built from its '
-                          'config (a mapping bug): ' + str(expected)[:200])
+                          'config (a mapping bug): ' + str(jax.tree_util.tree_structure(expected))[:200])
   for (path, new), old in zip(jax.tree_util.tree_leaves_with_path(params),
-                              jax.tree_util.tree_leaves(abstract.params)):
+                              jax.tree_util.tree_leaves(expected)):
     if new.shape != old.shape:
       raise ConversionError(f'parameter {jax.tree_util.keystr(path)} has shape {new.shape}; '
                             f'the model expects {old.shape}')
-  placed = initialization.place_consuming(params, shardings.params)
-  state, _ = initialization.train_state_with_params(
-      model, optimizer, config.seed, config.data.batch_size, config.data.chunk_len, mesh,
-      config.parallel.logical_axis_rules, placed, abstract=(abstract, shardings))
-  del placed                              # donated to the state
   with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
-    checkpointer.save(0, state, {'step': 0})
+    checkpointer.save_params(0, params, {'step': 0})
+  del params
   run_directory.write_config(config, workdir)
   paths.write_text_atomically(paths.as_path(workdir) / TRAIN_CONFIG_FILE, TRAIN_CONFIG_SOURCE)
   paths.write_text_atomically(paths.as_path(workdir) / IMPORT_FILE, json.dumps(

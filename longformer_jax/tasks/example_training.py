@@ -79,6 +79,7 @@ class ExampleTraining:
         max_examples=config.train.eval_max_examples, shardings=self.shardings,
         param_shardings=state_shardings.params, mesh=self.mesh)
     self._model = model
+    self._optimizer = optimizer
     self._compiled_step = None
     self._next_batch = None
 
@@ -91,6 +92,10 @@ class ExampleTraining:
     if self.config.train.init_from_hf:
       state = self.param_import.with_imported_params(self.config, state)
     return self.task.initialise(self.config, state, self.mesh, self.rules)
+
+  def state_with_params(self, params):
+    state = self._create_state(jax.random.PRNGKey(self.config.seed))
+    return state.replace(params=params, opt_state=self._optimizer.init(params))
 
   def data_state(self) -> dict:
     return self.batches.state()

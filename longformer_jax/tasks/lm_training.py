@@ -126,6 +126,13 @@ class LanguageModelTraining:
         self.config.data.batch_size, self.run.phase.chunk_len, self.mesh, self.rules)
     return state
 
+  def state_with_params(self, params):
+    state, _ = initialization.train_state_with_params(
+        DecoderLM(self.run.model_config), self.optimizer, self.config.seed,
+        self.config.data.batch_size, self.run.phase.chunk_len, self.mesh, self.rules, params,
+        abstract=(self.run.abstract_state, self.run.state_shardings))
+    return state
+
   def data_state(self) -> dict:
     data_state = self.streams.state()
     if self.phased:

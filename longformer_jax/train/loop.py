@@ -51,6 +51,10 @@ class TrainingTask(Protocol):
   def fresh_state(self) -> Any:
     """The initial train state, created in its shardings."""
 
+  def state_with_params(self, params: Any) -> Any:
+    """The initial train state with `params` (a parameters-only checkpoint's, e.g. an
+    import's, placed in their shardings) in place of the initialised ones."""
+
   def data_state(self) -> dict:
     """The data position (and whatever resuming checks), saved with a checkpoint."""
 
@@ -169,7 +173,8 @@ def restore_or_create(task: TrainingTask, checkpointer: Checkpointer, config, wo
   # An old run's config.json (flat model keys) is compared in today's layout.
   resume_checks.check_resumable(workdir, config.to_dict(),
                                 migrate=lambda saved: migrate_saved_config(saved)[0])
-  state, data_state, step = checkpointer.restore_latest_intact(task.abstract_state(latest))
+  state, data_state, step = checkpointer.restore_latest_intact(
+      task.abstract_state(latest), from_params=task.state_with_params)
   task.restore_data(data_state, step)
   logging.info('Resumed from step %d in %s', step, checkpointer.directory)
   return state
