@@ -20,6 +20,7 @@ import pytest
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import corpus
+from longformer_jax.data import qa_tasks
 from longformer_jax.data import tfds_corpus
 from longformer_jax.data import tfds_mirror
 from longformer_jax.data.data_config import DataConfig
@@ -28,7 +29,9 @@ from tests.gcs_server import BUCKET
 from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
 from tests.test_data_corpus import data_config
 from tests.test_data_tfds_corpus import data_dir  # pylint: disable=unused-import
+from tests.test_longformer_tasks import TOKENIZER, tiny_task_config
 from tests.test_storage_paths import REFUSALS, _RefusingServer
+from tests.test_task_tfds_sources import tfds_task_dir  # pylint: disable=unused-import
 
 SPLITS = ('train', 'valid', 'test')
 
@@ -227,6 +230,28 @@ def test_the_corpus_loader_reads_gs_tfds_data_into_data_tfds_cache_dir(data_dir,
   assert [(d.name, d.data) for d in documents] == read('pg19', 'valid', data_dir)
   assert (mirror_folder(tmp_path / 'tfds_cache', gcs_data_dir, pg19_folder())
           / tfds_mirror.MANIFEST_NAME).is_file()
+
+
+def test_a_task_reads_a_dataset_with_a_builder_config_from_gs(tfds_task_dir, gcs_bucket, tmp_path):
+  """trivia_qa/rc: the mirrored folder is <name>/<config>/<version>, and only that config's."""
+  remote = f'{gcs_bucket}/tfds_gcs/tasks'
+  upload(os.path.join(tfds_task_dir, 'trivia_qa'), f'{remote}/trivia_qa')
+  arrays = {}
+  for where, cache in (('local', ''), ('gcs', str(tmp_path / 'cache'))):
+    config = tiny_task_config('qa', corpus='trivia_qa', seq_len=64, question_len=24,
+                              tfds_data_dir=tfds_task_dir if where == 'local' else remote)
+    if cache:
+      config.data.tfds_cache_dir = cache
+    arrays[where] = qa_tasks.load_arrays(config, 'valid', TOKENIZER)
+  assert arrays['gcs'].keys() == arrays['local'].keys()
+  for key, value in arrays['local'].items():
+    assert (arrays['gcs'][key] == value).all(), key
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  version = str(tfds.builder('trivia_qa/rc', data_dir=tfds_task_dir).version)
+  mirrored = pathlib.Path(tmp_path, 'cache', BUCKET, 'tfds_gcs', 'tasks', 'trivia_qa')
+  assert [p.relative_to(mirrored).as_posix() for p in mirrored.rglob('*') if p.is_dir()] == [
+      'rc', f'rc/{version}']
+  assert (mirrored / 'rc' / version / tfds_mirror.MANIFEST_NAME).is_file()
 
 
 def test_tfds_cache_dir_is_a_local_folder():
