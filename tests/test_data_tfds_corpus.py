@@ -20,6 +20,7 @@ import pytest
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import corpus
 from longformer_jax.data import tfds_corpus
+from longformer_jax.data.data_config import DataConfig
 
 SHAKESPEARE = ''.join(
     f'CITIZEN {i}:\nBefore we proceed any further, hear me speak.\n\n'
@@ -122,8 +123,8 @@ def test_order_is_deterministic(data_dir):
 
 
 def test_load_corpus_dispatches_to_tfds(data_dir):
-  config = ml_collections.ConfigDict(
-      {'corpus': 'pg19', 'tfds_data_dir': data_dir})
+  config = ml_collections.ConfigDict({'corpus': 'pg19', 'tfds_data_dir': data_dir,
+                                      'tfds_cache_dir': DataConfig.tfds_cache_dir})
   documents = corpus.load_corpus(config, 'valid')
   assert [d.name for d in documents] == ['pg19/valid/201 A Valid Book']
 

@@ -15,6 +15,7 @@ import pytest
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import hibert_documents as hd
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
+from longformer_jax.data.data_config import DataConfig
 from longformer_jax.data.stdlib_corpus import split_of
 from longformer_jax.tasks import hibert_extractive
 
@@ -86,7 +87,8 @@ def test_unknown_corpus_names_the_key():
 
 
 def test_cnn_dailymail_needs_prepared_data():
-  data = ml_collections.ConfigDict({'corpus': 'cnn_dailymail', 'tfds_data_dir': ''})
+  data = ml_collections.ConfigDict({'corpus': 'cnn_dailymail', 'tfds_data_dir': '',
+                                    'tfds_cache_dir': DataConfig.tfds_cache_dir})
   with pytest.raises(ConfigError) as error:
     hd.load_documents(data, 'train', with_summary=True)
   assert error.value.key == 'data.tfds_data_dir'

@@ -11,6 +11,7 @@ import os
 import threading
 import urllib.request
 
+import fsspec
 import gcsfs
 import pytest
 
@@ -52,6 +53,33 @@ def test_gs_move_aside_moves_every_object_of_a_folder(gcs_bucket):
   assert not (root / 'step').exists()
   for name in ('a.txt', 'inner/b.txt', 'inner/deeper/c.txt'):
     assert (root / 'step.broken' / name).read_text() == f'step/{name}'
+
+
+def test_gs_files_are_listed_with_sizes_and_downloaded_whole(gcs_bucket, tmp_path, monkeypatch):
+  folder = paths.as_path(f'{gcs_bucket}/listed')
+  for name, text in (('a.json', '{}'), ('inner/b.bin', 'bbbb'), ('inner/deeper/c', '')):
+    folder.joinpath(*name.split('/')).write_text(text)
+  (paths.as_path(f'{gcs_bucket}/listed_other') / 'x').write_text('not below listed/')
+  want = {'a.json': 2, 'inner/b.bin': 4, 'inner/deeper/c': 0}
+  assert paths.list_files(folder) == want
+  assert paths.list_files(f'{gcs_bucket}/listed/') == want
+  assert paths.list_files(f'{gcs_bucket}/no_such_folder') == {}
+  target = tmp_path / 'copy' / 'b.bin'
+  paths.download_file(folder / 'inner' / 'b.bin', target)
+  assert target.read_text() == 'bbbb' and paths.list_files(tmp_path) == {'copy/b.bin': 4}
+  # A download that breaks off leaves the file as it was, never a part of the new one.
+  filesystem = fsspec.core.url_to_fs(os.fspath(folder))[0]   # the client download_file takes
+
+  def broken_get_file(remote, local, **kwargs):
+    del remote, kwargs
+    with open(local, 'wb') as f:
+      f.write(b'pa')
+    raise ConnectionError('connection reset')
+
+  monkeypatch.setattr(filesystem, 'get_file', broken_get_file)
+  with pytest.raises(ConnectionError):
+    paths.download_file(folder / 'a.json', target)
+  assert target.read_text() == 'bbbb'
 
 
 def test_missing_bucket_is_one_line_naming_the_flag(gcs_bucket):

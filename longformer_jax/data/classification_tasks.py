@@ -74,7 +74,7 @@ def load_texts(data: ml_collections.ConfigDict, split: str, seed: int) -> list[t
     count = data.max_examples or 1024
     return synthetic_texts(count, data.seq_len - 1, seed + (split == 'valid'))
   if data.corpus == 'imdb_reviews':
-    return tfds_tasks.imdb_reviews(split, data.tfds_data_dir)
+    return tfds_tasks.imdb_reviews(split, data.tfds_data_dir, data.tfds_cache_dir)
   raise ConfigError('data.corpus', f'unknown classification corpus {data.corpus!r}; '
                     f'expected one of {CORPORA}')
 

@@ -21,7 +21,8 @@ CORPORA = ('stdlib', 'tiny_shakespeare', 'pg19', 'passkey')
 def load_corpus(data_config: ml_collections.ConfigDict,
                 split: str) -> list[Document]:
   """The raw documents of `split` ('train' | 'valid' | 'test') of
-  `data_config.corpus`; tfds corpora read `data_config.tfds_data_dir`; `passkey`
+  `data_config.corpus`; tfds corpora read `data_config.tfds_data_dir` (a `gs://` one
+  through a local copy in `data_config.tfds_cache_dir`); `passkey`
   is synthetic (`data/passkey.py`), documents of `data.passkey_min_length` to
   `data.passkey_max_length` bytes (default: up to `data_config.chunk_len - 1`).
 
@@ -36,7 +37,8 @@ def load_corpus(data_config: ml_collections.ConfigDict,
   if name == 'stdlib':
     return stdlib_corpus.load_documents(split)
   if name in ('tiny_shakespeare', 'pg19'):
-    return tfds_corpus.load_documents(name, split, data_config.tfds_data_dir)
+    return tfds_corpus.load_documents(name, split, data_config.tfds_data_dir,
+                                      data_config.tfds_cache_dir)
   if name == 'passkey':       # synthetic passkey retrieval (lengths: data.passkey_*)
     return passkey.load_documents(
         split, data_config.passkey_max_length or data_config.chunk_len - 1,

@@ -8,6 +8,8 @@ QA and sequence-to-sequence); the image task reads whole images of `corpus`
 (sentence_mask, extractive) read documents split into sentences (`data/hibert_documents.py`:
 stdlib docstrings | a path to text files | cnn_dailymail; shapes in `model.hibert`). A
 setting that the run's task does not read is an error (each task's `data_keys`, tasks/).
+tensorflow-datasets sources are read from `tfds_data_dir`; a `gs://` one through a local
+copy of the one dataset a run reads, kept in `tfds_cache_dir` (`data/tfds_mirror.py`).
 """
 
 import dataclasses
@@ -24,7 +26,10 @@ PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths',
 class DataConfig(Section):
   """Data source, tokenizer and batch shape."""
   corpus: str = 'stdlib'             # stdlib | tiny_shakespeare | pg19 | passkey (tasks: see configs/)
-  tfds_data_dir: str = ''            # prepared tensorflow-datasets folder (tfds corpora)
+  tfds_data_dir: str = ''            # prepared tensorflow-datasets folder (tfds corpora), or gs://
+  # A gs:// tfds_data_dir is read from a copy of the run's one dataset made here (local disk,
+  # `~` expanded; data/tfds_mirror.py): <tfds_cache_dir>/BUCKET/DIR/<name>/<config>/<version>.
+  tfds_cache_dir: str = '~/.cache/longformer_jax/tfds'
   tokenizer: str = 'byte'            # byte | sentencepiece | hf
   sentencepiece_model: str = ''      # path to a .model file
   tokenizer_file: str = ''           # hf: path to a Hugging Face tokenizer.json
@@ -50,6 +55,9 @@ class DataConfig(Section):
 
   def validate(self, env) -> None:
     del env
+    self.require(bool(self.tfds_cache_dir) and '://' not in self.tfds_cache_dir,
+                 'tfds_cache_dir', 'must be a local folder (the copy of gs:// tfds data that '
+                 'TensorFlow reads from local disk)')
     self.require(self.tokenizer in TOKENIZERS, 'tokenizer', f'must be one of {TOKENIZERS}')
     if self.tokenizer == 'hf':
       self.require(bool(self.tokenizer_file), 'tokenizer_file',

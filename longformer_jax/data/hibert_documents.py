@@ -107,7 +107,8 @@ def raw_texts(data, split: str) -> list[tuple[str, str, str]]:
   if corpus == 'cnn_dailymail':
     if split not in TFDS_SPLITS:
       raise ConfigError('eval.split', f'unknown split {split!r}; expected one of {list(TFDS_SPLITS)}')
-    builder = tfds_corpus._prepared_builder('cnn_dailymail', data.tfds_data_dir)  # pylint: disable=protected-access
+    builder = tfds_corpus._prepared_builder(  # pylint: disable=protected-access
+        'cnn_dailymail', data.tfds_data_dir, data.tfds_cache_dir)
     examples = tfds_corpus._iterate_examples(builder, TFDS_SPLITS[split])  # pylint: disable=protected-access
     return [(f'cnn_dailymail/{split}/{i}', _text(e['article']), _text(e['highlights']))
             for i, e in enumerate(examples)]

@@ -101,14 +101,15 @@ def load_digits(split: str) -> np.ndarray:
   return table[begin:end, :64].reshape(-1, 8, 8, 1).astype(np.uint8)
 
 
-def load_tfds_images(name: str, split: str, data_dir: str, max_examples: int = 0) -> np.ndarray:
+def load_tfds_images(name: str, split: str, data_dir: str, max_examples: int = 0,
+                     cache_dir: str = tfds_corpus.DEFAULT_CACHE_DIR) -> np.ndarray:
   """The images of a prepared tfds image set, uint8 `[n, 32, 32, 3]` (the first
-  `max_examples` if > 0)."""
+  `max_examples` if > 0); a `gs://` data_dir is read from a local copy in `cache_dir`."""
   splits = TFDS_SPLITS[name]
   if split not in splits:
     raise ConfigError('eval.split', f'unknown split {split!r}; expected one of {sorted(splits)}')
   # pylint: disable=protected-access
-  builder = tfds_corpus._prepared_builder(name, data_dir)
+  builder = tfds_corpus._prepared_builder(name, data_dir, cache_dir)
   images = []
   for example in tfds_corpus._iterate_examples(builder, splits[split]):
     images.append(np.asarray(example['image'], np.uint8))
@@ -119,13 +120,15 @@ def load_tfds_images(name: str, split: str, data_dir: str, max_examples: int = 0
       (0, shape.height, shape.width, shape.channels), np.uint8)
 
 
-def load_images(corpus: str, split: str, data_dir: str = '', max_examples: int = 0) -> np.ndarray:
-  """uint8 `[n, height, width, channels]` of a split of `corpus`."""
+def load_images(corpus: str, split: str, data_dir: str = '', max_examples: int = 0,
+                cache_dir: str = tfds_corpus.DEFAULT_CACHE_DIR) -> np.ndarray:
+  """uint8 `[n, height, width, channels]` of a split of `corpus` (tfds sets: prepared in
+  `data_dir`, a `gs://` one read from a local copy in `cache_dir`)."""
   image_source(corpus)
   if corpus == 'digits':
     images = load_digits(split)
     return images[:max_examples] if max_examples else images
-  return load_tfds_images(corpus, split, data_dir, max_examples)
+  return load_tfds_images(corpus, split, data_dir, max_examples, cache_dir)
 
 
 def block_raster_order(height: int, width: int, block_height: int, block_width: int) -> np.ndarray:
@@ -186,7 +189,8 @@ def load_arrays(config: ml_collections.ConfigDict, split: str, tokenizer=None) -
   del tokenizer
   data = config.data
   source = image_source(data.corpus)
-  images = load_images(data.corpus, split, data.tfds_data_dir, data.max_examples)
+  images = load_images(data.corpus, split, data.tfds_data_dir, data.max_examples,
+                       data.tfds_cache_dir)
   targets = to_stream(images, *stream_layout(config.model))
   return {'inputs': shifted_inputs(targets, source.levels), 'targets': targets,
           'weight': np.ones(len(targets), np.float32)}

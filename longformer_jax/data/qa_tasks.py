@@ -97,7 +97,7 @@ def load_texts(data: ml_collections.ConfigDict, split: str, seed: int) -> list[Q
     return synthetic_texts(data.max_examples or 1024, context_len, seed + (split == 'valid'))
   if data.corpus == 'trivia_qa':
     return tfds_tasks.trivia_qa(split, data.tfds_data_dir, context_len,
-                                data.tfds_config or 'rc')
+                                data.tfds_config or 'rc', cache_dir=data.tfds_cache_dir)
   raise ConfigError('data.corpus', f'unknown QA corpus {data.corpus!r}; expected one of {CORPORA}')
 
 

@@ -12,7 +12,7 @@ Command line (trains on the train split of a corpus, prints the .model path):
   python -m longformer_jax.data.sentencepiece_tokenizer \
       --corpus=stdlib --vocab_size=4096 --out=/tmp/spm/stdlib4k \
       [--max_documents=N] [--max_sentences=N] [--num_threads=N] \
-      [--tfds_data_dir=DIR]
+      [--tfds_data_dir=DIR] [--tfds_cache_dir=DIR]
 
 Training is reproducible: the same corpus, flags and thread count give the
 same .model file, byte for byte.
@@ -30,6 +30,7 @@ import sentencepiece as spm
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import corpus
+from longformer_jax.data.data_config import DataConfig
 from longformer_jax.data.document import Document
 from longformer_jax.storage import paths
 
@@ -320,7 +321,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       'depends on it, so fix it to reproduce a model on '
                       'another machine')
   parser.add_argument('--tfds_data_dir', default='',
-                      help='prepared tensorflow-datasets folder (tfds corpora)')
+                      help='prepared tensorflow-datasets folder (tfds corpora), or gs://')
+  parser.add_argument('--tfds_cache_dir', default=DataConfig.tfds_cache_dir,
+                      help='where a gs:// tfds_data_dir\'s dataset is copied to be read')
   return parser.parse_args(argv)
 
 
@@ -328,7 +331,8 @@ def main(argv: Sequence[str] | None = None) -> str:
   """Runs the command line; returns (and prints) the .model path."""
   args = _parse_args(argv)
   data_config = ml_collections.ConfigDict({
-      'corpus': args.corpus, 'tfds_data_dir': args.tfds_data_dir})
+      'corpus': args.corpus, 'tfds_data_dir': args.tfds_data_dir,
+      'tfds_cache_dir': args.tfds_cache_dir})
   documents = corpus.load_corpus(data_config, 'train')
   if args.max_documents > 0:
     documents = documents[:args.max_documents]

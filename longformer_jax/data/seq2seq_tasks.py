@@ -67,7 +67,8 @@ def load_texts(data: ml_collections.ConfigDict, split: str, seed: int) -> list[t
   if data.corpus == 'synthetic':
     return synthetic_texts(data.max_examples or 1024, source_len, seed + (split == 'valid'))
   if data.corpus == 'scrolls':
-    return tfds_tasks.scrolls(split, data.tfds_data_dir, data.tfds_config or 'gov_report')
+    return tfds_tasks.scrolls(split, data.tfds_data_dir, data.tfds_config or 'gov_report',
+                              cache_dir=data.tfds_cache_dir)
   raise ConfigError('data.corpus', f'unknown seq2seq corpus {data.corpus!r}; '
                     f'expected one of {CORPORA}')
 

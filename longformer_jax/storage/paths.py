@@ -65,9 +65,48 @@ def write_text_atomically(path: 'str | os.PathLike', text: str) -> None:
   if is_remote(target):
     target.write_text(text, encoding='utf-8')
     return
-  temporary = target.parent / f'.{target.name}.tmp'
+  temporary = target.parent / temporary_name(target.name)
   temporary.write_text(text, encoding='utf-8')
   os.replace(temporary, target)
+
+
+def list_files(folder: 'str | os.PathLike') -> dict:
+  """Every file below `folder`, recursively, as `{name relative to folder (with /): bytes}`.
+
+  A folder that does not exist (on GCS: no object under the prefix) gives `{}`.
+  """
+  source = as_path(folder)
+  if not is_remote(source):
+    found = {}
+    for parent, _, names in os.walk(source):
+      for name in names:
+        path = os.path.join(parent, name)
+        found[os.path.relpath(path, source).replace(os.sep, '/')] = os.path.getsize(path)
+    return found
+  filesystem, prefix = fsspec.core.url_to_fs(os.fspath(source))
+  prefix = prefix.rstrip('/') + '/'
+  listing = filesystem.find(prefix, detail=True)
+  return {name[len(prefix):]: int(info['size']) for name, info in listing.items()
+          if name.startswith(prefix) and not name.endswith('/') and info.get('type') == 'file'}
+
+
+def download_file(source: 'str | os.PathLike', target: 'str | os.PathLike') -> None:
+  """Copies the file `source` (local or `gs://`) to the local path `target`, streamed to a
+  temporary name beside `target` and renamed over it when whole: `target` is never a part.
+  """
+  destination = as_path(target)
+  if is_remote(destination):
+    raise ValueError(f'download_file writes local files only, not {os.fspath(destination)}')
+  destination.parent.mkdir(parents=True, exist_ok=True)
+  temporary = destination.parent / temporary_name(destination.name)
+  filesystem, name = fsspec.core.url_to_fs(os.fspath(as_path(source)))
+  filesystem.get_file(name, os.fspath(temporary))
+  os.replace(temporary, destination)
+
+
+def temporary_name(name: str) -> str:
+  """The name a local file is written under before it is renamed to `name`."""
+  return f'.{name}.tmp'
 
 
 def move_aside(path: 'str | os.PathLike', target: 'str | os.PathLike') -> None:
