@@ -6,10 +6,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.layers.feed_forward import FeedForward
+from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
 from longformer_jax.layers.linear import projection
 
 B, D, F = 2, 16, 64
+
+
+def feed_forward(d_ff: int = F, chunk_size: int = 0, dropout_rate: float = 0.0) -> FeedForward:
+  """The layer with the default settings (FeedForwardConfig) but `d_ff` and the chunks."""
+  return FeedForward(FeedForwardConfig(d_ff=d_ff, ff_chunk_size=chunk_size), D, dropout_rate)
 
 
 class FeedForwardAsBefore(nn.Module):
@@ -33,7 +38,7 @@ def test_unchunked_keeps_parameter_names_and_init():
   x = jax.random.normal(jax.random.PRNGKey(0), (B, 12, D))
   before = FeedForwardAsBefore().init(jax.random.PRNGKey(1), x)
   for chunk_size in (0, 4):
-    now = FeedForward(D, F, chunk_size=chunk_size).init(jax.random.PRNGKey(1), x)
+    now = feed_forward(chunk_size=chunk_size).init(jax.random.PRNGKey(1), x)
     assert jax.tree_util.tree_structure(now) == jax.tree_util.tree_structure(before)
     jax.tree_util.tree_map(np.testing.assert_array_equal, now, before)
 
@@ -41,13 +46,13 @@ def test_unchunked_keeps_parameter_names_and_init():
 @pytest.mark.parametrize('length,chunk_size', [(16, 4), (18, 4), (8, 8), (6, 16)])
 def test_chunked_equals_unchunked_and_reference(length, chunk_size):
   x = jax.random.normal(jax.random.PRNGKey(2), (B, length, D))
-  params = FeedForward(D, F).init(jax.random.PRNGKey(3), x)
+  params = feed_forward().init(jax.random.PRNGKey(3), x)
   cotangent = jax.random.normal(jax.random.PRNGKey(4), (B, length, D))
 
   def loss(module, params, x):
     return jnp.sum(cotangent * module.apply(params, x))
 
-  plain, chunked = FeedForward(D, F), FeedForward(D, F, chunk_size=chunk_size)
+  plain, chunked = feed_forward(), feed_forward(chunk_size=chunk_size)
   np.testing.assert_allclose(plain.apply(params, x), numpy_feed_forward(params['params'], x),
                              atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(chunked.apply(params, x), plain.apply(params, x), atol=1e-6)
@@ -59,22 +64,22 @@ def test_chunked_equals_unchunked_and_reference(length, chunk_size):
 
 def test_chunked_dropout_is_applied_per_chunk():
   x = jax.random.normal(jax.random.PRNGKey(5), (B, 16, D))
-  params = FeedForward(D, F).init(jax.random.PRNGKey(6), x)
-  module = FeedForward(D, F, dropout_rate=0.5, chunk_size=4)
+  params = feed_forward().init(jax.random.PRNGKey(6), x)
+  module = feed_forward(chunk_size=4, dropout_rate=0.5)
   train = module.apply(params, x, deterministic=False, rngs={'dropout': jax.random.PRNGKey(7)})
   again = module.apply(params, x, deterministic=False, rngs={'dropout': jax.random.PRNGKey(7)})
   np.testing.assert_array_equal(train, again)
   assert not np.allclose(train, module.apply(params, x))
-  np.testing.assert_allclose(module.apply(params, x), FeedForward(D, F).apply(params, x), atol=1e-6)
+  np.testing.assert_allclose(module.apply(params, x), feed_forward().apply(params, x), atol=1e-6)
 
 
 def test_chunking_bounds_backward_memory():
   """The gradient's temporary memory shrinks when the hidden layer is chunked."""
   x = jnp.zeros((1, 2048, D))
-  params = FeedForward(D, 512).init(jax.random.PRNGKey(0), x[:, :8])
+  params = feed_forward(512).init(jax.random.PRNGKey(0), x[:, :8])
 
   def temp_bytes(chunk_size):
-    module = FeedForward(D, 512, chunk_size=chunk_size)
+    module = feed_forward(512, chunk_size)
     loss = lambda p, x: jnp.sum(module.apply(p, x))  # noqa: E731
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
     return compiled.memory_analysis().temp_size_in_bytes

@@ -163,14 +163,112 @@ def test_the_scan_flags_restated_defaults(snippet, flagged):
     assert found[0].startswith('longformer_jax/example.py:1: ')
 
 
-def test_no_class_copies_settings_into_fields_with_from_config():
-  """A module receives its typed section (attention/shared_settings.py); a `from_config` that
-  copies settings into re-declared fields is a second declaration of each."""
+def copies_with_from_config(source: str, path: str) -> list:
+  """`path:line` of each function named `from_config` or `*_from_config`, and each use of one."""
+  found = []
+  for node in ast.walk(ast.parse(source, path)):
+    name = (node.name if isinstance(node, ast.FunctionDef) else
+            node.attr if isinstance(node, ast.Attribute) else
+            node.id if isinstance(node, ast.Name) else
+            ' '.join(alias.name for alias in node.names) if isinstance(node, ast.ImportFrom)
+            else '')
+    if any(word == 'from_config' or word.endswith('_from_config') for word in name.split()):
+      found.append(f'{path}:{node.lineno}')
+  return found
+
+
+def test_no_helper_copies_settings_with_from_config():
+  """A module receives its typed section (attention/shared_settings.py, the feed-forward's
+  `FeedForwardConfig`, the norms' `NormConfig`); a `from_config` or `*_from_config` helper
+  (the old `feed_forward_from_config`, `norm_from_config`) that copies settings into a
+  module's re-declared fields is a second declaration of each."""
   found = []
   for path in sorted(PACKAGE.rglob('*.py')):
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-      named = isinstance(node, ast.FunctionDef) and node.name == 'from_config'
-      called = isinstance(node, ast.Attribute) and node.attr == 'from_config'
-      if named or called:
-        found.append(f'{path.relative_to(ROOT)}:{node.lineno}')
+    found += copies_with_from_config(path.read_text(), str(path.relative_to(ROOT)))
   assert not found, 'from_config copies: ' + ', '.join(found)
+
+
+@pytest.mark.parametrize('snippet, flagged', [
+    ('def feed_forward_from_config(cfg, dtype): pass', True),
+    ('from longformer_jax.layers.norms import norm_from_config', True),
+    ("y = norm_from_config(cfg, 'final_norm', dtype)(x)", True),
+    ('y = FeedForward.from_config(cfg)', True),
+    ("y = norm_layer(NormConfig.of(cfg), 'final_norm', dtype)(x)", False),
+    ('config_from_hf = 1', False),
+])
+def test_the_from_config_scan(snippet, flagged):
+  assert bool(copies_with_from_config(snippet, 'example.py')) == flagged
+
+
+# The floors whose Flax modules are built from settings (tests/test_import_graph.py's FLOORS).
+MODULE_FLOORS = ('layers', 'memory', 'attention', 'models')
+# Module fields named like a setting that are not a copy of it: name -> reason.
+NOT_A_SETTING_COPY = {
+    'dtype': "the compute dtype (a jnp dtype that models/decoder_lm.compute_dtype makes from "
+             "the string model.dtype), not the setting itself",
+}
+
+
+def setting_names() -> dict:
+  """Every setting's name -> where it is declared: `model` (the shared settings, with the
+  feed-forward's and the norms' that they inherit) and each registered section."""
+  from longformer_jax.models.model_config import ModelConfig, section_classes
+  names = {name: 'model' for name in ModelConfig.field_names()}
+  for section, cls in section_classes().items():
+    for name in cls.field_names():
+      names.setdefault(name, f'model.{section}')
+  return names
+
+
+def flax_modules():
+  """`(dotted class name, class)` of every Flax module defined in `MODULE_FLOORS`."""
+  import importlib
+  import inspect
+  import pkgutil
+  import flax.linen as nn
+  for floor in MODULE_FLOORS:
+    package = importlib.import_module(f'longformer_jax.{floor}')
+    for info in pkgutil.walk_packages(package.__path__, f'{package.__name__}.'):
+      module = importlib.import_module(info.name)
+      for name, cls in vars(module).items():
+        if (inspect.isclass(cls) and issubclass(cls, nn.Module)
+            and cls.__module__ == module.__name__):
+          yield f'{module.__name__}.{name}', cls
+
+
+def fields_restating_settings(modules, settings) -> list:
+  """`module.Class.field (setting of section)` for each field with a default named like a
+  setting: the default is a second copy of the section's (or a different one)."""
+  import dataclasses
+  found = []
+  for qualified, cls in modules:
+    for field in dataclasses.fields(cls):
+      has_default = (field.default is not dataclasses.MISSING
+                     or field.default_factory is not dataclasses.MISSING)
+      if has_default and field.name in settings and field.name not in NOT_A_SETTING_COPY:
+        found.append(f'{qualified}.{field.name} (setting of {settings[field.name]})')
+  return found
+
+
+def test_no_module_field_restates_a_setting_default():
+  """A Flax module takes its section (or the shared settings) as its config, or a required
+  value its caller reads from one; a field with a default named like a setting (the old
+  `FeedForward.activation`-style copies, `CrossAttention.qkv_bias = False`) is a second
+  default that can drift from the section's."""
+  modules = list(flax_modules())
+  assert len(modules) > 20, [name for name, _ in modules]   # the walk found the modules
+  found = fields_restating_settings(modules, setting_names())
+  assert not found, 'module fields that restate a setting default:\n  ' + '\n  '.join(found)
+
+
+def test_the_field_scan_flags_a_restated_default():
+  import flax.linen as nn
+  import jax.numpy as jnp
+
+  class Copies(nn.Module):
+    d_model: int                  # required: its caller passes model.d_model
+    ff_bias: bool = True          # a copy of model.ff_bias's default
+    dtype: jnp.dtype = jnp.float32
+
+  found = fields_restating_settings([('example.Copies', Copies)], setting_names())
+  assert found == ['example.Copies.ff_bias (setting of model)']

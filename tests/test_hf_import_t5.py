@@ -11,6 +11,7 @@ biases; source row 1 is right-padded from position 8, target row 1 from
 position 5. Only valid target positions are compared.
 """
 
+import dataclasses
 import math
 import os
 
@@ -25,7 +26,7 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.relative_buckets import relative_position_bucket
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.convert import hf
-from longformer_jax.layers.feed_forward import FeedForward
+from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.encoder_decoder import EncoderDecoder, decoder_context
@@ -217,7 +218,8 @@ def test_the_bias_reads_positions_so_a_cache_gives_the_full_sequence():
 @pytest.mark.parametrize('activation', ['relu', 'geglu'])
 def test_feed_forward_activations(activation):
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 8))
-  layer = FeedForward(8, 16, activation=activation, use_bias=False)
+  settings = FeedForwardConfig(d_ff=16, ff_activation=activation, ff_bias=False)
+  layer = FeedForward(settings, 8, 0.0)
   params = layer.init(jax.random.PRNGKey(1), x)['params']
   kernel = lambda name: np.asarray(params[name]['kernel'].unbox(), np.float64)
   h = np.asarray(x, np.float64) @ kernel('wi')
@@ -227,7 +229,7 @@ def test_feed_forward_activations(activation):
     gelu = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
     h = gelu * (np.asarray(x, np.float64) @ kernel('wi_up'))
   np.testing.assert_allclose(layer.apply({'params': params}, x), h @ kernel('wo'), atol=1e-5)
-  chunked = FeedForward(8, 16, activation=activation, use_bias=False, chunk_size=4)
+  chunked = FeedForward(dataclasses.replace(settings, ff_chunk_size=4), 8, 0.0)
   np.testing.assert_allclose(chunked.apply({'params': params}, x),
                              layer.apply({'params': params}, x), atol=1e-6)
 

@@ -104,6 +104,16 @@ class Section:
       raise ConfigError(f'{path}.{error.name}', f'{value!r} {error.rule}') from None
     return instance
 
+  @classmethod
+  def of(cls, values: Mapping, path: str = 'model') -> 'Section':
+    """The section whose fields a wider, resolved mapping holds among its keys.
+
+    A section whose fields another section inherits (the model settings inherit the
+    feed-forward's and the norms', keeping their flat keys) is read back from a layer's
+    resolved config this way: every field must be there (no default applies), checked again.
+    """
+    return cls.build({name: values[name] for name in cls.field_names()}, path)
+
   def to_dict(self) -> dict:
     """Plain nested dict of the values (tuples stay tuples)."""
     out = {}

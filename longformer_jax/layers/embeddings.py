@@ -11,9 +11,10 @@ class TokenEmbedding(nn.Module):
   """Embeds token ids and turns hidden states back into vocabulary logits."""
   vocab_size: int
   d_model: int
-  tie_embeddings: bool = True
-  dtype: jnp.dtype = jnp.float32
-  scale_tied_logits: bool = True   # tied: logits divided by sqrt(d_model) (False: GPT-2, Llama)
+  tie_embeddings: bool             # model.tie_embeddings (False: the output is its own projection)
+  dtype: jnp.dtype
+  scale_tied_logits: bool          # model.scale_tied_logits: tied logits divided by
+                                   # sqrt(d_model) (False: GPT-2, Llama)
 
   def setup(self):
     self.table = self.param(

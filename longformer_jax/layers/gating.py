@@ -25,9 +25,13 @@ GATE_TYPES = ('gru', 'output', 'highway')
 
 
 class Gate(nn.Module):
-  """`(x, y) -> g`, all `[batch, length, d_model]`; `bias` is b_g."""
-  kind: str = 'gru'
-  bias: float = 2.0
+  """`(x, y) -> g`, all `[batch, length, d_model]`; `bias` is b_g.
+
+  `kind` and `bias` are the block's settings (`model.gtrxl.gate`, `model.gtrxl.gate_bias`,
+  `models/gtrxl_block.GTrXLConfig`, which holds their defaults).
+  """
+  kind: str
+  bias: float
   dtype: jnp.dtype = jnp.float32
 
   def _proj(self, name: str, v: jax.Array) -> jax.Array:

@@ -125,8 +125,8 @@ class Compressor(nn.Module):
   function: str
   rate: int
   d_model: int
-  kernel: int = 3
-  dilation: int = 2
+  kernel: int                      # model.compressive.kernel_length()
+  dilation: int                    # model.compressive.dilation
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact

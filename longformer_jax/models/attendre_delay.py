@@ -42,8 +42,8 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError, require
-from longformer_jax.layers.feed_forward import feed_forward_from_config
-from longformer_jax.layers.norms import layer_norm
+from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
+from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.memory import fifo
 from longformer_jax.models.standard_stack import BlockStack
 from longformer_jax.models.layer_schedule import layer_config
@@ -124,8 +124,9 @@ class TimeShiftedBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state: dict, ctx: AttentionContext):
     cfg = self.config
+    norm = NormConfig()   # the defaults: this block reads no norm setting (NORM_BLOCKS)
     attention = attention_layer(cfg, self.dtype)
-    h, attention_state, aux = attention(layer_norm('attention_norm', self.dtype)(x),
+    h, attention_state, aux = attention(norm_layer(norm, 'attention_norm', self.dtype)(x),
                                         state['attention'], ctx)
     residual, skip = delayed(state['residual'], x, ctx)
     starts, skip_starts = delayed(state['starts'], token_starts(ctx), ctx)
@@ -134,8 +135,10 @@ class TimeShiftedBlock(nn.Module):
                                deterministic=ctx.deterministic)
     x = skip.values + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    h = feed_forward_from_config(cfg, self.dtype)(
-        layer_norm('feed_forward_norm', self.dtype)(x), deterministic=ctx.deterministic)
+    feed_forward = FeedForward(FeedForwardConfig.of(cfg), cfg.d_model, cfg.dropout_rate,
+                               self.dtype, name='feed_forward')
+    h = feed_forward(norm_layer(norm, 'feed_forward_norm', self.dtype)(x),
+                     deterministic=ctx.deterministic)
     x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     new_state = {'attention': attention_state, 'residual': residual, 'starts': starts}

@@ -18,7 +18,7 @@ import ml_collections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.embeddings import TokenEmbedding
-from longformer_jax.layers.norms import norm_from_config
+from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.models.input_embedding import embed_inputs
 from longformer_jax.models.post_ln_block import ends_normalised
 from longformer_jax.models.stack_registry import stack_class
@@ -62,7 +62,7 @@ class DecoderLM(nn.Module):
                      ctx.deterministic, dtype)
     x, states, aux = stack_class(cfg.stack)(cfg, dtype, name='blocks')(x, states, ctx)
     if not ends_normalised(cfg):
-      x = norm_from_config(cfg, 'final_norm', dtype)(x)
+      x = norm_layer(NormConfig.of(cfg), 'final_norm', dtype)(x)
     logits = embedding.logits(x)
     logits = nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
     return logits, states, aux

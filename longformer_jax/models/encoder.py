@@ -21,7 +21,7 @@ import ml_collections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.linear import projection
-from longformer_jax.layers.norms import norm_from_config
+from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.models.decoder_lm import compute_dtype, padded_vocab_size
 from longformer_jax.models.input_embedding import embed_inputs
 from longformer_jax.models.post_ln_block import ends_normalised
@@ -76,7 +76,7 @@ class Encoder(nn.Module):
     x, _, aux = stack(x, states, ctx)
     if ends_normalised(cfg):
       return x, aux
-    return norm_from_config(cfg, 'final_norm', self.dtype)(x), aux
+    return norm_layer(NormConfig.of(cfg), 'final_norm', self.dtype)(x), aux
 
 
 def embed_tokens(cfg, tokens: jax.Array, ctx: AttentionContext,

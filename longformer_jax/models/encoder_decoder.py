@@ -46,9 +46,10 @@ from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.registry import attention_class, attention_layer
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.layers.embeddings import TokenEmbedding
-from longformer_jax.layers.feed_forward import feed_forward_from_config
-from longformer_jax.layers.norms import norm_from_config
+from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
+from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.encoder import Encoder
 from longformer_jax.models.input_embedding import embed_inputs
@@ -76,26 +77,25 @@ class CrossAttention(nn.Module):
 
   Every target position attends to every valid source position; softmax in
   float32 (`dot_product.attend`), rows with no valid source give zeros.
-  Biases on q/k/v (`[heads, head_dim]`) and on the output (`[d_model]`) when
-  `qkv_bias` / `out_bias` (the shared settings of the same names).
+  `shared` is the layer's attention settings (attention/shared_settings.py), as the
+  self-attention's: its shape (`num_heads`, `head_dim`, `d_model`) and biases on q/k/v
+  (`[heads, head_dim]`) and on the output (`[d_model]`) when `heads.qkv_bias` /
+  `heads.out_bias` (`model.qkv_bias`, `model.out_bias`). No positions, no grouped keys.
   """
-  num_heads: int
-  head_dim: int
-  d_model: int
+  shared: SharedSettings
   dtype: jnp.dtype = jnp.float32
-  qkv_bias: bool = False
-  out_bias: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, source: jax.Array, source_valid: jax.Array) -> jax.Array:
-    heads = lambda h, name: projections.project_heads(h, self.num_heads, self.head_dim, name,
-                                                         self.dtype, self.qkv_bias)
+    shared = self.shared
+    heads = lambda h, name: projections.project_heads(h, shared.num_heads, shared.head_dim, name,
+                                                      self.dtype, shared.heads.qkv_bias)
     q, k, v = heads(x, 'query'), heads(source, 'key'), heads(source, 'value')  # [b, ., h, hd]
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / jnp.sqrt(self.head_dim).astype(self.dtype)
+    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / jnp.sqrt(shared.head_dim).astype(self.dtype)
     mask = jnp.broadcast_to(source_valid[:, None, :], (x.shape[0], x.shape[1], source.shape[1]))
     out = attend(logits, mask, v)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
-    return projections.project_output(out, self.d_model, self.dtype, self.out_bias)
+    return projections.project_output(out, shared.d_model, self.dtype, shared.heads.out_bias)
 
 
 class DecoderLayer(nn.Module):
@@ -114,7 +114,8 @@ class DecoderLayer(nn.Module):
   def __call__(self, x, source, source_valid, ctx: AttentionContext):
     cfg = self.config
     post_ln = ends_normalised(cfg)
-    norm = lambda name: norm_from_config(cfg, name, self.dtype)
+    norm_config = NormConfig.of(cfg)
+    norm = lambda name: norm_layer(norm_config, name, self.dtype)
     # The sublayer reads LN(x) (pre-LN) or x (post-LN); its output is added to x,
     # and with post-LN the sum is normalised.
     sublayer_input = lambda x, name: x if post_ln else norm(name)(x)
@@ -127,13 +128,12 @@ class DecoderLayer(nn.Module):
     h, _, aux = attention_layer(cfg, self.dtype, name='self_attention')(
         sublayer_input(x, 'self_attention_norm'), state, ctx)
     x = add(x, h, 'self_attention_norm')
-    h = CrossAttention(cfg.num_heads, cfg.head_dim, cfg.d_model, self.dtype,
-                       cfg.qkv_bias, cfg.out_bias,
-                       name='cross_attention')(
+    h = CrossAttention(SharedSettings.of(cfg), self.dtype, name='cross_attention')(
         sublayer_input(x, 'cross_attention_norm'), source, source_valid)
     x = add(x, h, 'cross_attention_norm')
-    h = feed_forward_from_config(cfg, self.dtype)(
-        sublayer_input(x, 'feed_forward_norm'), deterministic=ctx.deterministic)
+    feed_forward = FeedForward(FeedForwardConfig.of(cfg), cfg.d_model, cfg.dropout_rate,
+                               self.dtype, name='feed_forward')
+    h = feed_forward(sublayer_input(x, 'feed_forward_norm'), deterministic=ctx.deterministic)
     x = add(x, h, 'feed_forward_norm')
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed')), aux
 
@@ -170,7 +170,7 @@ class EncoderDecoder(nn.Module):
           y, encoded, source_ctx.valid, target_ctx)
       decoder_aux.append(aux)
     if not ends_normalised(cfg):
-      y = norm_from_config(cfg, 'decoder_norm', dtype)(y)
+      y = norm_layer(NormConfig.of(cfg), 'decoder_norm', dtype)(y)
     logits = embedding.logits(y)
     if cfg.logits_bias:  # BART's final_logits_bias
       logits = logits + self.param('logits_bias', nn.with_logical_partitioning(

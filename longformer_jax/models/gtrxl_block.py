@@ -22,9 +22,9 @@ import ml_collections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
 from longformer_jax.config.section import Section
-from longformer_jax.layers.feed_forward import feed_forward_from_config
+from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
 from longformer_jax.layers.gating import GATE_TYPES, Gate
-from longformer_jax.layers.norms import layer_norm
+from longformer_jax.layers.norms import NormConfig, norm_layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +54,16 @@ class GatedBlock(nn.Module):
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
     cfg = self.config
     kind, bias = cfg.gtrxl.gate, cfg.gtrxl.gate_bias
+    norm = NormConfig()   # the defaults: this block reads no norm setting (NORM_BLOCKS)
     attention = attention_layer(cfg, self.dtype)
-    y, state, aux = attention(layer_norm('attention_norm', self.dtype)(x), state, ctx)
+    y, state, aux = attention(norm_layer(norm, 'attention_norm', self.dtype)(x), state, ctx)
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=ctx.deterministic)
     x = Gate(kind, bias, self.dtype, name='attention_gate')(x, self._activate(y))
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    z = feed_forward_from_config(cfg, self.dtype)(
-        layer_norm('feed_forward_norm', self.dtype)(x), deterministic=ctx.deterministic)
+    feed_forward = FeedForward(FeedForwardConfig.of(cfg), cfg.d_model, cfg.dropout_rate,
+                               self.dtype, name='feed_forward')
+    z = feed_forward(norm_layer(norm, 'feed_forward_norm', self.dtype)(x),
+                     deterministic=ctx.deterministic)
     z = nn.Dropout(cfg.dropout_rate)(z, deterministic=ctx.deterministic)
     x = Gate(kind, bias, self.dtype, name='feed_forward_gate')(x, self._activate(z))
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))

@@ -38,7 +38,7 @@ import ml_collections
 from longformer_jax.config.section import Section
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.linear import projection
-from longformer_jax.layers.norms import layer_norm
+from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.encoder import Encoder, encoder_context
@@ -100,7 +100,8 @@ class HibertEncoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.dtype = compute_dtype(cfg.dtype)
-    self.embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, True, self.dtype)
+    # Tied and scaled: HIBERT reads neither model.tie_embeddings nor model.scale_tied_logits.
+    self.embedding = TokenEmbedding(cfg.vocab_size, cfg.d_model, True, self.dtype, True)
     self.sentence_encoder = Encoder(stack_config(cfg, cfg.hibert.sentence_layers), self.dtype)
     self.document_encoder = Encoder(stack_config(cfg, cfg.hibert.document_layers), self.dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate)
@@ -166,7 +167,7 @@ class HibertPretrainer(nn.Module):
       y, layer_aux = DecoderLayer(layer_cfg, dtype, name=f'decoder_{i}')(
           y, context, jnp.ones((b * p, 1), bool), ctx)
       decoder_aux.append(layer_aux)
-    y = layer_norm('decoder_norm', dtype)(y)
+    y = norm_layer(NormConfig(), 'decoder_norm', dtype)(y)   # the default norm; model.norm unread
     logits = encoder.logits(y).astype(jnp.float32).reshape(b, p, t, -1)
     return logits, tuple(aux) + tuple(decoder_aux)
 

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 
 from longformer_jax.layers.embeddings import PositionEmbedding, TokenEmbedding
-from longformer_jax.layers.norms import norm_from_config
+from longformer_jax.layers.norms import NormConfig, norm_layer
 
 
 def embed_inputs(cfg, embedding: TokenEmbedding, tokens: jax.Array, offsets: jax.Array,
@@ -34,6 +34,6 @@ def embed_inputs(cfg, embedding: TokenEmbedding, tokens: jax.Array, offsets: jax
     x = x + PositionEmbedding(max_positions or cfg.max_positions, cfg.d_model, dtype,
                               name=f'{prefix}position_embedding')(offsets)
   if cfg.embedding_norm:
-    x = norm_from_config(cfg, f'{prefix}embedding_norm', dtype)(x)
+    x = norm_layer(NormConfig.of(cfg), f'{prefix}embedding_norm', dtype)(x)
   x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
   return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)

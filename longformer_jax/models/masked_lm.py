@@ -18,7 +18,7 @@ import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.layers.linear import projection
-from longformer_jax.layers.norms import norm_from_config
+from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.encoder import Encoder, embed_tokens
 
@@ -39,7 +39,7 @@ class MaskedLM(nn.Module):
     h, aux = Encoder(cfg, dtype, name='encoder')(x, ctx)
     h = projection(cfg.d_model, kernel_axes=('embed', 'mlp'), name='lm_head_dense', dtype=dtype,
                    use_bias=True, bias_axes=('mlp',))(h)
-    h = norm_from_config(cfg, 'lm_head_norm', dtype)(nn.gelu(h, approximate=False))
+    h = norm_layer(NormConfig.of(cfg), 'lm_head_norm', dtype)(nn.gelu(h, approximate=False))
     bias = self.param('lm_head_bias', nn.with_logical_partitioning(
         nn.initializers.zeros_init(), ('vocab',)), (cfg.vocab_size,), jnp.float32)
     logits = embedding.logits(h) + bias

@@ -24,6 +24,8 @@ from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.config.section import Section, closest_name, unknown_key_error
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import moved_key
+from longformer_jax.layers.feed_forward import FeedForwardConfig
+from longformer_jax.layers.norms import NormConfig
 from longformer_jax.models import layer_schedule
 from longformer_jax.models.block_registry import BLOCK_TYPES
 from longformer_jax.models.stack_registry import STACK_TYPES
@@ -47,14 +49,19 @@ class ModelEnv:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(Section):
-  """Shared model settings (every variant reads these)."""
+class ModelConfig(FeedForwardConfig, NormConfig, Section):
+  """Shared model settings (every variant reads these).
+
+  The feed-forward's settings (`d_ff`, `ff_chunk_size`, `ff_activation`, `ff_bias`) and the
+  norms' (`norm`, `norm_epsilon`) are declared, with their defaults and rules, by the sections
+  of their modules (`layers/feed_forward.FeedForwardConfig`, `layers/norms.NormConfig`);
+  this class inherits them, so their keys stay `model.d_ff`, `model.norm`, ...
+  """
   attention: str = 'vanilla'       # the attention variant (attention/registry.py)
   num_layers: int = 4
   d_model: int = 256
   num_heads: int = 4
   head_dim: int = 64               # even: rotary and sinusoid features come in pairs
-  d_ff: int = 1024
   dropout_rate: float = 0.0
   tie_embeddings: bool = True
   dtype: str = 'float32'           # compute dtype: float32 | bfloat16
@@ -69,7 +76,6 @@ class ModelConfig(Section):
   remat_policy: str = 'none'       # parallel/remat.py
   block: str = 'pre_ln'            # models/block_registry.py
   stack: str = 'standard'          # models/stack_registry.py
-  ff_chunk_size: int = 0           # > 0: feed-forward over chunks of this many tokens
   num_classes: int = 0             # classification task: output classes
   decoder_layers: int = 0          # seq2seq task (LED): decoder layers
   aux_loss_weights: dict = dataclasses.field(default_factory=dict)  # aux loss name -> weight
@@ -89,17 +95,13 @@ class ModelConfig(Section):
   num_kv_heads: int = 0            # key/value heads (grouped-query attention); 0: num_heads
   qkv_bias: bool = False           # biases on the query/key/value projections
   out_bias: bool = False           # bias on the attention output projection
-  ff_activation: str = 'gelu'      # gelu (tanh approximation) | gelu_exact | relu | swiglu |
-                                   # geglu (layers/feed_forward.py)
-  ff_bias: bool = True             # biases on the feed-forward projections
-  norm: str = 'layer_norm'         # layer_norm | rms_norm, in the blocks and the final norm
-  norm_epsilon: float = 1e-6
   embedding_norm: bool = False     # a norm after the input embeddings (RoBERTa, Longformer)
   scale_tied_logits: bool = True   # tied output divided by sqrt(d_model); False: plain x @ E^T
 
   def validate(self, env) -> None:
-    del env
-    for name in ('num_layers', 'd_model', 'num_heads', 'head_dim', 'd_ff', 'vocab_multiple'):
+    FeedForwardConfig.validate(self, env)
+    NormConfig.validate(self, env)
+    for name in ('num_layers', 'd_model', 'num_heads', 'head_dim', 'vocab_multiple'):
       self.require(getattr(self, name) > 0, name, 'must be a positive integer')
     self.require(self.head_dim % 2 == 0, 'head_dim',
                  'must be even (rotary and sinusoid features come in pairs)')
@@ -107,7 +109,6 @@ class ModelConfig(Section):
     self.require(0.0 <= self.dropout_rate < 1.0, 'dropout_rate', 'must be in [0, 1)')
     self.require(self.dtype in COMPUTE_DTYPES, 'dtype', f'must be one of {COMPUTE_DTYPES}')
     self.require(self.mem_len >= 0, 'mem_len', 'must be >= 0')
-    self.require(self.ff_chunk_size >= 0, 'ff_chunk_size', 'must be >= 0 (0: no chunking)')
     self.require(self.num_classes >= 0, 'num_classes', 'must be >= 0')
     self.require(self.decoder_layers >= 0, 'decoder_layers', 'must be >= 0')
     self.require(self.attention_backend in attention_backend.BACKENDS, 'attention_backend',
@@ -130,7 +131,7 @@ class ModelConfig(Section):
 
   def _validate_import_features(self) -> None:
     """The settings of imported checkpoints (docs/import.md)."""
-    from longformer_jax.layers import feed_forward, norms, positional  # pylint: disable=g-import-not-at-top
+    from longformer_jax.layers import positional  # pylint: disable=g-import-not-at-top
     self.require(self.position_embedding in POSITION_EMBEDDINGS, 'position_embedding',
                  f'must be one of {POSITION_EMBEDDINGS}')
     self.require(self.max_positions >= 0, 'max_positions', 'must be >= 0')
@@ -154,10 +155,6 @@ class ModelConfig(Section):
     if self.num_kv_heads:
       self.require(self.num_heads % self.num_kv_heads == 0, 'num_kv_heads',
                    f'must divide num_heads = {self.num_heads}')
-    self.require(self.ff_activation in feed_forward.FF_ACTIVATIONS, 'ff_activation',
-                 f'must be one of {feed_forward.FF_ACTIVATIONS}')
-    self.require(self.norm in norms.NORMS, 'norm', f'must be one of {norms.NORMS}')
-    self.require(self.norm_epsilon > 0, 'norm_epsilon', 'must be > 0')
     defaults = ModelConfig()
     for name, readers in SETTING_READERS.items():
       if self.attention not in readers:

@@ -10,8 +10,8 @@ import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.layers.feed_forward import feed_forward_from_config
-from longformer_jax.layers.norms import norm_from_config
+from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
+from longformer_jax.layers.norms import NormConfig, norm_layer
 
 
 class DecoderBlock(nn.Module):
@@ -26,12 +26,15 @@ class DecoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext):
     cfg = self.config
+    norm = NormConfig.of(cfg)
     attention = attention_layer(cfg, self.dtype)
-    h, state, aux = attention(norm_from_config(cfg, 'attention_norm', self.dtype)(x), state, ctx)
+    h, state, aux = attention(norm_layer(norm, 'attention_norm', self.dtype)(x), state, ctx)
     x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    h = feed_forward_from_config(cfg, self.dtype)(
-        norm_from_config(cfg, 'feed_forward_norm', self.dtype)(x), deterministic=ctx.deterministic)
+    feed_forward = FeedForward(FeedForwardConfig.of(cfg), cfg.d_model, cfg.dropout_rate,
+                               self.dtype, name='feed_forward')
+    h = feed_forward(norm_layer(norm, 'feed_forward_norm', self.dtype)(x),
+                     deterministic=ctx.deterministic)
     x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     return x, (state, aux)

@@ -39,8 +39,8 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_class, attention_layer
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.layers.feed_forward import feed_forward_from_config
-from longformer_jax.layers.norms import layer_norm
+from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
+from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.layers.reversible import reversible_sequence
 from longformer_jax.models.layer_schedule import layer_config
 
@@ -74,14 +74,16 @@ class ReversibleLayer(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, state, ctx: AttentionContext, half: str):
     cfg = self.config
+    norm = NormConfig()   # the defaults: this block reads no norm setting (NORM_BLOCKS)
     if half == 'attention':
       attention = attention_layer(cfg, self.dtype)
-      h, state, aux = attention(layer_norm('attention_norm', self.dtype)(x), state, ctx)
+      h, state, aux = attention(norm_layer(norm, 'attention_norm', self.dtype)(x), state, ctx)
       extra = (state, aux)
     else:
-      h = feed_forward_from_config(cfg, self.dtype)(
-                          layer_norm('feed_forward_norm', self.dtype)(x),
-                          deterministic=ctx.deterministic)
+      feed_forward = FeedForward(FeedForwardConfig.of(cfg), cfg.d_model, cfg.dropout_rate,
+                                 self.dtype, name='feed_forward')
+      h = feed_forward(norm_layer(norm, 'feed_forward_norm', self.dtype)(x),
+                       deterministic=ctx.deterministic)
       extra = ()
     h = nn.Dropout(cfg.dropout_rate, name=f'{half}_dropout')(h, deterministic=ctx.deterministic)
     return nn.with_logical_constraint(h, ('batch', 'length', 'embed')), extra
