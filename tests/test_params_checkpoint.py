@@ -13,6 +13,7 @@ import pytest
 from longformer_jax.checkpoint.checkpointer import (Checkpointer, CheckpointMismatchError,
                                                     CorruptCheckpointError,
                                                     NoIntactCheckpointError)
+from longformer_jax.storage import safetensors_file
 from longformer_jax.train.train_state import TrainState
 
 pytestmark = pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
@@ -57,8 +58,10 @@ def test_params_only_checkpoint_keeps_the_stored_dtypes_and_restores_cast(tmp_pa
   with Checkpointer(str(tmp_path), keep=2, async_save=False) as checkpointer:
     assert checkpointer.save_params(0, params, {'step': 0})
     assert checkpointer.holds_params_only(0)
-    metadata = checkpointer._saved_metadata(0, 'params')  # pylint: disable=protected-access
-    assert str(metadata['embedding']['embedding'].dtype) == 'bfloat16'   # as the file had it
+    entries = safetensors_file.read_entries(
+        str(tmp_path / 'checkpoints' / '0' / 'params' / 'params.safetensors'))
+    assert entries['embedding/embedding'].dtype == ml_dtypes.bfloat16   # as the file had it
+    assert entries['final_norm/scale'].dtype == np.float32
     state = whole_state(params, None)
     abstract = abstract_state(state)
     restored, model_state, step = checkpointer.restore_params(None, abstract)
@@ -76,7 +79,7 @@ def test_params_only_checkpoint_keeps_the_stored_dtypes_and_restores_cast(tmp_pa
 
 
 def test_a_flipped_bit_in_a_params_only_checkpoint_is_corruption(tmp_path):
-  """The checksums apply although the parameters are cast: they are read as stored."""
+  """Each tensor's CRC-32 is checked on the bytes read, before the cast."""
   with Checkpointer(str(tmp_path), keep=2, async_save=False) as checkpointer:
     checkpointer.save_params(0, stored_params(), {'step': 0})
   path = largest_file(tmp_path / 'checkpoints' / '0' / 'params')
@@ -138,3 +141,24 @@ def test_a_flipped_parameter_of_a_whole_state_is_caught_by_restore_params(tmp_pa
     monkeypatch.setattr(Checkpointer, '_read_fields', flipped)
     with pytest.raises(CorruptCheckpointError, match=r"final_norm.*scale"):
       checkpointer.restore_params(5, abstract)
+
+
+def test_safetensors_file_round_trip_with_views_and_crcs(tmp_path):
+  """`write_file` writes views and every stored dtype the reader names; `read_tensor` gives
+  the same arrays back; the CRC-32 it returns is that of the bytes read."""
+  base = np.arange(24, dtype=np.float32).reshape(4, 6)
+  tensors = [('a/transposed', base.T), ('b', base.astype(ml_dtypes.bfloat16)),
+             ('c', np.array([True, False])), ('empty', np.zeros((0, 3), np.float16))]
+  path = str(tmp_path / 'x.safetensors')
+  crcs = safetensors_file.write_file(path, tensors)
+  entries = safetensors_file.read_entries(path)
+  assert list(entries) == [name for name, _ in tensors]
+  for name, array in tensors:
+    read = safetensors_file.read_tensor(entries[name], name)
+    assert read.dtype == array.dtype and read.shape == array.shape
+    np.testing.assert_array_equal(read, array)
+    assert safetensors_file.crc32(read) == crcs[name]
+  with open(path, 'r+b') as f:                       # cut the last tensor's bytes
+    f.truncate(entries['c'].end - 1)
+  with pytest.raises(safetensors_file.SafetensorsError, match='ends at byte'):
+    safetensors_file.read_entries(path)

@@ -25,10 +25,10 @@ line says so, and the next older step is tried. A train state of other shapes
 than the saved one (another architecture or batch size) is not corruption:
 it raises `CheckpointMismatchError` and nothing is moved.
 
-A failed Orbax read leaves TensorStore callbacks and futures behind that
-Python reports, one traceback each: hundreds of lines that bury the one-line
-cause. `orbax_noise` filters exactly these reports; a `Checkpointer` installs
-it when it is created, before any read.
+A parameters-only checkpoint (an import's, `save_params`) holds `params` (one
+safetensors file, checkpoint/safetensors_params.py) and `data` instead;
+`restore_params` reads the parameters of either kind without the optimizer state.
+`orbax_noise` hides the tracebacks a failed Orbax read leaves behind.
 """
 
 import itertools
@@ -41,10 +41,11 @@ import orbax.checkpoint as ocp
 
 from longformer_jax.checkpoint import orbax_noise, saved_layout
 from longformer_jax.checkpoint.checksums import checksum_mismatches, state_checksums
-from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
-from longformer_jax.checkpoint.resume_checks import mismatch_error
-from longformer_jax.checkpoint.resume_checks import orbax_mismatch_summary
-from longformer_jax.checkpoint.resume_checks import shape_differences
+from longformer_jax.checkpoint.resume_checks import (  # the errors, re-exported here
+    CheckpointMismatchError, CheckpointNotFoundError, CorruptCheckpointError,
+    NoIntactCheckpointError, first_line, mismatch_error, read_error, shape_differences)
+from longformer_jax.checkpoint.safetensors_params import (ParamsRestore, ParamsSave,
+                                                           SafetensorsParamsHandler)
 from longformer_jax.storage import paths
 
 PyTree = Any
@@ -58,18 +59,6 @@ _PARAMS_FIELDS = ('step', 'params', 'model_state')
 _CORRUPT_SUFFIX = '.corrupt'
 
 _log = logging.getLogger(__name__)
-
-
-class CheckpointNotFoundError(FileNotFoundError):
-  """The requested checkpoint step does not exist."""
-
-
-class CorruptCheckpointError(RuntimeError):
-  """A checkpoint exists but cannot be restored exactly as it was saved."""
-
-
-class NoIntactCheckpointError(CorruptCheckpointError):
-  """Every checkpoint of the run was corrupt; all were moved aside."""
 
 
 class Checkpointer:
@@ -93,7 +82,7 @@ class Checkpointer:
     )
     handlers = {
         _STATE: ocp.StandardCheckpointHandler(),
-        _PARAMS: ocp.StandardCheckpointHandler(),
+        _PARAMS: SafetensorsParamsHandler(),
         _DATA: ocp.JsonCheckpointHandler(),
         _CHECKSUMS: ocp.JsonCheckpointHandler(),
     }
@@ -254,15 +243,13 @@ class Checkpointer:
     )
 
   def save_params(self, step: int, params: PyTree, data_state: dict) -> bool:
-    """Saves a parameters-only checkpoint `step` (an import): `params` (numpy or jax
-    arrays, stored in their own dtypes, e.g. a checkpoint's bfloat16), `data_state` and
-    their checksums; no optimizer state, memory or rng. `restore_params` reads it, and
+    """Saves a parameters-only checkpoint `step` (an import): `params` (numpy arrays in
+    their own dtypes, e.g. a checkpoint's bfloat16) written tensor by tensor as one
+    safetensors file with their CRC-32s (checkpoint/safetensors_params.py), and
+    `data_state`; no optimizer state, memory or rng. `restore_params` reads it, and
     `restore_latest_intact` with `from_params` (train.py's first start from it)."""
-    args = ocp.args.Composite(**{
-        _PARAMS: ocp.args.StandardSave(saved_layout.without_empty_arrays(params)),
-        _DATA: ocp.args.JsonSave(data_state),
-        _CHECKSUMS: ocp.args.JsonSave(state_checksums(params)),
-    })
+    args = ocp.args.Composite(**{_PARAMS: ParamsSave(params),
+                                 _DATA: ocp.args.JsonSave(data_state)})
     return self._manager.save(int(step), args=args, force=True)
 
   def holds_params_only(self, step: int) -> bool:
@@ -361,7 +348,7 @@ class Checkpointer:
     try:
       return self._manager.item_metadata(step)[item]
     except Exception as error:  # Unreadable metadata: the restore reports it.
-      _log.debug('No metadata for step %d: %s', step, _first_line(error))
+      _log.debug('No metadata for step %d: %s', step, first_line(error))
       return None
 
   def _target_like_saved(self, step: int, target: PyTree):
@@ -371,52 +358,41 @@ class Checkpointer:
       return target, lambda restored: restored
     return saved_layout.target_like_saved(saved, target)
 
-  def _check_shapes(self, step: int, target: PyTree, item: str = _STATE) -> None:
+  def _check_shapes(self, step: int, target: PyTree) -> None:
     """Raises `CheckpointMismatchError` if leaves of `target` have other
     shapes than saved; checked on the metadata, before reading any array."""
-    saved = self._saved_metadata(step, item)
+    saved = self._saved_metadata(step, _STATE)
     differences = [] if saved is None else shape_differences(saved, target)
     if differences:
       raise mismatch_error(step, self._directory, differences)
 
   def _restore_params_item(self, step: int, abstract_params: PyTree) -> tuple[PyTree, dict]:
-    """`(params, data_state)` of a parameters-only checkpoint: read in their stored dtypes
-    and checked against their checksums, then cast to `abstract_params`' dtypes."""
+    """`(params, data_state)` of a parameters-only checkpoint, each tensor checked against
+    its CRC-32 and cast to `abstract_params`' dtype and sharding."""
     target = saved_layout.without_empty_arrays(abstract_params)
-    self._check_shapes(step, target, _PARAMS)
-    saved = self._saved_metadata(step, _PARAMS)
-    if saved is not None:      # read as stored: the checksums then apply
-      target = jax.tree_util.tree_map(
-          lambda a, m: jax.ShapeDtypeStruct(a.shape, m.dtype, sharding=a.sharding),
-          target, getattr(saved, 'tree', saved))
-    restored = self._restore_items(step, _PARAMS, target)
-    params = restored[_PARAMS]
-    self._verify_checksums(step, state_checksums(params), restored[_CHECKSUMS])
-    params = jax.tree_util.tree_map(
-        lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype),
-        saved_layout.with_empty_arrays(params, abstract_params), abstract_params)
+    restored = self._restore_items(step, _PARAMS, target, checksums=False)
+    params = saved_layout.with_empty_arrays(restored[_PARAMS], abstract_params)
     return params, restored[_DATA]
 
   def _read_fields(self, step: int, target: dict) -> dict:
-    """The fields of `target` (a dict of some train-state fields) from the step's state
-    item, the other fields left unread (Orbax's partial restore)."""
-    reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
-    args = ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-        partial_restore=True)
+    """The fields of `target` from the step's state item (`saved_layout.read_fields`)."""
     try:
-      return reader.restore(os.path.join(self._step_directory(step), _STATE), args=args)
+      return saved_layout.read_fields(os.path.join(self._step_directory(step), _STATE), target)
     except Exception as error:  # Orbax/TensorStore raise many error types.
       raise self._read_error(step, error) from error
-    finally:
-      reader.close()
 
-  def _restore_items(self, step: int, item: str | None, target: PyTree) -> dict:
+  def _restore_items(self, step: int, item: str | None, target: PyTree,
+                     checksums: bool = True) -> dict:
     """Reads `item` (`_STATE` or `_PARAMS` into `target`; None: no arrays), the data
-    position and the checksums of `step`, turning any failure into a clear error."""
-    items = {_DATA: ocp.args.JsonRestore(), _CHECKSUMS: ocp.args.JsonRestore()}
-    if item is not None:
+    position and (unless `checksums` is False: a parameters-only checkpoint keeps its
+    own) the checksums of `step`, turning any failure into a clear error."""
+    items = {_DATA: ocp.args.JsonRestore()}
+    if checksums:
+      items[_CHECKSUMS] = ocp.args.JsonRestore()
+    if item == _STATE:
       items[item] = ocp.args.StandardRestore(target)
+    elif item == _PARAMS:
+      items[item] = ParamsRestore(target)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as error:  # Orbax/TensorStore raise many error types.
@@ -431,13 +407,8 @@ class Checkpointer:
     return items
 
   def _read_error(self, step: int, error: Exception) -> Exception:
-    """The error to raise for a failed read: a mismatch of shapes, else corruption."""
-    summary = orbax_mismatch_summary(error)
-    if summary:
-      return mismatch_error(step, self._directory, [summary])
-    return CorruptCheckpointError(
-        f'Checkpoint step {step} ({self._step_directory(step)}) is corrupt'
-        f' or truncated: {type(error).__name__}: {_first_line(error)}')
+    """The error to raise for a failed read (`resume_checks.read_error`)."""
+    return read_error(step, self._directory, self._step_directory(step), error)
 
   def _verify_checksums(self, step: int, restored: dict[str, dict],
                         saved: dict[str, dict]) -> None:
@@ -450,10 +421,3 @@ class Checkpointer:
           f' is corrupt: the restored arrays {bad} differ from the checksums'
           ' written when it was saved.'
       )
-
-
-def _first_line(error: BaseException, max_chars: int = 300) -> str:
-  """A short summary of `error` (the full one stays chained as __cause__)."""
-  lines = str(error).strip().splitlines()
-  line = lines[0] if lines else ''
-  return line if len(line) <= max_chars else line[:max_chars] + '...'

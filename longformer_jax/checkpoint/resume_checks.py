@@ -213,3 +213,35 @@ def _leaf_shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
   leaves = jax.tree_util.tree_leaves_with_path(tree)
   return {_path_name(path): _leaf_shape(leaf) for path, leaf in leaves
           if hasattr(leaf, 'shape')}
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+  """The requested checkpoint step does not exist."""
+
+
+class CorruptCheckpointError(RuntimeError):
+  """A checkpoint exists but cannot be restored exactly as it was saved."""
+
+
+class NoIntactCheckpointError(CorruptCheckpointError):
+  """Every checkpoint of the run was corrupt; all were moved aside."""
+
+
+def first_line(error: BaseException, max_chars: int = 300) -> str:
+  """A short summary of `error` (the full one stays chained as __cause__)."""
+  lines = str(error).strip().splitlines()
+  line = lines[0] if lines else ''
+  return line if len(line) <= max_chars else line[:max_chars] + '...'
+
+
+def read_error(step: int, directory: str, step_directory: str,
+               error: Exception) -> Exception:
+  """The error to raise for a failed read of checkpoint `step`: a mismatch of shapes
+  (`CheckpointMismatchError`, or Orbax's refusal of the target), else corruption."""
+  summary = (str(error) if isinstance(error, CheckpointMismatchError)
+             else orbax_mismatch_summary(error))
+  if summary:
+    return mismatch_error(step, directory, [summary])
+  return CorruptCheckpointError(
+      f'Checkpoint step {step} ({step_directory}) is corrupt'
+      f' or truncated: {type(error).__name__}: {first_line(error)}')

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import orbax.checkpoint as ocp
 
 PyTree = Any
 
@@ -49,3 +50,16 @@ def target_like_saved(saved: Any, target: PyTree) -> tuple[PyTree, Callable]:
     return unchanged
   kept = {name: value for name, value in fields.items() if name not in absent}
   return kept, lambda restored: dataclasses.replace(target, **restored, **absent)
+
+
+def read_fields(state_directory: str, target: dict) -> dict:
+  """The fields of `target` (a dict of some train-state fields, e.g. `params`) read from a
+  saved state item, the other fields left unread (Orbax's partial restore)."""
+  reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+  args = ocp.args.PyTreeRestore(
+      item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+      partial_restore=True)
+  try:
+    return reader.restore(state_directory, args=args)
+  finally:
+    reader.close()

@@ -2,14 +2,10 @@
 checking each tensor.
 
 One file (`model.safetensors`) or shards listed by `model.safetensors.index.json`.
-A safetensors file is an 8-byte little-endian header length, a JSON header of
-`{name: {dtype, shape, data_offsets}}`, then the tensors' bytes. `SafetensorsFiles`
-reads every header once (checking that each tensor's bytes lie inside its file, so a
-truncated file is named before anything is read) and then reads one tensor at a time,
-straight into its numpy array (`readinto`: no intermediate copy, no memory map whose
-pages would stay resident). So an import holds the tensors it has converted and one
-more, never the whole checkpoint twice. bfloat16, which numpy cannot name, is
-`ml_dtypes.bfloat16`. Nothing here imports torch.
+The format itself (headers checked against each file's size, one tensor read
+straight into its array) is `storage/safetensors_file.py`'s. `SafetensorsFiles`
+reads every header once and then one tensor at a time, so an import holds the
+tensors it has converted and one more, never the whole checkpoint twice.
 
 `TensorSource.take(name, shape)` reads a tensor when the mapping asks for it,
 checking its shape first; `TensorSource.check_all_used()` then names any tensor no
@@ -18,22 +14,17 @@ parameter took.
 
 import json
 import os
-import struct
 from typing import Collection, Optional
 
 import ml_dtypes
 import numpy as np
 
 from longformer_jax.convert.errors import ConversionError
+from longformer_jax.storage import safetensors_file
 
 INDEX_FILE = 'model.safetensors.index.json'
 SINGLE_FILE = 'model.safetensors'
 DTYPES = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16}   # cast targets
-# The safetensors format's dtype names.
-STORED_DTYPES = {'F64': np.float64, 'F32': np.float32, 'F16': np.float16,
-                 'BF16': ml_dtypes.bfloat16, 'I64': np.int64, 'I32': np.int32,
-                 'I16': np.int16, 'I8': np.int8, 'U8': np.uint8, 'BOOL': np.bool_}
-MAX_HEADER_BYTES = 100 * 2**20   # the format's own limit
 
 
 def weight_files(hf_dir: str) -> list[str]:
@@ -66,15 +57,16 @@ def weight_files(hf_dir: str) -> list[str]:
 
 
 class SafetensorsFiles:
-  """The tensors of a directory's safetensors files: names, shapes and dtypes from the
-  headers, each tensor's data read when asked for (`read`)."""
+  """The tensors of a directory's safetensors files: names and shapes from the headers,
+  each tensor's data read when asked for (`read`)."""
 
   def __init__(self, hf_dir: str):
-    # name -> (path, stored numpy dtype, shape, first byte, end byte), offsets in the file
     self._entries = {}
     for path in weight_files(hf_dir):
-      for name, entry in _file_entries(path).items():
-        self._entries[name] = entry
+      try:
+        self._entries.update(safetensors_file.read_entries(path))
+      except safetensors_file.SafetensorsError as e:
+        raise ConversionError(str(e)) from None
 
   def names(self) -> list[str]:
     return list(self._entries)
@@ -83,62 +75,15 @@ class SafetensorsFiles:
     return name in self._entries
 
   def shape(self, name: str) -> tuple:
-    return self._entries[name][2]
+    return self._entries[name].shape
 
   def read(self, name: str, dtype=None) -> np.ndarray:
     """Tensor `name` as stored, or cast to the numpy `dtype` (a new array only then)."""
-    path, stored, shape, start, end = self._entries[name]
-    array = np.empty(shape, stored)
-    if end > start:
-      try:
-        with open(path, 'rb') as f:
-          f.seek(start)
-          read = f.readinto(memoryview(array.reshape(-1).view(np.uint8)))
-      except OSError as e:
-        raise ConversionError(f'{path}: cannot read tensor {name!r}: {e}') from None
-      if read != end - start:
-        raise ConversionError(f'{path}: not a readable safetensors file (truncated or '
-                              f'corrupt?): tensor {name!r} ends past the file')
+    try:
+      array = safetensors_file.read_tensor(self._entries[name], name)
+    except safetensors_file.SafetensorsError as e:
+      raise ConversionError(str(e)) from None
     return array if dtype is None or array.dtype == dtype else array.astype(dtype)
-
-
-def _file_entries(path: str) -> dict:
-  """`{name: (path, dtype, shape, start, end)}` of one file's header, checked against the
-  file's size; any fault is one `ConversionError` naming the file."""
-  def corrupt(reason: str) -> ConversionError:
-    return ConversionError(f'{path}: not a readable safetensors file (truncated or '
-                           f'corrupt?): {reason}')
-  size = os.path.getsize(path)
-  with open(path, 'rb') as f:
-    prefix = f.read(8)
-    if len(prefix) < 8:
-      raise corrupt('shorter than its 8-byte header length')
-    (header_len,) = struct.unpack('<Q', prefix)
-    if header_len > min(MAX_HEADER_BYTES, size - 8):
-      raise corrupt(f'header length {header_len} exceeds the file')
-    try:
-      header = json.loads(f.read(header_len))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-      raise corrupt(f'header is not JSON ({e})') from None
-  if not isinstance(header, dict):
-    raise corrupt('header is not a JSON object')
-  data_start = 8 + header_len
-  entries = {}
-  for name, entry in header.items():
-    if name == '__metadata__':
-      continue
-    try:
-      stored = np.dtype(STORED_DTYPES[entry['dtype']])
-      shape = tuple(int(n) for n in entry['shape'])
-      start, end = (int(n) for n in entry['data_offsets'])
-    except (KeyError, TypeError, ValueError) as e:
-      raise corrupt(f'tensor {name!r} has a bad entry {entry!r} ({type(e).__name__})') from None
-    if end - start != int(np.prod(shape)) * stored.itemsize or start < 0:
-      raise corrupt(f'tensor {name!r}: offsets {start}-{end} do not hold {shape} {stored}')
-    if data_start + end > size:
-      raise corrupt(f'tensor {name!r} ends at byte {data_start + end} of {size}')
-    entries[name] = (path, stored, shape, data_start + start, data_start + end)
-  return entries
 
 
 def read_tensors(hf_dir: str, dtype: Optional[str] = 'float32',
