@@ -179,8 +179,10 @@ def restore_run(workdir: str, step: int = -1) -> tuple:
   examples: the task's model and the shapes of its `eval.split`)."""
   if REPO not in sys.path:               # eval.py and generate.py sit at the repository root
     sys.path.insert(0, REPO)
+  # deferred: eval.py, a root script (importable once REPO is on sys.path) and a floor above
+  # convert/: an upward import, listed in tests/test_import_graph.py SCRIPT_IMPORTS
   import eval as eval_script  # pylint: disable=g-import-not-at-top
-  import generate  # pylint: disable=g-import-not-at-top
+  import generate  # deferred: generate.py, as eval.py above  # pylint: disable=g-import-not-at-top
   config = generate.run_config(workdir, step)
   validate_config(config, jax.device_count())
   task = task_for(config.task)
