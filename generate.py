@@ -40,6 +40,7 @@ from absl import flags
 import jax
 import ml_collections
 
+import eval as eval_script  # the root script beside this one
 from longformer_jax import command_line
 from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
 from longformer_jax.config.errors import UserError
@@ -140,7 +141,6 @@ def check_generation_flags(max_new_tokens: int, stops) -> None:
 def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
   """The run's saved config with the default `parallel` section and `eval.step = step`
   (checked as eval.py checks it), at the phase of the checkpoint read."""
-  import eval as eval_script  # pylint: disable=g-import-not-at-top
   paths.check_bucket(workdir, '--workdir')
   if not paths.as_path(workdir).is_dir():
     raise UserError(f'--workdir: {workdir!r} is not a directory (a train.py workdir)')
@@ -168,7 +168,6 @@ def load_decoder(workdir: str, step: int = -1, kv_cache: int = -1):
   tokens per layer, one token per step (generation/kv_cache.py); 0: the chunk-window decoder
   of the run's chunks; -1: for an imported checkpoint, exact within its context
   (generation/context.py), else 0."""
-  import eval as eval_script  # pylint: disable=g-import-not-at-top
   config = run_config(workdir, step)
   validate_config(config, jax.device_count())     # completes old configs in place
   check_can_generate(config)

@@ -16,9 +16,13 @@ import traceback
 from typing import Callable
 
 from absl import app, flags
+import ml_collections
 
+from longformer_jax.checkpoint.checkpointer import CheckpointNotFoundError, CorruptCheckpointError
+from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
 from longformer_jax.config.overrides import load_config_file, with_overrides
 from longformer_jax.config.errors import ConfigError, UserError
+from longformer_jax.experiment_config import resolve_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'default.py')
@@ -58,8 +62,6 @@ def split_config_overrides(argv: list) -> tuple:
 
 def experiment_config(config_path: str, overrides: list):
   """The checked, complete `ConfigDict` of a config file with command-line overrides."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from longformer_jax.experiment_config import resolve_config  # pylint: disable=g-import-not-at-top
   values = with_overrides(load_config_file(config_path), overrides)
   return ml_collections.ConfigDict(resolve_config(values))
 
@@ -71,9 +73,6 @@ def flag_config():
 
 def user_errors() -> tuple:
   """The exception types reported in one line (bad input, not bugs)."""
-  from longformer_jax.checkpoint.checkpointer import (  # pylint: disable=g-import-not-at-top
-      CheckpointNotFoundError, CorruptCheckpointError)
-  from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError  # pylint: disable=g-import-not-at-top
   return (ConfigError, UserError, FileNotFoundError, CheckpointNotFoundError,
           CorruptCheckpointError, CheckpointMismatchError, UnicodeDecodeError)
 

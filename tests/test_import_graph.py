@@ -11,11 +11,17 @@ it stands (a function-level import is still a dependency). Checked:
   `PENDING_UPWARD` (each with what removes it), and a listed edge that no
   longer exists fails too, so the list only shrinks;
 - no module cites a file that does not ship with the package ("DESIGN.md",
-  "NOTES.md", "../shared"): code points to docs/.
+  "NOTES.md", "../shared"): code points to docs/;
+- every import inside a function, in the package and the root scripts, says
+  why it is not at the top: `# deferred: <what, why>` on its line or in the
+  comment lines right above it (docs/design.md, "Layout");
+- no package module imports a root script (train.py, eval.py, ...), the floor
+  above `convert/`, except the edges in `SCRIPT_IMPORTS` (which only shrinks).
 """
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -45,6 +51,14 @@ FLOORS = (
 # issue 30, item 2, took the tasks' evaluation and initialisation out of train/).
 PENDING_UPWARD = {}
 STALE_REFERENCES = ('DESIGN.md', 'NOTES.md', '../shared')
+# The one reason a function may import: `# deferred: <what is imported, why not at the top>`.
+DEFERRED = re.compile(r'#\s*deferred:\s*\S')
+# Package imports of a root script (the top floor), each with what removes it.
+SCRIPT_IMPORTS = {
+    ('convert.hf_export', 'eval'): 'restore_params of a run moves from eval.py into the package',
+    ('convert.hf_export', 'generate'): 'run_config and config_mismatch_message move from '
+                                       'generate.py into the package',
+}
 
 
 def module_files() -> dict:
@@ -180,3 +194,83 @@ def test_no_module_cites_files_outside_the_repository():
          for number, line in enumerate(path.read_text().splitlines(), 1)
          if any(reference in line for reference in STALE_REFERENCES)]
   assert not bad, 'stale references (cite docs/ instead):\n' + '\n'.join(bad)
+
+
+def script_files() -> list:
+  """The root scripts: train.py, eval.py, generate.py, memory_check.py, ..."""
+  return sorted(ROOT.glob('*.py'))
+
+
+def unexplained_function_imports(path: pathlib.Path, root: pathlib.Path = ROOT) -> list:
+  """`path:line: import` (relative to `root`) of each import inside a function of `path`
+  without a `# deferred:` reason on its line or in the comment lines directly above it."""
+  text = path.read_text()
+  lines = text.splitlines()
+  found = set()
+  for function in ast.walk(ast.parse(text, str(path))):
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      continue
+    for node in ast.walk(function):
+      if not isinstance(node, (ast.Import, ast.ImportFrom)):
+        continue
+      said = [lines[node.lineno - 1]]
+      above = node.lineno - 2
+      while above >= 0 and lines[above].lstrip().startswith('#'):
+        said.append(lines[above])
+        above -= 1
+      if not any(DEFERRED.search(line) for line in said):
+        found.add((node.lineno, ast.unparse(node)))
+  return [f'{path.relative_to(root)}:{line}: {source}' for line, source in sorted(found)]
+
+
+def test_the_function_import_scan_sees_them(tmp_path):
+  # Checked on examples: an unmarked import inside a function is found (also nested, and
+  # one after a marked import), a marked one on its line or above it is not, a top-level
+  # one is not looked at.
+  path = tmp_path / 'example.py'
+  path.write_text(
+      'import os\n'
+      'def f():\n'
+      '  import json  # deferred: an example\n'
+      '  # deferred: an example, said above\n'
+      '  # over two lines\n'
+      '  from typing import Any\n'
+      '  import re\n'
+      '  def g():\n'
+      '    import abc  # pylint: disable=g-import-not-at-top\n'
+      '  # deferred is not the marker without its colon\n'
+      '  import csv\n')
+  assert unexplained_function_imports(path, tmp_path) == [
+      'example.py:7: import re', 'example.py:9: import abc', 'example.py:11: import csv']
+
+
+def test_every_function_import_says_why():
+  files = list(module_files().values()) + script_files()
+  assert len(files) > 50 and ROOT / 'train.py' in files
+  bad = [found for path in files for found in unexplained_function_imports(path)]
+  assert not bad, ('imports inside functions without a reason: move each to the top of its '
+                   'module, or say why it waits with "# deferred: <what, why>" on its line '
+                   '(docs/design.md, "Layout"):\n' + '\n'.join(bad))
+
+
+def script_imports() -> set:
+  """`(module, script)` of every package import of a root script (any depth in the file)."""
+  scripts = {path.stem for path in script_files()}
+  strip = len(PACKAGE) + 1
+  found = set()
+  for module, path in module_files().items():
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+               [node.module or ''] if isinstance(node, ast.ImportFrom) and not node.level else [])
+      found |= {(module[strip:], name.split('.')[0]) for name in names
+                if name.split('.')[0] in scripts}
+  return found
+
+
+def test_no_package_module_imports_a_root_script():
+  found = script_imports()
+  new = sorted(found - set(SCRIPT_IMPORTS))
+  assert not new, 'package modules importing a root script (the floor above convert/):\n' + \
+      '\n'.join(f'{module} imports {script}.py' for module, script in new)
+  gone = sorted(set(SCRIPT_IMPORTS) - found)
+  assert not gone, 'no longer imported, delete from SCRIPT_IMPORTS: ' + repr(gone)

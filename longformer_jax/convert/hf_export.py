@@ -30,13 +30,23 @@ import shutil
 import sys
 
 from absl import app, flags
+import jax
 import numpy as np
+from safetensors.numpy import save_file
 
 from longformer_jax import command_line
+from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.convert import encoder_export
+from longformer_jax.convert import encoder_export, hf_init, hf_source, loader
 from longformer_jax.convert.encoder_export import linear_tensors
 from longformer_jax.convert.errors import ConversionError
+from longformer_jax.convert.hf_config import read_hf_config
+from longformer_jax.convert.safetensors_reader import read_tensors
+from longformer_jax.data.tokenizers import make_tokenizer
+from longformer_jax.evaluation.task_report import restore_task_state
+from longformer_jax.experiment_config import validate_config
+from longformer_jax.parallel.mesh import make_mesh
+from longformer_jax.tasks.registry import task_for
 
 FLAGS = flags.FLAGS
 IMPORT_FILE = 'hf_import.json'
@@ -75,8 +85,6 @@ def read_import(workdir: str) -> dict:
 def fine_tuned_import(workdir: str) -> dict:
   """`{'hf_config', 'hf_dir'}` of the checkpoint the run in `workdir` fine-tunes
   (`train.init_from_hf`, convert/hf_init.py)."""
-  from longformer_jax.convert import hf_source  # pylint: disable=g-import-not-at-top
-  from longformer_jax.convert.hf_config import read_hf_config  # pylint: disable=g-import-not-at-top
   path = os.path.join(workdir, 'config.json')
   hf_dir = ''
   if os.path.isfile(path):
@@ -148,7 +156,6 @@ def llama_tensors(params: dict, settings: dict) -> dict:
 def export_tensors(params: dict, hf_config: dict, original: dict | None = None) -> dict:
   """The Hugging Face tensors (float32 numpy, contiguous) of `params`; `original`: the
   original checkpoint's tensors the import folds or drops (encoder_export.ORIGINAL_TENSORS)."""
-  from longformer_jax.convert import loader  # pylint: disable=g-import-not-at-top
   model_type = hf_config['model_type']
   settings = loader.family(hf_config).model_settings(hf_config)
   params = _numpy(params)
@@ -170,17 +177,12 @@ def restore_run(workdir: str, step: int = -1) -> tuple:
   """`(config, params)`: the run's config.json and its checkpoint's parameters (numpy),
   restored as eval.py restores the run's task (a language model's chunks, or a task's
   examples: the task's model and the shapes of its `eval.split`)."""
-  import jax  # pylint: disable=g-import-not-at-top
   if REPO not in sys.path:               # eval.py and generate.py sit at the repository root
     sys.path.insert(0, REPO)
+  # deferred: eval.py, a root script (importable once REPO is on sys.path) and a floor above
+  # convert/: an upward import, listed in tests/test_import_graph.py SCRIPT_IMPORTS
   import eval as eval_script  # pylint: disable=g-import-not-at-top
-  import generate  # pylint: disable=g-import-not-at-top
-  from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
-  from longformer_jax.evaluation.task_report import restore_task_state  # pylint: disable=g-import-not-at-top
-  from longformer_jax.experiment_config import validate_config  # pylint: disable=g-import-not-at-top
-  from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
-  from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError  # pylint: disable=g-import-not-at-top
-  from longformer_jax.tasks.registry import task_for  # pylint: disable=g-import-not-at-top
+  import generate  # deferred: generate.py, as eval.py above  # pylint: disable=g-import-not-at-top
   config = generate.run_config(workdir, step)
   validate_config(config, jax.device_count())
   task = task_for(config.task)
@@ -200,7 +202,6 @@ def restore_run(workdir: str, step: int = -1) -> tuple:
 def check_same_model(config, hf_config: dict) -> None:
   """The run's `config.model` must hold the settings the original config.json maps to (but
   those fine-tuning may change: hf_init.FREE_SETTINGS, dropout and Longformer's global tokens)."""
-  from longformer_jax.convert import hf_init, loader  # pylint: disable=g-import-not-at-top
   settings = loader.family(hf_config).model_settings(hf_config)
   for key, value in sorted(settings.items()):
     ours = config.model.get(key)
@@ -216,8 +217,6 @@ def check_same_model(config, hf_config: dict) -> None:
 def original_tensors(info: dict) -> dict:
   """The original checkpoint's tensors that the import folds or drops
   (encoder_export.ORIGINAL_TENSORS), when its directory is at hand; else {}."""
-  from longformer_jax.convert import hf_source  # pylint: disable=g-import-not-at-top
-  from longformer_jax.convert.safetensors_reader import read_tensors  # pylint: disable=g-import-not-at-top
   names = encoder_export.ORIGINAL_TENSORS.get(info['hf_config']['model_type'], ())
   if not names or not info.get('hf_dir'):
     return {}
@@ -241,7 +240,6 @@ def tokenizer_sources(config, info: dict) -> list:
 
 def export(workdir: str, out: str, step: int = -1) -> list:
   """Writes `out` (module doc); returns the names of the files written."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   info = read_import(workdir)
   hf_config = dict(info['hf_config'])
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):

@@ -5,11 +5,19 @@ and its parts.
 `load`); docs/import.md has the tensor mapping of each family.
 """
 
+import ml_collections
+
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.convert import gpt2, led, llama, longformer, t5
 from longformer_jax.convert.errors import ConversionError
 from longformer_jax.convert.hf_config import read_hf_config, required
 from longformer_jax.convert.hf_fields import check_fields
 from longformer_jax.convert.safetensors_reader import DTYPES, SafetensorsFiles, TensorSource
+from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.encoder import encoder_model_config
+from longformer_jax.models.encoder_decoder import EncoderDecoder
+from longformer_jax.models.masked_lm import MaskedLM
+from longformer_jax.models.model_config import resolve_model
 
 FAMILIES = {name: module for module in (gpt2, llama, longformer, led, t5)
             for name in module.MODEL_TYPES}
@@ -81,9 +89,6 @@ def load(hf_dir: str, dtype: str = 'float32', tokenizer_vocab: int | None = None
     nested dict of numpy arrays, the parameters of `DecoderLM(model_config)`
     (or `MaskedLM(model_config)`, `EncoderDecoder(model_config)`).
   """
-  from longformer_jax.models.decoder_lm import lm_model_config  # pylint: disable=g-import-not-at-top
-  from longformer_jax.models.encoder import encoder_model_config  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
   hf, settings = model_settings(hf_dir)
   params = load_params(hf_dir, hf, settings, dtype)
   model = ml_collections.ConfigDict(resolved_model(settings, hf, dtype, tokenizer_vocab))
@@ -107,9 +112,6 @@ def load_model(hf_dir: str, dtype: str = 'float32'):
   """`(model, params)`: the Flax module (`DecoderLM`, `MaskedLM` for Longformer,
   `EncoderDecoder` for LED and T5) and its parameters as `load` returns them;
   `model.apply({'params': params}, ...)` runs it."""
-  from longformer_jax.models.decoder_lm import DecoderLM  # pylint: disable=g-import-not-at-top
-  from longformer_jax.models.encoder_decoder import EncoderDecoder  # pylint: disable=g-import-not-at-top
-  from longformer_jax.models.masked_lm import MaskedLM  # pylint: disable=g-import-not-at-top
   model_config, params = load(hf_dir, dtype)
   if is_encoder_decoder(read_hf_config(hf_dir)):
     return EncoderDecoder(model_config), params
@@ -118,8 +120,6 @@ def load_model(hf_dir: str, dtype: str = 'float32'):
 
 def resolved_model(settings: dict, hf: dict, dtype: str, tokenizer_vocab: int | None) -> dict:
   """The complete, checked `config.model` dict of the checkpoint."""
-  from longformer_jax.config.errors import ConfigError  # pylint: disable=g-import-not-at-top
-  from longformer_jax.models.model_config import resolve_model  # pylint: disable=g-import-not-at-top
   values = dict(settings, dtype=dtype,
                 vocab_multiple=vocab_multiple(hf['vocab_size'], tokenizer_vocab))
   try:

@@ -22,13 +22,22 @@ import json
 import os
 
 from absl import app, flags
+import flax.linen as nn
+import jax
+import ml_collections
 
 from longformer_jax import command_line
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.convert import hf_source
+from longformer_jax.convert import loader as hf
 from longformer_jax.convert.errors import ConversionError
+from longformer_jax.data.tokenizers import make_tokenizer
+from longformer_jax.experiment_config import resolve_config, validate_config
+from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.storage import paths
 from longformer_jax.tasks.registry import TASKS, task_for
+from longformer_jax.train import initialization, run_directory
 
 FLAGS = flags.FLAGS
 DEFAULT_CHUNK_LEN = 256   # config.data.chunk_len's default
@@ -100,10 +109,6 @@ def write_task_config(hf_dir: str, source_dir: str, workdir: str, task: str, dty
   `workdir/import_config.py`, the task's config with the checkpoint's model settings and
   `train.init_from_hf` (convert/hf_init.py); train.py then fine-tunes in a run directory.
   The task adds its own settings (its `hf_settings`, tasks/)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from longformer_jax.convert import loader as hf  # pylint: disable=g-import-not-at-top
-  from longformer_jax.experiment_config import resolve_config, validate_config  # pylint: disable=g-import-not-at-top
   hf_config, settings = hf.model_settings(hf_dir)
   kind = 'encoder_decoder' if hf.is_encoder_decoder(hf_config) else 'encoder'
   fine_tuned = TASKS.get(task)
@@ -147,16 +152,6 @@ def convert_to_workdir(hf_dir: str, workdir: str, dtype: str = 'float32',
 def _convert(hf_dir: str, source_dir: str, workdir: str, dtype: str, tokenizer_file: str,
              task: str) -> None:
   """`convert_to_workdir` reading the files of `hf_dir`, the local copy of `source_dir`."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from longformer_jax.convert import loader as hf  # pylint: disable=g-import-not-at-top
-  from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
-  from longformer_jax.experiment_config import resolve_config, validate_config  # pylint: disable=g-import-not-at-top
-  from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config  # pylint: disable=g-import-not-at-top
-  from longformer_jax.train import initialization, run_directory  # pylint: disable=g-import-not-at-top
-  from longformer_jax.checkpoint.checkpointer import Checkpointer  # pylint: disable=g-import-not-at-top
-
   run_directory.check_workdir(workdir)
   if (paths.as_path(workdir) / 'checkpoints').is_dir():
     raise ConversionError(f'{workdir}: already holds checkpoints; pass a new --workdir')

@@ -20,6 +20,7 @@ import json
 from typing import Iterable
 
 import numpy as np
+import tokenizers
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.storage import paths
@@ -35,7 +36,6 @@ class HfTokenizer:
 
   def __init__(self, path: str):
     """Loads `path`; raises `ConfigError` naming it when missing or unreadable."""
-    import tokenizers  # pylint: disable=g-import-not-at-top
     self.path = str(path)
     try:
       # From its text: the same for a local file and a gs:// object.

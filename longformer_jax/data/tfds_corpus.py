@@ -103,8 +103,8 @@ def _how_to_prepare(name: str, data_dir: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _import_tfds():
   """Imports tfds with TensorFlow hidden from accelerators (JAX owns them)."""
-  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf
+  # deferred: TensorFlow, seconds to import, only for tfds corpora (module docstring)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   for device_type in ('GPU', 'TPU'):
     try:
       tf.config.set_visible_devices([], device_type)
@@ -112,7 +112,8 @@ def _import_tfds():
       # No such devices in this TensorFlow build, or TensorFlow already
       # initialized its devices (someone used it before us).
       pass
-  import tensorflow_datasets as tfds
+  # deferred: tensorflow-datasets, only for tfds corpora, once TensorFlow hides the accelerators
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   return tfds
 
 

@@ -4,6 +4,7 @@ import ml_collections
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
+from longformer_jax.data.hf_tokenizer import HfTokenizer
 from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer
 from longformer_jax.data.tokenizer_interface import Tokenizer
 
@@ -37,7 +38,6 @@ def _load(data_config: ml_collections.ConfigDict) -> Tokenizer:
   if name == 'sentencepiece':
     return SentencePieceTokenizer.load(data_config.sentencepiece_model)
   if name == 'hf':
-    from longformer_jax.data.hf_tokenizer import HfTokenizer  # pylint: disable=g-import-not-at-top
     return HfTokenizer.load(data_config.tokenizer_file)
   raise ConfigError('data.tokenizer',
                     f'unknown tokenizer {name!r}; expected one of {TOKENIZERS}')

@@ -6,9 +6,11 @@ from typing import Sequence
 def save_line_plot(series: Sequence[tuple], path: str, *, xlabel: str, ylabel: str, title: str,
                    log2_x: bool = False, size=(5, 3.5)) -> None:
   """`series`: `(xs, ys, label)` triples (label None: no legend); writes `path`."""
-  import matplotlib
+  # deferred: matplotlib (0.8 s to import), only when a report draws a plot; Agg set before pyplot
+  import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
+  # deferred: matplotlib.pyplot, as above
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=size)
   for xs, ys, label in series:
     ax.plot(xs, ys, marker='o', label=label)

@@ -24,11 +24,13 @@ from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.config.section import Section, closest_name, unknown_key_error
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import moved_key
+from longformer_jax.layers import positional
 from longformer_jax.layers.feed_forward import FeedForwardConfig
 from longformer_jax.layers.norms import NormConfig
 from longformer_jax.models import layer_schedule
 from longformer_jax.models.block_registry import BLOCK_TYPES
 from longformer_jax.models.stack_registry import STACK_TYPES
+from longformer_jax.parallel.remat import REMAT_POLICIES
 
 COMPUTE_DTYPES = ('float32', 'bfloat16')
 
@@ -120,7 +122,6 @@ class ModelConfig(FeedForwardConfig, NormConfig, Section):
                  f'is not a block kind; choose one of {sorted(BLOCK_TYPES)}')
     self.require(self.stack in STACK_TYPES, 'stack',
                  f'is not a stack kind; choose one of {sorted(STACK_TYPES)}')
-    from longformer_jax.parallel.remat import REMAT_POLICIES  # pylint: disable=g-import-not-at-top
     self.require(self.remat_policy in REMAT_POLICIES, 'remat_policy',
                  f'is not a remat policy; choose one of {sorted(REMAT_POLICIES)}')
     self._validate_import_features()
@@ -131,7 +132,6 @@ class ModelConfig(FeedForwardConfig, NormConfig, Section):
 
   def _validate_import_features(self) -> None:
     """The settings of imported checkpoints (docs/import.md)."""
-    from longformer_jax.layers import positional  # pylint: disable=g-import-not-at-top
     self.require(self.position_embedding in POSITION_EMBEDDINGS, 'position_embedding',
                  f'must be one of {POSITION_EMBEDDINGS}')
     self.require(self.max_positions >= 0, 'max_positions', 'must be >= 0')

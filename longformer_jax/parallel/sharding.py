@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from longformer_jax.parallel import sequence_settings
 from longformer_jax.parallel.parallel_config import length_on_sequence
 
 
@@ -56,7 +57,6 @@ def activation_sharding(mesh: jax.sharding.Mesh, rules, parallel=None):
   `parallel` (`config.parallel`; default ring with load balancing;
   parallel/sequence_settings.py).
   """
-  from longformer_jax.parallel import sequence_settings  # pylint: disable=g-import-not-at-top
   if dict(mesh.shape).get(sequence_settings.SEQUENCE_AXIS, 1) > 1:
     rules = length_on_sequence(rules)
   settings = sequence_settings.SequenceSettings(

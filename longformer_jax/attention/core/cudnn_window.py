@@ -130,7 +130,9 @@ def packed_mask(offsets: jax.Array, lengths: jax.Array, n: int, window: int) -> 
 
 
 def _cudnn_call(q, k, v, lengths, offsets, *, window, scale, packed, return_residual):
-  from jax._src.cudnn import fused_attention_stablehlo as fused   # GPU-only, private API
+  # deferred: jax._src.cudnn, a private JAX module used only on GPUs: a JAX release that moves
+  # it breaks this call, not importing the module
+  from jax._src.cudnn import fused_attention_stablehlo as fused  # pylint: disable=g-import-not-at-top
   kwargs = dict(q_offsets=offsets, kv_offsets=offsets) if packed else {}
   return fused.dot_product_attention(
       q, k, v, q_seqlen=lengths, kv_seqlen=lengths, scale=scale,
