@@ -61,10 +61,8 @@ import jax
 import ml_collections
 
 from longformer_jax import command_line
-from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import parse_int_list, validate_config
-from longformer_jax.models.saved_config import migrate_saved_config
 from longformer_jax.generation.context import read_import
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
@@ -78,24 +76,13 @@ from longformer_jax.evaluation.architecture_overrides import (architecture_overr
                                                               given_settings, unread_overrides)
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
+from longformer_jax.evaluation.run_restore import at_checkpoint_phase, restore_params, saved_config
 from longformer_jax.storage import paths
 from longformer_jax.evaluation.task_report import evaluate_task_run
 from longformer_jax.tasks.registry import readers, task_for, task_keys
-from longformer_jax.train import initialization, phases
 from longformer_jax.evaluation.lm_evaluator import Evaluator
 from longformer_jax.evaluation.line_plots import save_line_plot
-from longformer_jax.train.optimizer import make_optimizer
 from longformer_jax.train.quiet_logs import show_own_info_only
-
-
-def saved_config(path: str, log: bool = False) -> dict:
-  """The run's `config.json` in today's layout (an old run's flat model keys moved;
-  `log`: one info line per moved or dropped key)."""
-  values, changes = migrate_saved_config(json.loads(paths.as_path(path).read_text()))
-  if log:
-    for old, new in changes:
-      logging.info('%s: %s -> %s', path, old, new)
-  return values
 
 
 def run_config(cli_config: ml_collections.ConfigDict, workdir: str,
@@ -122,39 +109,6 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
   if config.eval.batch_size:
     config.data.eval_batch_size = config.eval.batch_size
   return config
-
-
-def at_checkpoint_phase(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
-  """A phased run's config with the chunk length and window of the evaluated checkpoint's phase."""
-  if config.train.phases == 1:
-    return config
-  with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
-    step = checkpointer.latest_step() if config.eval.step < 0 else config.eval.step
-  if step is None:
-    return config
-  phase = phases.phase_of_state(phases.training_phases(config), step)
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.model = phases.phase_model_config(config.model, phase)
-  config.data.chunk_len = phase.chunk_len
-  return config
-
-
-def restore_params(config, tokenizer, workdir: str, mesh, rules):
-  """`(params, param_shardings, step, model_state)` of the requested (or latest) checkpoint
-  (`model_state`: the non-gradient state, train/train_state.py; `{}` for most models). The
-  optimizer state and memory are not read (`Checkpointer.restore_params`)."""
-  model = DecoderLM(lm_model_config(config.model, tokenizer.vocab_size))
-  # The optimizer train.py built (a phased run chains a phase scale): same state layout.
-  optimizer = phases.phased_optimizer(make_optimizer(config.optimizer, config.train.num_steps),
-                                      phases.training_phases(config))
-  abstract, shardings = initialization.abstract_train_state(
-      model, optimizer, config.seed, config.data.batch_size, config.data.chunk_len, mesh, rules)
-  step = None if config.eval.step < 0 else config.eval.step
-  with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
-    if checkpointer.latest_step() is None:
-      raise FileNotFoundError(f'no checkpoint in {checkpointer.directory}; train first')
-    params, model_state, step = checkpointer.restore_params(step, abstract)
-  return params, shardings.params, step, model_state
 
 
 def markdown_table(rows: list[dict]) -> str:

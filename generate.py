@@ -38,23 +38,22 @@ if __name__ == '__main__':
 
 from absl import flags
 import jax
-import ml_collections
 
-import eval as eval_script  # the root script beside this one
 from longformer_jax import command_line
 from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
 from longformer_jax.config.errors import UserError
 from longformer_jax.data.tokenizers import make_tokenizer
+from longformer_jax.evaluation.run_restore import restore_params
 from longformer_jax.experiment_config import validate_config
 from longformer_jax.generation.chunk_window_decoder import ChunkWindowDecoder
 from longformer_jax.generation.context import NoticeAtContext, exact_decoding, read_import
 from longformer_jax.generation.kv_cache import kv_cache_model_config
 from longformer_jax.generation.generation_checks import check_can_generate
 from longformer_jax.generation.sampling import SamplingError, SamplingSettings
+from longformer_jax.generation.saved_run import config_mismatch_message, run_config
 from longformer_jax.generation.text_generation import generate_text
 from longformer_jax.models.decoder_lm import lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
-from longformer_jax.storage import paths
 from longformer_jax.train.quiet_logs import show_own_info_only
 
 FLAGS = flags.FLAGS
@@ -138,30 +137,6 @@ def check_generation_flags(max_new_tokens: int, stops) -> None:
     raise UserError('--stop: a stop string must not be empty')
 
 
-def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
-  """The run's saved config with the default `parallel` section and `eval.step = step`
-  (checked as eval.py checks it), at the phase of the checkpoint read."""
-  paths.check_bucket(workdir, '--workdir')
-  if not paths.as_path(workdir).is_dir():
-    raise UserError(f'--workdir: {workdir!r} is not a directory (a train.py workdir)')
-  path = os.path.join(workdir, 'config.json')
-  if not paths.as_path(path).exists():
-    raise UserError(f'--workdir: {path} not found: is {workdir!r} a train.py workdir?')
-  config = ml_collections.ConfigDict(eval_script.saved_config(path))
-  defaults = command_line.experiment_config(command_line.DEFAULT_CONFIG, [])
-  config.parallel = defaults.parallel
-  config.eval.step = step
-  return eval_script.at_checkpoint_phase(config, workdir)
-
-
-def config_mismatch_message(workdir: str, error: CheckpointMismatchError) -> str:
-  """One line: the workdir's config.json builds other shapes than its checkpoint holds."""
-  listed = str(error).split('than this run builds: ', 1)[-1]
-  listed = listed.split('. The checkpoint is intact', 1)[0]
-  return (f'--workdir: {os.path.join(workdir, "config.json")} does not fit the checkpoint '
-          f'beside it (was it edited?): {listed}')
-
-
 def load_decoder(workdir: str, step: int = -1, kv_cache: int = -1):
   """`(decoder, tokenizer, checkpoint step)` of the run in `workdir`; refuses models that
   cannot generate (`generation_checks.py`). `kv_cache` > 0: a key/value cache of that many
@@ -174,7 +149,7 @@ def load_decoder(workdir: str, step: int = -1, kv_cache: int = -1):
   tokenizer = make_tokenizer(config.data)
   mesh = make_mesh(config.parallel.mesh_shape)
   try:
-    params, _, restored_step, model_state = eval_script.restore_params(
+    params, _, restored_step, model_state = restore_params(
         config, tokenizer, workdir, mesh, config.parallel.logical_axis_rules)
   except CheckpointMismatchError as error:
     raise UserError(config_mismatch_message(workdir, error)) from None

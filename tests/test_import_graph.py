@@ -54,11 +54,7 @@ STALE_REFERENCES = ('DESIGN.md', 'NOTES.md', '../shared')
 # The one reason a function may import: `# deferred: <what is imported, why not at the top>`.
 DEFERRED = re.compile(r'#\s*deferred:\s*\S')
 # Package imports of a root script (the top floor), each with what removes it.
-SCRIPT_IMPORTS = {
-    ('convert.hf_export', 'eval'): 'restore_params of a run moves from eval.py into the package',
-    ('convert.hf_export', 'generate'): 'run_config and config_mismatch_message move from '
-                                       'generate.py into the package',
-}
+SCRIPT_IMPORTS = {}   # none left: a run is read through evaluation/run_restore.py
 
 
 def module_files() -> dict:

@@ -288,7 +288,8 @@ class Checkpointer:
       computed.update(state_checksums(value, prefix=f'.{name}'))
     self._verify_checksums(step, computed, checksums)
     restored = saved_layout.with_empty_arrays(restored, fields)
-    model_state = restored.get('model_state', abstract_state.model_state)
+    model_state = (restored['model_state'] if 'model_state' in restored
+                   else abstract_state.model_state)   # no leaves: nothing was read
     return restored['params'], model_state, int(restored['step'])
 
   def wait(self) -> None:

@@ -27,7 +27,6 @@ parameters the original layout cannot hold (encoder_export.py).
 import json
 import os
 import shutil
-import sys
 
 from absl import app, flags
 import jax
@@ -43,14 +42,15 @@ from longformer_jax.convert.errors import ConversionError
 from longformer_jax.convert.hf_config import read_hf_config
 from longformer_jax.convert.safetensors_reader import read_tensors
 from longformer_jax.data.tokenizers import make_tokenizer
+from longformer_jax.evaluation.run_restore import restore_params
 from longformer_jax.evaluation.task_report import restore_task_state
 from longformer_jax.experiment_config import validate_config
+from longformer_jax.generation.saved_run import config_mismatch_message, run_config
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.tasks.registry import task_for
 
 FLAGS = flags.FLAGS
 IMPORT_FILE = 'hf_import.json'
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DECODERS = ('gpt2', 'llama', 'mistral', 'qwen2')
 # Every family written back: the decoders here, the encoder families in encoder_export.py.
 EXPORTED = DECODERS + tuple(encoder_export.FAMILY_TENSORS)
@@ -177,25 +177,19 @@ def restore_run(workdir: str, step: int = -1) -> tuple:
   """`(config, params)`: the run's config.json and its checkpoint's parameters (numpy),
   restored as eval.py restores the run's task (a language model's chunks, or a task's
   examples: the task's model and the shapes of its `eval.split`)."""
-  if REPO not in sys.path:               # eval.py and generate.py sit at the repository root
-    sys.path.insert(0, REPO)
-  # deferred: eval.py, a root script (importable once REPO is on sys.path) and a floor above
-  # convert/: an upward import, listed in tests/test_import_graph.py SCRIPT_IMPORTS
-  import eval as eval_script  # pylint: disable=g-import-not-at-top
-  import generate  # deferred: generate.py, as eval.py above  # pylint: disable=g-import-not-at-top
-  config = generate.run_config(workdir, step)
+  config = run_config(workdir, step)
   validate_config(config, jax.device_count())
   task = task_for(config.task)
   mesh = make_mesh(config.parallel.mesh_shape)
   try:
     if task.carries_memory:              # lm: as eval.py restores a language model
-      params, _, _, _ = eval_script.restore_params(config, make_tokenizer(config.data), workdir,
+      params, _, _, _ = restore_params(config, make_tokenizer(config.data), workdir,
                                                    mesh, config.parallel.logical_axis_rules)
     else:                                # fixed-size examples: through the task
       arrays = task.load_arrays(config, config.eval.split, task.tokenizer(config.data))
       params = restore_task_state(config, workdir, task, arrays, mesh)[2].params
   except CheckpointMismatchError as error:
-    raise ConversionError(generate.config_mismatch_message(workdir, error)) from None
+    raise ConversionError(config_mismatch_message(workdir, error)) from None
   return config, jax.device_get(params)
 
 
