@@ -31,12 +31,11 @@ from longformer_jax.data import passkey
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.evaluation import span_report
 from longformer_jax.evaluation.passkey_scoring import document_batch
+from longformer_jax.evaluation.run_restore import restore_params
 from longformer_jax.memory import fifo
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train.lm_objective import chunk_context
-
-from eval import restore_params  # the repository root's eval.py
 
 
 def load(workdir: str):
