@@ -350,6 +350,11 @@ class AttendreAttention(nn.Module):
       usage = (memory_weights > 0).astype(jnp.float32)
     memory = policies.update_scores(policy, memory, usage, evicted.positions,
                                     evicted.valid, memory_mask)
+    # What the policy saw and made of it, before this step's eviction (read by
+    # benchmarks/passkey_eviction_scores.py; dropped unless 'intermediates' is mutable).
+    self.sow('intermediates', 'attendre_scored', dict(
+        weights=memory_weights, mask=memory_mask, scores=memory.scores,
+        positions=memory.positions, valid=memory.valid))
     if order == 'attend_first':
       memory, _ = key_value.insert(memory, jax.lax.stop_gradient(chunk), policy)
     memory = jax.lax.stop_gradient(memory)

@@ -62,13 +62,16 @@ def _retrieved_positions(intermediates) -> list:
           if any(getattr(key, 'key', None) == 'knn_retrieved' for key in path)]
 
 
-def answer_step(params, memory, chunk: dict, model_state, *, model: DecoderLM):
+def answer_step(params, memory, chunk: dict, model_state, *, model: DecoderLM,
+                with_intermediates: bool = False):
   """One chunk: `(memory, {'correct', 'nll', 'needle_retrieved', 'needle_share'})`, per row
   `[batch]`: answer tokens whose argmax is the target, their summed negative log-likelihood
   (nats), answer tokens whose query retrieved (any kNN layer, any head, among its top-k) an
   entry of the needle sentence, and the sum over answer tokens of the needle's share of what
   the query retrieved, in its best kNN layer and head (valid retrieved entries that are the
-  needle's / valid retrieved entries; 0 for a model without a kNN layer)."""
+  needle's / valid retrieved entries; 0 for a model without a kNN layer). With
+  `with_intermediates`, also `'intermediates'`: what the layers sowed (e.g. Attendre's
+  `attendre_scored`, its memory as the policy scored it before evicting)."""
   variables = {'params': params, MODEL_STATE: model_state} if model_state else {'params': params}
   (logits, memory, _), sown = model.apply(variables, chunk['inputs'], memory,
                                           chunk_context(chunk, deterministic=True),
@@ -85,10 +88,13 @@ def answer_step(params, memory, chunk: dict, model_state, *, model: DecoderLM):
     found |= jnp.any(in_needle, axis=(2, 3))
     held = jnp.maximum(jnp.sum(retrieved >= 0, axis=3), 1)                 # [b, c, h]
     share = jnp.maximum(share, jnp.max(jnp.sum(in_needle, axis=3) / held, axis=2))
-  return memory, {'correct': jnp.sum(hits, axis=1).astype(jnp.int32),
-                  'nll': jnp.sum(jnp.where(answer, nll, 0.0), axis=1),
-                  'needle_retrieved': jnp.sum(found & answer, axis=1).astype(jnp.int32),
-                  'needle_share': jnp.sum(jnp.where(answer, share, 0.0), axis=1)}
+  out = {'correct': jnp.sum(hits, axis=1).astype(jnp.int32),
+         'nll': jnp.sum(jnp.where(answer, nll, 0.0), axis=1),
+         'needle_retrieved': jnp.sum(found & answer, axis=1).astype(jnp.int32),
+         'needle_share': jnp.sum(jnp.where(answer, share, 0.0), axis=1)}
+  if with_intermediates:
+    out['intermediates'] = sown.get('intermediates', {})
+  return memory, out
 
 
 class PasskeyScorer:
