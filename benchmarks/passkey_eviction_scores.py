@@ -32,26 +32,23 @@ document (`needle_accounting`):
 Chunks are counted from the one that holds the needle's first token (0).
 Printed per policy: a table of the means over documents; `--out` writes
 the table's rows and every document's per-chunk trace as JSON. Run from the
-repository root (`-m`: the script imports its eval.py).
+repository root (`python -m benchmarks.passkey_eviction_scores`).
 """
 
 import argparse
 import functools
 import json
-import os
 import re
 
 import jax
-import ml_collections
 import numpy as np
 
 from longformer_jax.attention.attendre import AttendreState
-from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.evaluation import passkey_grid
+from longformer_jax.evaluation.run_restore import read_run
 from longformer_jax.evaluation.passkey_scoring import answer_step, document_batch
 from longformer_jax.memory import policies
 from longformer_jax.models.decoder_lm import DecoderLM
-from longformer_jax.parallel.mesh import make_mesh
 
 SOWN = 'attendre_scored'
 FIELDS = ('held', 'key_held', 'scored', 'needle_score', 'median', 'threshold', 'rank', 'needle_mass',
@@ -200,17 +197,6 @@ def markdown(table: list) -> str:
   return '\n'.join(lines)
 
 
-def load(workdir: str):
-  from eval import restore_params  # the repository root's eval.py  # pylint: disable=g-import-not-at-top
-  with open(os.path.join(workdir, 'config.json')) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  tokenizer = make_tokenizer(config.data)
-  mesh = make_mesh(config.parallel.mesh_shape)
-  params, _, step, model_state = restore_params(config, tokenizer, workdir, mesh,
-                                                config.parallel.logical_axis_rules)
-  return config, tokenizer, params, step, model_state
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--workdir', required=True)
@@ -223,7 +209,7 @@ def main():
   parser.add_argument('--last', type=int, default=3, help='chunks after the needle\'s to show')
   parser.add_argument('--out', default='')
   args = parser.parse_args()
-  config, tokenizer, params, checkpoint_step, model_state = load(args.workdir)
+  config, tokenizer, params, checkpoint_step, model_state = read_run(args.workdir)
   if config.model.attention != 'attendre' or config.model.attendre.per_head_scores:
     raise SystemExit(f'{args.workdir}: needs an Attendre model with one memory per row')
   chunk = config.eval.chunk_len or config.data.chunk_len

@@ -18,34 +18,19 @@ repository root (`-m`: the script imports its eval.py).
 """
 
 import argparse
-import json
-import os
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from longformer_jax.data import passkey
-from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.evaluation import span_report
 from longformer_jax.evaluation.passkey_scoring import document_batch
-from longformer_jax.evaluation.run_restore import restore_params
+from longformer_jax.evaluation.run_restore import read_run
 from longformer_jax.memory import fifo
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
-from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train.lm_objective import chunk_context
-
-
-def load(workdir: str):
-  with open(os.path.join(workdir, 'config.json')) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  tokenizer = make_tokenizer(config.data)
-  mesh = make_mesh(config.parallel.mesh_shape)
-  params, _, step, _ = restore_params(config, tokenizer, workdir, mesh,
-                                      config.parallel.logical_axis_rules)
-  return config, tokenizer, params, step
 
 
 def per_layer(spans) -> list:
@@ -121,7 +106,7 @@ def main():
   parser.add_argument('--depths', default='0,25,50,75', help='percent')
   parser.add_argument('--documents', type=int, default=4)
   args = parser.parse_args()
-  config, tokenizer, params, step = load(args.workdir)
+  config, tokenizer, params, step, _ = read_run(args.workdir)
   print(f'{args.workdir}: {config.model.attention}, checkpoint step {step}')
   if config.model.attention == 'expire_span':
     expire_report(config, tokenizer, params, [int(x) for x in args.lengths.split(',')],

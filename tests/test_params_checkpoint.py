@@ -9,10 +9,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from safetensors import numpy as safetensors_numpy
 
 from longformer_jax.checkpoint.checkpointer import (Checkpointer, CheckpointMismatchError,
                                                     CorruptCheckpointError,
                                                     NoIntactCheckpointError)
+from longformer_jax.checkpoint import saved_layout
 from longformer_jax.storage import safetensors_file
 from longformer_jax.train.train_state import TrainState
 
@@ -131,14 +133,14 @@ def test_a_flipped_parameter_of_a_whole_state_is_caught_by_restore_params(tmp_pa
   with Checkpointer(str(tmp_path), keep=2, async_save=False) as checkpointer:
     checkpointer.save(5, state, {'step': 5})
     abstract = abstract_state(state)
-    real_read = Checkpointer._read_fields           # pylint: disable=protected-access
+    real_read = saved_layout.read_fields
 
-    def flipped(self, step, target):
-      fields = real_read(self, step, target)
+    def flipped(state_directory, target):
+      fields = real_read(state_directory, target)
       scale = fields['params']['final_norm']['scale']
       fields['params']['final_norm']['scale'] = scale.at[3].set(scale[3] + 1.0)
       return fields
-    monkeypatch.setattr(Checkpointer, '_read_fields', flipped)
+    monkeypatch.setattr(saved_layout, 'read_fields', flipped)
     with pytest.raises(CorruptCheckpointError, match=r"final_norm.*scale"):
       checkpointer.restore_params(5, abstract)
 
@@ -158,6 +160,17 @@ def test_safetensors_file_round_trip_with_views_and_crcs(tmp_path):
     assert read.dtype == array.dtype and read.shape == array.shape
     np.testing.assert_array_equal(read, array)
     assert safetensors_file.crc32(read) == crcs[name]
+  # The format as the `safetensors` package (an independent implementation) reads and
+  # writes it: it reads what write_file wrote, and read_tensor reads what it writes.
+  plain = {name: np.ascontiguousarray(array) for name, array in tensors
+           if array.dtype != ml_dtypes.bfloat16}
+  for name, array in safetensors_numpy.load_file(path).items():
+    if name in plain:
+      np.testing.assert_array_equal(array, plain[name])
+  reference = str(tmp_path / 'reference.safetensors')
+  safetensors_numpy.save_file(plain, reference)
+  for name, entry in safetensors_file.read_entries(reference).items():
+    np.testing.assert_array_equal(safetensors_file.read_tensor(entry, name), plain[name])
   with open(path, 'r+b') as f:                       # cut the last tensor's bytes
     f.truncate(entries['c'].end - 1)
   with pytest.raises(safetensors_file.SafetensorsError, match='ends at byte'):

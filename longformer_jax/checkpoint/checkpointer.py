@@ -40,22 +40,16 @@ import jax
 import orbax.checkpoint as ocp
 
 from longformer_jax.checkpoint import orbax_noise, saved_layout
-from longformer_jax.checkpoint.checksums import checksum_mismatches, state_checksums
+from longformer_jax.checkpoint.checksums import state_checksums
 from longformer_jax.checkpoint.resume_checks import (  # the errors, re-exported here
     CheckpointMismatchError, CheckpointNotFoundError, CorruptCheckpointError,
-    NoIntactCheckpointError, first_line, mismatch_error, read_error, shape_differences)
-from longformer_jax.checkpoint.safetensors_params import (ParamsRestore, ParamsSave,
-                                                           SafetensorsParamsHandler)
+    NoIntactCheckpointError)
+from longformer_jax.checkpoint.safetensors_params import ParamsSave, SafetensorsParamsHandler
+from longformer_jax.checkpoint.step_reader import CHECKSUMS, DATA, PARAMS, STATE, StepReader
 from longformer_jax.storage import paths
 
 PyTree = Any
 
-_STATE = 'state'
-_PARAMS = 'params'        # a parameters-only checkpoint's (an import's) item instead of `state`
-_DATA = 'data'
-_CHECKSUMS = 'checksums'
-# The fields of a train state that evaluation and generation read (`restore_params`).
-_PARAMS_FIELDS = ('step', 'params', 'model_state')
 _CORRUPT_SUFFIX = '.corrupt'
 
 _log = logging.getLogger(__name__)
@@ -81,14 +75,15 @@ class Checkpointer:
         create=True,
     )
     handlers = {
-        _STATE: ocp.StandardCheckpointHandler(),
-        _PARAMS: SafetensorsParamsHandler(),
-        _DATA: ocp.JsonCheckpointHandler(),
-        _CHECKSUMS: ocp.JsonCheckpointHandler(),
+        STATE: ocp.StandardCheckpointHandler(),
+        PARAMS: SafetensorsParamsHandler(),
+        DATA: ocp.JsonCheckpointHandler(),
+        CHECKSUMS: ocp.JsonCheckpointHandler(),
     }
     self._manager = ocp.CheckpointManager(
         self._directory, item_handlers=handlers, options=options
     )
+    self._reader = StepReader(self._manager, self._directory)
     self._closed = False
     self._barriers = itertools.count()
 
@@ -143,9 +138,9 @@ class Checkpointer:
     state = saved_layout.without_empty_arrays(state)
     args = ocp.args.Composite(
         **{
-            _STATE: ocp.args.StandardSave(state),
-            _DATA: ocp.args.JsonSave(data_state),
-            _CHECKSUMS: ocp.args.JsonSave(state_checksums(state)),
+            STATE: ocp.args.StandardSave(state),
+            DATA: ocp.args.JsonSave(data_state),
+            CHECKSUMS: ocp.args.JsonSave(state_checksums(state)),
         }
     )
     saved = self._manager.save(step, args=args, force=force)
@@ -181,13 +176,7 @@ class Checkpointer:
       raise CheckpointMismatchError(
           f'Checkpoint step {step} in {self._directory} holds parameters only (an import):'
           ' no train state to restore; restore_params reads it.')
-    target = saved_layout.without_empty_arrays(abstract_state)
-    target, as_target = self._target_like_saved(step, target)
-    self._check_shapes(step, target)
-    restored = self._restore_items(step, _STATE, target)
-    state = as_target(restored[_STATE])
-    self._verify_checksums(step, state_checksums(state), restored[_CHECKSUMS])
-    return saved_layout.with_empty_arrays(state, abstract_state), restored[_DATA]
+    return self._reader.state(step, abstract_state)
 
   def restore_latest_intact(
       self, abstract_state: PyTree, from_params: Callable | None = None
@@ -226,7 +215,7 @@ class Checkpointer:
             raise CheckpointMismatchError(
                 f'Checkpoint step {step} in {self._directory} holds parameters only'
                 ' (an import); this run cannot start from it.')
-          params, data_state = self._restore_params_item(step, abstract_state.params)
+          params, data_state = self._reader.params_item(step, abstract_state.params)
           return from_params(params), data_state, step
         state, data_state = self.restore(step, abstract_state)
         return state, data_state, step
@@ -248,13 +237,13 @@ class Checkpointer:
     safetensors file with their CRC-32s (checkpoint/safetensors_params.py), and
     `data_state`; no optimizer state, memory or rng. `restore_params` reads it, and
     `restore_latest_intact` with `from_params` (train.py's first start from it)."""
-    args = ocp.args.Composite(**{_PARAMS: ParamsSave(params),
-                                 _DATA: ocp.args.JsonSave(data_state)})
+    args = ocp.args.Composite(**{PARAMS: ParamsSave(params),
+                                 DATA: ocp.args.JsonSave(data_state)})
     return self._manager.save(int(step), args=args, force=True)
 
   def holds_params_only(self, step: int) -> bool:
     """Whether checkpoint `step` was written by `save_params`."""
-    return (paths.as_path(self._step_directory(step)) / _PARAMS).exists()
+    return (paths.as_path(self._step_directory(step)) / PARAMS).exists()
 
   def restore_params(self, step: int | None,
                      abstract_state: PyTree) -> tuple[PyTree, PyTree, int]:
@@ -271,26 +260,9 @@ class Checkpointer:
         raise CheckpointMismatchError(
             f'Checkpoint step {step} in {self._directory} holds parameters only; this model'
             ' also needs its non-gradient state (model_state).')
-      params, _ = self._restore_params_item(step, abstract_state.params)
+      params, _ = self._reader.params_item(step, abstract_state.params)
       return params, abstract_state.model_state, step
-    fields = {name: getattr(abstract_state, name) for name in _PARAMS_FIELDS
-              if jax.tree_util.tree_leaves(getattr(abstract_state, name))}
-    target = saved_layout.without_empty_arrays(fields)
-    saved = self._saved_metadata(step, _STATE)
-    if saved is not None and hasattr(saved, 'keys'):
-      differences = shape_differences({k: saved[k] for k in fields if k in saved}, target)
-      if differences:
-        raise mismatch_error(step, self._directory, differences)
-    restored = self._read_fields(step, target)
-    checksums = self._restore_items(step, None, None)[_CHECKSUMS]
-    computed = {}
-    for name, value in restored.items():
-      computed.update(state_checksums(value, prefix=f'.{name}'))
-    self._verify_checksums(step, computed, checksums)
-    restored = saved_layout.with_empty_arrays(restored, fields)
-    model_state = (restored['model_state'] if 'model_state' in restored
-                   else abstract_state.model_state)   # no leaves: nothing was read
-    return restored['params'], model_state, int(restored['step'])
+    return self._reader.param_fields(step, abstract_state)
 
   def wait(self) -> None:
     """Blocks until in-flight saves are written; raises their errors."""
@@ -309,7 +281,7 @@ class Checkpointer:
     self.close()
 
   def _step_directory(self, step: int) -> str:
-    return os.path.join(self._directory, str(step))
+    return self._reader.step_directory(step)
 
   def _existing_step(self, step: int | None) -> int:
     """Returns `step` (or the latest step), checking that it exists."""
@@ -342,83 +314,3 @@ class Checkpointer:
           f'longformer_jax_move_aside_{step}_{next(self._barriers)}')
     self._manager.reload()
     return target
-
-  def _saved_metadata(self, step: int, item: str) -> Any:
-    """The saved tree of `item` (leaves with shapes and dtypes), or None where unreadable
-    (the restore then reports why)."""
-    try:
-      return self._manager.item_metadata(step)[item]
-    except Exception as error:  # Unreadable metadata: the restore reports it.
-      _log.debug('No metadata for step %d: %s', step, first_line(error))
-      return None
-
-  def _target_like_saved(self, step: int, target: PyTree):
-    """`saved_layout.target_like_saved` against this step's saved metadata."""
-    saved = self._saved_metadata(step, _STATE)
-    if saved is None:
-      return target, lambda restored: restored
-    return saved_layout.target_like_saved(saved, target)
-
-  def _check_shapes(self, step: int, target: PyTree) -> None:
-    """Raises `CheckpointMismatchError` if leaves of `target` have other
-    shapes than saved; checked on the metadata, before reading any array."""
-    saved = self._saved_metadata(step, _STATE)
-    differences = [] if saved is None else shape_differences(saved, target)
-    if differences:
-      raise mismatch_error(step, self._directory, differences)
-
-  def _restore_params_item(self, step: int, abstract_params: PyTree) -> tuple[PyTree, dict]:
-    """`(params, data_state)` of a parameters-only checkpoint, each tensor checked against
-    its CRC-32 and cast to `abstract_params`' dtype and sharding."""
-    target = saved_layout.without_empty_arrays(abstract_params)
-    restored = self._restore_items(step, _PARAMS, target, checksums=False)
-    params = saved_layout.with_empty_arrays(restored[_PARAMS], abstract_params)
-    return params, restored[_DATA]
-
-  def _read_fields(self, step: int, target: dict) -> dict:
-    """The fields of `target` from the step's state item (`saved_layout.read_fields`)."""
-    try:
-      return saved_layout.read_fields(os.path.join(self._step_directory(step), _STATE), target)
-    except Exception as error:  # Orbax/TensorStore raise many error types.
-      raise self._read_error(step, error) from error
-
-  def _restore_items(self, step: int, item: str | None, target: PyTree,
-                     checksums: bool = True) -> dict:
-    """Reads `item` (`_STATE` or `_PARAMS` into `target`; None: no arrays), the data
-    position and (unless `checksums` is False: a parameters-only checkpoint keeps its
-    own) the checksums of `step`, turning any failure into a clear error."""
-    items = {_DATA: ocp.args.JsonRestore()}
-    if checksums:
-      items[_CHECKSUMS] = ocp.args.JsonRestore()
-    if item == _STATE:
-      items[item] = ocp.args.StandardRestore(target)
-    elif item == _PARAMS:
-      items[item] = ParamsRestore(target)
-    try:
-      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-    except Exception as error:  # Orbax/TensorStore raise many error types.
-      raise self._read_error(step, error) from error
-    items = {name: restored.get(name) for name in items}
-    missing = [name for name, value in items.items() if value is None]
-    if missing:
-      raise CorruptCheckpointError(
-          f'Checkpoint directory {self._step_directory(step)} (step {step})'
-          f' lacks the items {missing}; it is corrupt or truncated.'
-      )
-    return items
-
-  def _read_error(self, step: int, error: Exception) -> Exception:
-    """The error to raise for a failed read (`resume_checks.read_error`)."""
-    return read_error(step, self._directory, self._step_directory(step), error)
-
-  def _verify_checksums(self, step: int, restored: dict[str, dict],
-                        saved: dict[str, dict]) -> None:
-    """Raises `CorruptCheckpointError` unless `restored` (`state_checksums` of what was
-    read) matches `saved` (`checksums.checksum_mismatches`)."""
-    bad = checksum_mismatches(restored, saved)
-    if bad:
-      raise CorruptCheckpointError(
-          f'Checkpoint directory {self._step_directory(step)} (step {step})'
-          f' is corrupt: the restored arrays {bad} differ from the checksums'
-          ' written when it was saved.'
-      )

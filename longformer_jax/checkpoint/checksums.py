@@ -22,16 +22,15 @@ def state_checksums(state: PyTree, prefix: str = '') -> dict[str, dict]:
   computed on the devices that hold the array (so it works for arrays sharded
   across hosts) and independent of the sharding; a small state held by this
   process (at most `HOST_BYTES`) is hashed with numpy instead, the same values
-  without compiling a program. numpy leaves of a large state (an import's
-  parameters) go to the device one at a time, so they are never held twice.
-  `prefix`: prepended to every path (`.params` names a train state's parameters).
+  without compiling a program. `prefix`: prepended to every path (`.params`
+  names a train state's parameters).
   """
   leaves = [
-      (path, leaf if isinstance(leaf, (jax.Array, np.ndarray)) else jnp.asarray(leaf))
+      (path, leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf))
       for path, leaf in jax.tree_util.tree_leaves_with_path(state)
   ]
   arrays = [leaf for _, leaf in leaves]
-  if (all(getattr(a, 'is_fully_addressable', True) for a in arrays)
+  if (all(a.is_fully_addressable for a in arrays)
       and sum(a.size * a.dtype.itemsize for a in arrays) <= HOST_BYTES):
     lanes = [_host_lanes(a) for a in arrays]        # small: no compile
   else:
@@ -129,13 +128,7 @@ def _all_checksum_lanes(leaves: list) -> list:
   called leaf by leaf (a train state repeats its shapes: layers, optimizer moments), so
   the temporaries are one leaf's. (One program over the state with leaves of a shape
   stacked asked for 33 GB of temporaries for the train state of a 1.2B-parameter model.)"""
-  lanes = []
-  for x in leaves:
-    pair = _leaf_checksum_lanes(jnp.asarray(x))
-    if isinstance(x, np.ndarray):
-      jax.block_until_ready(pair)    # its device copy is freed before the next leaf's
-    lanes.append(pair)
-  return lanes
+  return [_leaf_checksum_lanes(x) for x in leaves]
 
 
 def _checksum_lanes(x: jax.Array) -> tuple[jax.Array, jax.Array]:

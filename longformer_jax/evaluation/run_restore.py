@@ -4,13 +4,16 @@ eval.py, generate.py (generation/saved_run.py) and the export to Hugging Face
 (convert/hf_export.py) all read a run through these."""
 
 import json
+import os
 
 from absl import logging
 import ml_collections
 
 from longformer_jax.checkpoint.checkpointer import Checkpointer
+from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
 from longformer_jax.models.saved_config import migrate_saved_config
+from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.storage import paths
 from longformer_jax.train import initialization, phases
 from longformer_jax.train.optimizer import make_optimizer
@@ -57,3 +60,15 @@ def restore_params(config, tokenizer, workdir: str, mesh, rules):
       raise FileNotFoundError(f'no checkpoint in {checkpointer.directory}; train first')
     params, model_state, step = checkpointer.restore_params(step, abstract)
   return params, shardings.params, step, model_state
+
+
+def read_run(workdir: str) -> tuple:
+  """`(config, tokenizer, params, step, model_state)` of a language-model run: its
+  config.json as saved (today's layout), its tokenizer, and the latest checkpoint's
+  parameters on the run's mesh (what the analysis scripts under benchmarks/ read)."""
+  config = ml_collections.ConfigDict(saved_config(os.path.join(workdir, 'config.json')))
+  tokenizer = make_tokenizer(config.data)
+  mesh = make_mesh(config.parallel.mesh_shape)
+  params, _, step, model_state = restore_params(config, tokenizer, workdir, mesh,
+                                                config.parallel.logical_axis_rules)
+  return config, tokenizer, params, step, model_state
