@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of docs/kernels.md and docs/benchmarks.md, in priority order, each under a
-# time limit, for one GPU machine (at most 9 minutes; about 6 on an H200):
+# time limit, for one GPU machine (at most 10 minutes; about 7 on an H200):
 #
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]        # PYTHON=... to pick the interpreter
 #
@@ -14,7 +14,9 @@
 #    rows, the Longformer layer's cuDNN window, the Pallas block-sparse kernel on the Sparse
 #    Transformer's strided and BigBird's patterns, and the XLA blocked kernels of the same
 #    patterns (what `auto` ran on a GPU before).
-# 3. train_throughput.py: tokens/s and MFU of an XL model with pg19_xl.py's widths (4 layers)
+# 3. block_sparse_tuning.py: the Pallas kernel's tuning grid beside cuDNN, in one process
+#    (about 45 s; docs/benchmarks.md, "Tuning the Pallas kernel").
+# 4. train_throughput.py: tokens/s and MFU of an XL model with pg19_xl.py's widths (4 layers)
 #    on the built-in corpus, bfloat16 (the MFU over the float32 rate is printed; divide by
 #    the bfloat16 rate of step 0 for the bfloat16 figure).
 # Each step's output is in OUT_DIR (default gpu_checks_out); a step that fails does not stop
@@ -42,6 +44,8 @@ timeout 180 "$PY" benchmarks/attention_scaling.py --no_peer --no_host_peak --rep
   --seq_lens 16384 --modes fwd_bwd --timeout 60 --out "$OUT/attention_gpu.json" --variants \
   cudnn_causal,cudnn_window,longformer_cudnn_window,pallas_sparse_strided,pallas_bigbird,sparse_strided_blocked,bigbird_blocked \
   2>&1 | tee "$OUT/attention.log" | cut -c1-400
+timeout 80 "$PY" benchmarks/block_sparse_tuning.py --budget_s 50 --out "$OUT/tuning.json" \
+  2>&1 | tee "$OUT/tuning.log" | cut -c1-200
 timeout 100 "$PY" benchmarks/train_throughput.py --config=configs/default.py --steps=200 \
   --config.model.num_layers=4 --config.model.d_model=1024 --config.model.num_heads=16 \
   --config.model.d_ff=4096 --config.model.dtype=bfloat16 --config.data.batch_size=16 \

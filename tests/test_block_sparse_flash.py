@@ -18,7 +18,7 @@ give 0), at chunks that are not a multiple of the block:
 import numpy as np
 import pytest
 
-from longformer_jax.attention.core import block_sparse_flash
+from longformer_jax.attention.core import block_sparse_flash, block_sparse_tables
 from longformer_jax.attention.bigbird import splash as bigbird_splash
 from longformer_jax.attention.sparse_transformer import splash as sparse_splash
 from tests.test_splash_layers import BB, bigbird_loop, random_table
@@ -26,16 +26,22 @@ from tests.test_splash_layers import reference_mask as loop_reference_mask
 from tests.test_splash_masks import SUMMARY, STRIDE, compare, compare_with_mask
 
 BLOCK = 16
+TUNING = block_sparse_flash.KernelTuning(block=BLOCK)
+# Rows of more than 2 visits split over several programs, merged by log-sum-exp (forward)
+# and summed (gradients): every row of these tests' patterns past the first few.
+SPLIT = block_sparse_flash.KernelTuning(block=BLOCK, max_visits=2, split_over_mean=0.0)
+TUNINGS = pytest.mark.parametrize('tuning', [TUNING, SPLIT], ids=['one_program_a_row', 'split'])
 
 
-def kernel(rules):
+def kernel(rules, tuning=TUNING):
   return lambda q, k, v, seg, valid: block_sparse_flash.block_sparse_attention(
-      q, k, v, seg, valid, mask=rules, block=BLOCK)      # interpret mode off a GPU
+      q, k, v, seg, valid, mask=rules, tuning=tuning)    # interpret mode off a GPU
 
 
-def test_strided_merged_equals_dense_reference():
+@TUNINGS
+def test_strided_merged_equals_dense_reference(tuning):
   rules = sparse_splash.pattern_rules('strided', 'merged', STRIDE, SUMMARY, 2)
-  compare(kernel(rules), ['strided'] * 2, chunk=200)
+  compare(kernel(rules, tuning), ['strided'] * 2, chunk=200)
 
 
 def test_fixed_multihead_equals_dense_reference():
@@ -43,13 +49,14 @@ def test_fixed_multihead_equals_dense_reference():
   compare(kernel(rules), ['fixed_local'] * 2 + ['fixed_summary'] * 2, chunk=200)
 
 
-def test_bigbird_blocks_equal_dense_reference():
+@TUNINGS
+def test_bigbird_blocks_equal_dense_reference(tuning):
   chunk = 96                                    # 6 BigBird blocks of 16
   table = random_table(chunk // BB['block'], causal=True)
   rule = bigbird_splash.BigBirdBlocks(causal=True, random=table, **BB)
   mask = loop_reference_mask(
       [lambda i, j: bigbird_loop(i, j, table, causal=True, **BB)], chunk)
-  compare_with_mask(kernel(rule), mask, chunk)
+  compare_with_mask(kernel(rule, tuning), mask, chunk)
 
 
 @pytest.mark.parametrize('rule_name', ['strided', 'fixed', 'bigbird'])
@@ -60,7 +67,7 @@ def test_block_tables_visit_exactly_the_kept_blocks(rule_name):
                                         **BB)
   else:
     rule = sparse_splash.pattern_rules(rule_name, 'merged', STRIDE, SUMMARY, 1)[0]
-  tables = block_sparse_flash.block_tables(rule, length, block)
+  tables = block_sparse_tables.block_tables(rule, length, block)
   ids = np.arange(length)
   dense = np.asarray(rule.allows(ids[:, None], ids[None, :]), bool)
   nb = length // block
@@ -75,11 +82,34 @@ def test_block_tables_visit_exactly_the_kept_blocks(rule_name):
         transposed = dict(zip(tables.q_index[j, :tables.q_count[j]].tolist(),
                               tables.q_mask[j, :tables.q_count[j]].tolist()))
         assert transposed[i] == visited[j]
+  # Whole blocks first: the kernel visits the first `full` of a row with no mask.
+  for index, mask, count, full in ((tables.kv_index, tables.kv_mask, tables.kv_count,
+                                    tables.kv_full),
+                                   (tables.q_index, tables.q_mask, tables.q_count, tables.q_full)):
+    for row in range(nb):
+      ids_ = mask[row, :count[row]]
+      assert (ids_[:full[row]] == 0).all() and (ids_[full[row]:] != 0).all()
+    # Split into programs of at most 3 visits: each row's visits, in order, exactly once.
+    programs = block_sparse_tables.program_table(index, mask, count, full, max_visits=3)
+    assert programs.split == bool(count.max() > 3)
+    np.testing.assert_array_equal(programs.row[:nb], np.arange(nb))    # firsts in place
+    # An even load is not split: no row has more than 100x the mean.
+    assert not block_sparse_tables.program_table(index, mask, count, full, 3, 100.0).split
+    for row in range(nb):
+      mine = np.flatnonzero(programs.row == row)
+      assert len(mine) == max(1, -(-int(count[row]) // 3))
+      assert (programs.count[mine] <= 3).all()
+      joined = np.concatenate([programs.index[p, :programs.count[p]] for p in mine])
+      np.testing.assert_array_equal(joined, index[row, :count[row]])
+      assert programs.full[mine].sum() == full[row]
+      for p in mine:
+        ids_ = programs.mask[p, :programs.count[p]]
+        assert (ids_[:programs.full[p]] == 0).all() and (ids_[programs.full[p]:] != 0).all()
 
 
 def test_strided_pattern_skips_most_blocks():
   rule = sparse_splash.pattern_rules('strided', 'merged', 32, 1, 1)[0]
-  tables = block_sparse_flash.block_tables(rule, 1024, 32)
+  tables = block_sparse_tables.block_tables(rule, 1024, 32)
   # Local: the diagonal block and the one before; summary: every block (one column each):
   # about 1/2 of the causal half, against all 32 x 32 blocks of dense attention.
   assert tables.kept_fraction < 0.6

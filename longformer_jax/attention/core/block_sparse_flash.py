@@ -7,16 +7,21 @@ Transformer's `Strided` / `Fixed`, BigBird's `BigBirdBlocks`, `BlockLocal`,
 ids; a query with no allowed key gives 0), with a kernel that a GPU compiles:
 
 - the rule is evaluated once, in numpy, when the kernel is traced, into a
-  table per query block of the key blocks it touches (`BlockTables`): empty
-  blocks are never visited, so the work is the fraction of blocks the pattern
-  keeps; a block the rule keeps only in part gets its element mask from a
-  small table of distinct partial masks (id 0 is the full block);
+  table per query block of the key blocks it touches (`block_sparse_tables.py`):
+  empty blocks are never visited, so the work is the fraction of blocks the
+  pattern keeps; a block the rule keeps only in part gets its element mask
+  from a small table of distinct partial masks, and whole blocks, visited
+  first, load no mask at all;
 - forward: one program per (row, head, query block) runs an online softmax
   (flash attention, float32 accumulation) over its key blocks and writes the
   output and its log-sum-exp;
 - backward (flash attention 2): `dq` per query block over the same key blocks,
   `dk, dv` per key block over the transposed table, both recomputing the
-  weights from the saved log-sum-exp; `delta = rowsum(d_out * out)` outside.
+  weights from the saved log-sum-exp; `delta = rowsum(d_out * out)` outside;
+- a row with more than `max_visits` blocks (BigBird's global key blocks, seen
+  by every query block) is split over several programs, merged afterwards by
+  log-sum-exp (forward) or summed (gradients), so that no single program
+  walks the whole sequence while the rest of the GPU waits.
 
 Heads with different rules (the Sparse Transformer's multihead integration)
 run as one call per distinct rule. The kernel runs compiled by Triton on a GPU
@@ -30,81 +35,33 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pallas_triton
 
+from longformer_jax.attention.core.block_sparse_tables import (ProgramTable, block_tables,
+                                                             device_arrays, program_table)
 from longformer_jax.attention.core.splash_kernels import Window, head_rules, splash_attention
 
-DEFAULT_BLOCK = 64
-MAX_PARTIAL_MASKS = 4096
-# Triton, not Mosaic GPU (JAX's default GPU lowering for pallas_call): Mosaic GPU stages
-# every block in shared memory, and the whole-row key / value blocks do not fit there.
-TRITON = pallas_triton.CompilerParams(num_warps=4, num_stages=2)
 NO_KEY = -1e30
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockTables:
-  """Which key blocks each query block visits (and the transpose), as int32 numpy arrays.
+class KernelTuning:
+  """The kernel's static shape on a GPU (measured in docs/benchmarks.md, "Tuning the Pallas
+  kernel"). block: query and key block (a power of two >= 16 for Triton); num_warps,
+  num_stages: Triton's; max_visits, split_over_mean: a row of more than `max_visits`
+  blocks is split over several programs when the longest row has more than
+  `split_over_mean` x the mean visits (`block_sparse_tables.program_table`)."""
+  block: int = 64
+  num_warps: int = 4
+  num_stages: int = 2
+  max_visits: Optional[int] = 32
+  split_over_mean: float = 4.0
 
-  kv_index, kv_mask `[nq, max_k]`: key block and partial-mask id of visit t of query
-  block i (`kv_count[i]` visits); q_index, q_mask `[nk, max_q]`, `q_count [nk]`: the
-  same seen from key block j; masks `[num, bq, bk]` int32 (id 0: the full block).
-  """
-  kv_index: np.ndarray
-  kv_mask: np.ndarray
-  kv_count: np.ndarray
-  q_index: np.ndarray
-  q_mask: np.ndarray
-  q_count: np.ndarray
-  masks: np.ndarray
-
-  @property
-  def kept_fraction(self) -> float:
-    """The fraction of (query block, key block) pairs visited."""
-    return float(self.kv_count.sum()) / (self.kv_index.shape[0] * self.q_index.shape[0])
-
-
-@functools.lru_cache(maxsize=64)
-def block_tables(rule, length: int, block: int) -> BlockTables:
-  """`rule.allows` on slot ids of a `length`-slot chunk, classified block by block."""
-  nb = length // block
-  ids = np.arange(length)
-  distinct = {np.ones((block, block), bool).tobytes(): 0}
-  masks = [np.ones((block, block), bool)]
-  visits_q = [[] for _ in range(nb)]
-  visits_k = [[] for _ in range(nb)]
-  for i in range(nb):
-    q_ids = ids[i * block:(i + 1) * block, None]
-    allowed_row = np.asarray(rule.allows(q_ids, ids[None, :]), bool)       # [block, length]
-    for j in range(nb):
-      piece = allowed_row[:, j * block:(j + 1) * block]
-      if not piece.any():
-        continue
-      key = piece.tobytes()
-      if key not in distinct:
-        distinct[key] = len(masks)
-        masks.append(piece.copy())
-        if len(masks) > MAX_PARTIAL_MASKS:
-          raise ValueError(f'{rule} has more than {MAX_PARTIAL_MASKS} distinct partial blocks '
-                           f'of {block} slots')
-      visits_q[i].append((j, distinct[key]))
-      visits_k[j].append((i, distinct[key]))
-
-  def table(visits):
-    width = max(1, max(len(v) for v in visits))
-    index = np.zeros((nb, width), np.int32)
-    mask = np.zeros((nb, width), np.int32)
-    for row, v in enumerate(visits):
-      for t, (other, mask_id) in enumerate(v):
-        index[row, t], mask[row, t] = other, mask_id
-    return index, mask, np.array([len(v) for v in visits], np.int32)
-
-  kv_index, kv_mask, kv_count = table(visits_q)
-  q_index, q_mask, q_count = table(visits_k)
-  return BlockTables(kv_index, kv_mask, kv_count, q_index, q_mask, q_count,
-                     np.stack(masks).astype(np.int32))
+  def compiler_params(self):
+    # Triton, not Mosaic GPU (JAX's default GPU lowering for pallas_call): Mosaic GPU stages
+    # every block in shared memory, and the whole-row key / value blocks do not fit there.
+    return pallas_triton.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
 
 
 def _dot(a, b):
@@ -115,157 +72,209 @@ def _dot_t(a, b):     # a @ b.T
   return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _allowed(masks_ref, mask_id, q_seg, kv_seg):
-  return (masks_ref[mask_id] != 0) & (q_seg[:, None] == kv_seg[None, :])
+def _over_visits(table_refs, p, block, step, carry):
+  """`carry = step(other, element_mask, carry)` over program p's visits, `other` the slice of
+  the visited block: whole blocks first with no mask loaded (`element_mask` None), then the
+  partial ones with their `[bq, bk]` mask."""
+  _, index_ref, mask_ref, count_ref, full_ref, masks_ref = table_refs
+
+  def body(masked):
+    def run(t, c):
+      element_mask = (masks_ref[mask_ref[p, t]] != 0) if masked else None
+      return step(pl.ds(index_ref[p, t] * block, block), element_mask, c)
+    return run
+
+  carry = jax.lax.fori_loop(0, full_ref[p], body(False), carry)
+  return jax.lax.fori_loop(full_ref[p], count_ref[p], body(True), carry)
 
 
-def _forward_kernel(kv_index_ref, kv_mask_ref, kv_count_ref, masks_ref, q_ref, k_ref, v_ref,
-                    q_seg_ref, kv_seg_ref, out_ref, lse_ref, *, block):
-  i = pl.program_id(2)
-  q = q_ref[0, 0]
-  q_seg = q_seg_ref[0]
-  rows = q.shape[0]
+def _allowed(element_mask, q_seg, kv_seg):
+  same = q_seg[:, None] == kv_seg[None, :]
+  return same if element_mask is None else same & element_mask
 
-  def visit(t, carry):
+
+# Every array in the layers' layout, [batch, slots, heads, head_dim] ([batch, slots, heads]
+# for the log-sum-exp and delta), so that nothing is transposed around the kernels: a
+# program of head h reads `x_ref[0, slots, 0, :]` of its (batch, head) slice.
+
+def _forward_kernel(*refs, block):
+  table_refs = refs[:6]
+  q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, out_ref, lse_ref = refs[6:]
+  p = pl.program_id(2)
+  queries = pl.ds(table_refs[0][p] * block, block)
+  q, q_seg = q_ref[0, queries, 0, :], q_seg_ref[0, queries]
+
+  def step(keys, element_mask, carry):
     m, l, acc = carry
-    j = kv_index_ref[i, t]
-    keys = pl.ds(j * block, block)
-    k, v = k_ref[0, 0, keys, :], v_ref[0, 0, keys, :]
-    allowed = _allowed(masks_ref, kv_mask_ref[i, t], q_seg, kv_seg_ref[0, keys])
+    k, v = k_ref[0, keys, 0, :], v_ref[0, keys, 0, :]
+    allowed = _allowed(element_mask, q_seg, kv_seg_ref[0, keys])
     s = _dot_t(q, k)
     m_new = jnp.maximum(m, jnp.max(jnp.where(allowed, s, NO_KEY), axis=1))
-    p = jnp.where(allowed, jnp.exp(s - m_new[:, None]), 0.0)
+    p_ = jnp.where(allowed, jnp.exp(s - m_new[:, None]), 0.0)
     correction = jnp.exp(m - m_new)
-    return (m_new, l * correction + jnp.sum(p, axis=1),
-            acc * correction[:, None] + _dot(p.astype(v.dtype), v))
+    return (m_new, l * correction + jnp.sum(p_, axis=1),
+            acc * correction[:, None] + _dot(p_.astype(v.dtype), v))
 
-  init = (jnp.full((rows,), NO_KEY, jnp.float32), jnp.zeros((rows,), jnp.float32),
-          jnp.zeros((rows, v_ref.shape[-1]), jnp.float32))
-  m, l, acc = jax.lax.fori_loop(0, kv_count_ref[i], visit, init)
+  init = (jnp.full((block,), NO_KEY, jnp.float32), jnp.zeros((block,), jnp.float32),
+          jnp.zeros((block, v_ref.shape[-1]), jnp.float32))
+  m, l, acc = _over_visits(table_refs, p, block, step, init)
   has_key = l > 0
-  out_ref[0, 0] = (acc / jnp.where(has_key, l, 1.0)[:, None]).astype(out_ref.dtype)
-  lse_ref[0, 0] = jnp.where(has_key, m + jnp.log(jnp.where(has_key, l, 1.0)), -jnp.inf)
+  out_ref[0, :, 0, :] = (acc / jnp.where(has_key, l, 1.0)[:, None]).astype(out_ref.dtype)
+  lse_ref[0, :, 0] = jnp.where(has_key, m + jnp.log(jnp.where(has_key, l, 1.0)), -jnp.inf)
 
 
-def _dq_kernel(kv_index_ref, kv_mask_ref, kv_count_ref, masks_ref, q_ref, k_ref, v_ref,
-               q_seg_ref, kv_seg_ref, do_ref, lse_ref, delta_ref, dq_ref, *, block):
-  i = pl.program_id(2)
-  q, do = q_ref[0, 0], do_ref[0, 0]
-  lse, delta, q_seg = lse_ref[0, 0], delta_ref[0, 0], q_seg_ref[0]
+def _dq_kernel(*refs, block):
+  table_refs = refs[:6]
+  q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, do_ref, lse_ref, delta_ref, dq_ref = refs[6:]
+  p = pl.program_id(2)
+  queries = pl.ds(table_refs[0][p] * block, block)
+  q, do, q_seg = q_ref[0, queries, 0, :], do_ref[0, queries, 0, :], q_seg_ref[0, queries]
+  lse, delta = lse_ref[0, queries, 0], delta_ref[0, queries, 0]
 
-  def visit(t, dq):
-    j = kv_index_ref[i, t]
-    keys = pl.ds(j * block, block)
-    k, v = k_ref[0, 0, keys, :], v_ref[0, 0, keys, :]
-    allowed = _allowed(masks_ref, kv_mask_ref[i, t], q_seg, kv_seg_ref[0, keys])
-    p = jnp.where(allowed, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)
-    ds = p * (_dot_t(do, v) - delta[:, None])
+  def step(keys, element_mask, dq):
+    k, v = k_ref[0, keys, 0, :], v_ref[0, keys, 0, :]
+    allowed = _allowed(element_mask, q_seg, kv_seg_ref[0, keys])
+    p_ = jnp.where(allowed, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)
+    ds = p_ * (_dot_t(do, v) - delta[:, None])
     return dq + _dot(ds.astype(k.dtype), k)
 
-  dq = jax.lax.fori_loop(0, kv_count_ref[i], visit,
-                         jnp.zeros((q.shape[0], q.shape[1]), jnp.float32))
-  dq_ref[0, 0] = dq.astype(dq_ref.dtype)
+  dq = _over_visits(table_refs, p, block, step, jnp.zeros(q.shape, jnp.float32))
+  dq_ref[0, :, 0, :] = dq.astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(q_index_ref, q_mask_ref, q_count_ref, masks_ref, q_ref, k_ref, v_ref,
-                 q_seg_ref, kv_seg_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, block):
-  j = pl.program_id(2)
-  k, v, kv_seg = k_ref[0, 0], v_ref[0, 0], kv_seg_ref[0]
+def _dkdv_kernel(*refs, block):
+  table_refs = refs[:6]
+  q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref = refs[6:]
+  p = pl.program_id(2)
+  keys = pl.ds(table_refs[0][p] * block, block)
+  k, v, kv_seg = k_ref[0, keys, 0, :], v_ref[0, keys, 0, :], kv_seg_ref[0, keys]
 
-  def visit(t, carry):
+  def step(queries, element_mask, carry):
     dk, dv = carry
-    i = q_index_ref[j, t]
-    queries = pl.ds(i * block, block)
-    q, do = q_ref[0, 0, queries, :], do_ref[0, 0, queries, :]
-    lse, delta = lse_ref[0, 0, queries], delta_ref[0, 0, queries]
-    allowed = _allowed(masks_ref, q_mask_ref[j, t], q_seg_ref[0, queries], kv_seg)
-    p = jnp.where(allowed, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)      # [bq, bk]
-    ds = p * (_dot_t(do, v) - delta[:, None])
-    return (dk + _dot(ds.T.astype(q.dtype), q), dv + _dot(p.T.astype(do.dtype), do))
+    q, do = q_ref[0, queries, 0, :], do_ref[0, queries, 0, :]
+    lse, delta = lse_ref[0, queries, 0], delta_ref[0, queries, 0]
+    allowed = _allowed(element_mask, q_seg_ref[0, queries], kv_seg)
+    p_ = jnp.where(allowed, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)      # [bq, bk]
+    ds = p_ * (_dot_t(do, v) - delta[:, None])
+    return (dk + _dot(ds.T.astype(q.dtype), q), dv + _dot(p_.T.astype(do.dtype), do))
 
   zeros = jnp.zeros(k.shape, jnp.float32)
-  dk, dv = jax.lax.fori_loop(0, q_count_ref[j], visit, (zeros, zeros))
-  dk_ref[0, 0] = dk.astype(dk_ref.dtype)
-  dv_ref[0, 0] = dv.astype(dv_ref.dtype)
+  dk, dv = _over_visits(table_refs, p, block, step, (zeros, zeros))
+  dk_ref[0, :, 0, :] = dk.astype(dk_ref.dtype)
+  dv_ref[0, :, 0, :] = dv.astype(dv_ref.dtype)
 
 
-def _padded_tables(tables: BlockTables) -> tuple:
-  """The tables as int32 arrays, each dimension padded to a power of two (Triton blocks)."""
-  def pad(a):
-    shape = tuple(1 << max(0, int(d - 1).bit_length()) for d in a.shape)
-    out = np.zeros(shape, np.int32)
-    out[tuple(slice(0, d) for d in a.shape)] = a
-    return jnp.asarray(out)
-  return tuple(pad(a) for a in (tables.kv_index, tables.kv_mask, tables.kv_count, tables.q_index,
-                                tables.q_mask, tables.q_count, tables.masks))
+def _programs(rule, tuning, n):
+  """The forward / dq side's and the dk, dv side's program tables, and the masks."""
+  t = block_tables(rule, n, tuning.block)
+  split = (tuning.max_visits, tuning.split_over_mean)
+  return (program_table(t.kv_index, t.kv_mask, t.kv_count, t.kv_full, *split),
+          program_table(t.q_index, t.q_mask, t.q_count, t.q_full, *split), t.masks)
 
 
-def _whole(shape):
-  return pl.BlockSpec(shape, lambda b, h, i: (0,) * len(shape))
+def _call(kernel, table: ProgramTable, masks, tuning, interpret, inputs, outputs):
+  """One pallas_call, grid (batch, heads, programs): every input whole for its (batch, head);
+  each output `[b, programs * block, h(, d)]` written block by block (`outputs`: (with a
+  head_dim, dtype))."""
+  b, _, h, d = inputs[0].shape
+  block, num = tuning.block, table.num_programs
+  arrays = device_arrays(table, masks)
 
+  def whole(shape):
+    return pl.BlockSpec(shape, lambda b_, h_, p: (0,) * len(shape))
 
-def _specs(tables, block, n, d):
-  """BlockSpecs: the tables whole; q-side blocks of `block` rows; k, v, segments whole."""
-  table_specs = [_whole(t.shape) for t in tables]
-  row = pl.BlockSpec((1, 1, block, d), lambda b, h, i: (b, h, i, 0))
-  whole_row = pl.BlockSpec((1, 1, n, d), lambda b, h, i: (b, h, 0, 0))
-  seg_block = pl.BlockSpec((1, block), lambda b, h, i: (b, i))
-  seg_whole = pl.BlockSpec((1, n), lambda b, h, i: (b, 0))
-  stat_block = pl.BlockSpec((1, 1, block), lambda b, h, i: (b, h, i))
-  stat_whole = pl.BlockSpec((1, 1, n), lambda b, h, i: (b, h, 0))
-  return table_specs, row, whole_row, seg_block, seg_whole, stat_block, stat_whole
+  def slice_of(shape):        # [b, n, h, d], [b, n, h] or [b, n] (segments)
+    if len(shape) == 2:
+      return pl.BlockSpec((1, shape[1]), lambda b_, h_, p: (b_, 0))
+    return pl.BlockSpec((1, shape[1], 1) + shape[3:],
+                        lambda b_, h_, p: (b_, 0, h_) + (0,) * (len(shape) - 3))
 
-
-def _forward(rule, block, interpret, q, k, v, q_seg, kv_seg):
-  b, h, n, d = q.shape
-  tables = _padded_tables(block_tables(rule, n, block))
-  forward_tables = (tables[0], tables[1], tables[2], tables[6])
-  specs, row, whole_row, seg_block, seg_whole, stat_block, _ = _specs(forward_tables, block, n, d)
+  out_specs, out_shape = [], []
+  for with_dim, dtype in outputs:
+    trailing = (d,) if with_dim else ()
+    out_specs.append(pl.BlockSpec((1, block, 1) + trailing,
+                                  lambda b_, h_, p, t=trailing: (b_, p, h_) + (0,) * len(t)))
+    out_shape.append(jax.ShapeDtypeStruct((b, num * block, h) + trailing, dtype))
   return pl.pallas_call(
-      functools.partial(_forward_kernel, block=block), grid=(b, h, n // block),
-      in_specs=specs + [row, whole_row, whole_row, seg_block, seg_whole],
-      out_specs=[row, stat_block],
-      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((b, h, n), jnp.float32)],
-      interpret=interpret, compiler_params=TRITON)(*forward_tables, q, k, v, q_seg, kv_seg)
+      functools.partial(kernel, block=block), grid=(b, h, num),
+      in_specs=[whole(a.shape) for a in arrays] + [slice_of(x.shape) for x in inputs],
+      out_specs=out_specs, out_shape=out_shape, interpret=interpret,
+      compiler_params=tuning.compiler_params())(*arrays, *inputs)
+
+
+def _firsts_and_others(parts, table: ProgramTable, block, n):
+  """`[b, programs * block, ...]` -> the rows' first programs `[b, rows, block, ...]`, the
+  split rows' other programs `[b, others, block, ...]` and those programs' rows."""
+  b, rest = parts.shape[0], parts.shape[2:]
+  firsts = parts[:, :n].reshape((b, n // block, block) + rest)
+  others = parts[:, n:].reshape((b, -1, block) + rest)
+  return firsts, others, jnp.asarray(table.row[n // block:])
+
+
+def _merge_softmax(out, lse, table, block, n, dtype):
+  """Programs that split one row merged by their log-sum-exps:
+  out = sum_p exp(lse_p - lse) out_p, lse = log sum_p exp(lse_p). Only the split rows'
+  other programs are scattered; the first programs lie in place."""
+  if not table.split:
+    return out, lse
+  out_first, out_other, rows = _firsts_and_others(out, table, block, n)
+  lse_first, lse_other, _ = _firsts_and_others(lse, table, block, n)
+  top = lse_first.at[:, rows].max(lse_other)
+  top = jnp.where(jnp.isfinite(top), top, 0.0)
+  weight_first = jnp.exp(lse_first - top)                  # 0 for a part with no key
+  weight_other = jnp.exp(lse_other - top[:, rows])
+  total = weight_first.at[:, rows].add(weight_other)
+  merged = (weight_first[..., None] * out_first).at[:, rows].add(
+      weight_other[..., None] * out_other)
+  safe = jnp.where(total > 0, total, 1.0)
+  b = out.shape[0]
+  return ((merged / safe[..., None]).reshape((b, n) + out.shape[2:]).astype(dtype),
+          jnp.where(total > 0, top + jnp.log(safe), -jnp.inf).reshape((b, n) + lse.shape[2:]))
+
+
+def _sum_parts(parts, table, block, n, dtype):
+  """Programs that split one row summed (dq, dk, dv are sums over the visited blocks)."""
+  if not table.split:
+    return parts
+  first, other, rows = _firsts_and_others(parts, table, block, n)
+  return first.at[:, rows].add(other).reshape((parts.shape[0], n) + parts.shape[2:]).astype(dtype)
+
+
+def _part_dtype(table, dtype):
+  return jnp.float32 if table.split else dtype
+
+
+def _forward(rule, tuning, interpret, q, k, v, q_seg, kv_seg):
+  n = q.shape[1]
+  rows, _, masks = _programs(rule, tuning, n)
+  out, lse = _call(_forward_kernel, rows, masks, tuning, interpret, (q, k, v, q_seg, kv_seg),
+                   [(True, _part_dtype(rows, q.dtype)), (False, jnp.float32)])
+  return _merge_softmax(out, lse, rows, tuning.block, n, q.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _attention(rule, block, interpret, q, k, v, q_seg, kv_seg):
-  return _forward(rule, block, interpret, q, k, v, q_seg, kv_seg)[0]
+def _attention(rule, tuning, interpret, q, k, v, q_seg, kv_seg):
+  return _forward(rule, tuning, interpret, q, k, v, q_seg, kv_seg)[0]
 
 
-def _attention_fwd(rule, block, interpret, q, k, v, q_seg, kv_seg):
-  out, lse = _forward(rule, block, interpret, q, k, v, q_seg, kv_seg)
+def _attention_fwd(rule, tuning, interpret, q, k, v, q_seg, kv_seg):
+  out, lse = _forward(rule, tuning, interpret, q, k, v, q_seg, kv_seg)
   return out, (q, k, v, q_seg, kv_seg, out, lse)
 
 
-def _attention_bwd(rule, block, interpret, residuals, d_out):
+def _attention_bwd(rule, tuning, interpret, residuals, d_out):
   q, k, v, q_seg, kv_seg, out, lse = residuals
-  b, h, n, d = q.shape
-  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)    # [b, h, n]
-  tables = _padded_tables(block_tables(rule, n, block))
-  forward_tables = (tables[0], tables[1], tables[2], tables[6])
-  backward_tables = (tables[3], tables[4], tables[5], tables[6])
-  specs, row, whole_row, seg_block, seg_whole, stat_block, stat_whole = _specs(
-      forward_tables, block, n, d)
-  dq = pl.pallas_call(
-      functools.partial(_dq_kernel, block=block), grid=(b, h, n // block),
-      in_specs=specs + [row, whole_row, whole_row, seg_block, seg_whole, row, stat_block,
-                        stat_block],
-      out_specs=row, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      interpret=interpret, compiler_params=TRITON)(
-          *forward_tables, q, k, v, q_seg, kv_seg, d_out, lse, delta)
-  specs = [_whole(t.shape) for t in backward_tables]
-  dk, dv = pl.pallas_call(
-      functools.partial(_dkdv_kernel, block=block), grid=(b, h, n // block),
-      in_specs=specs + [whole_row, row, row, seg_whole, seg_block, whole_row, stat_whole,
-                        stat_whole],
-      out_specs=[row, row],
-      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      interpret=interpret, compiler_params=TRITON)(
-          *backward_tables, q, k, v, q_seg, kv_seg, d_out, lse, delta)
-  return dq, dk, dv, None, None
+  n = q.shape[1]
+  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)    # [b, n, h]
+  rows, columns, masks = _programs(rule, tuning, n)
+  inputs = (q, k, v, q_seg, kv_seg, d_out, lse, delta)
+  (dq,) = _call(_dq_kernel, rows, masks, tuning, interpret, inputs,
+                [(True, _part_dtype(rows, q.dtype))])
+  dk, dv = _call(_dkdv_kernel, columns, masks, tuning, interpret, inputs,
+                 [(True, _part_dtype(columns, k.dtype)), (True, _part_dtype(columns, v.dtype))])
+  return (_sum_parts(dq, rows, tuning.block, n, q.dtype),
+          _sum_parts(dk, columns, tuning.block, n, k.dtype),
+          _sum_parts(dv, columns, tuning.block, n, v.dtype), None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -279,7 +288,8 @@ def masked_kernel(backend: str):
 
 def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
                            valid: jax.Array, *, left: Optional[int] = None,
-                           right: Optional[int] = 0, mask=None, block: int = DEFAULT_BLOCK,
+                           right: Optional[int] = 0, mask=None,
+                           tuning: KernelTuning = KernelTuning(),
                            interpret: Optional[bool] = None) -> jax.Array:
   """Masked softmax attention within one chunk, visiting only the blocks `mask` keeps.
 
@@ -289,14 +299,14 @@ def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids
     segment_ids: `[batch, chunk]` int32 document ids; valid: `[batch, chunk]` bool keys.
     left, right: the window `Window(left, right)` when `mask` is None (as splash).
     mask: a rule on slot ids (splash_kernels' rules) for every head, or one per head.
-    block: query and key block (a power of two >= 16 for Triton).
+    tuning: block size, Triton's warps and stages, and the row split (`KernelTuning`).
     interpret: Pallas interpret mode (None: off on GPU only).
   Returns:
     `[batch, chunk, heads, head_dim]` in q's dtype; rows with no allowed key are 0.
   """
   batch, chunk, heads, _ = q.shape
   interpret = jax.default_backend() != 'gpu' if interpret is None else interpret
-  length = -(-chunk // block) * block
+  length = -(-chunk // tuning.block) * tuning.block
   pad = length - chunk
   absent = jnp.min(segment_ids, axis=1, keepdims=True) - 1          # no real query has it
   in_chunk = jnp.arange(length) < chunk
@@ -304,18 +314,18 @@ def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids
   q_seg = jnp.where(in_chunk, padded, absent).astype(jnp.int32)
   kv_seg = jnp.where(in_chunk & jnp.pad(valid, ((0, 0), (0, pad))), padded,
                      absent - 1).astype(jnp.int32)    # padded queries see no key either
-  heads_major = lambda a: jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
-  qh, kh, vh = heads_major(q), heads_major(k), heads_major(v)
+  pad_slots = lambda a: jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else a
+  qs, ks, vs = pad_slots(q), pad_slots(k), pad_slots(v)
   groups = {}
   for head, rule in enumerate(head_rules(Window(left, right) if mask is None else mask, heads)):
     groups.setdefault(rule, []).append(head)
   outs, order = [], []
   for rule, members in groups.items():
-    pick = (lambda a: a) if len(members) == heads else (lambda a, m=members: a[:, m])
-    outs.append(_attention(rule, block, bool(interpret), pick(qh), pick(kh), pick(vh),
+    pick = (lambda a: a) if len(members) == heads else (lambda a, m=members: a[:, :, m])
+    outs.append(_attention(rule, tuning, bool(interpret), pick(qs), pick(ks), pick(vs),
                            q_seg, kv_seg))
     order += members
-  out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+  out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
   if len(outs) > 1:
-    out = out[:, [order.index(h) for h in range(heads)]]
-  return out.transpose(0, 2, 1, 3)[:, :chunk]
+    out = out[:, :, [order.index(h) for h in range(heads)]]
+  return out[:, :chunk]
