@@ -11,11 +11,15 @@ tokenizer (the tiny Llama fixture's). Then, each in a child process:
 
 - the disk's sequential read rate: the shards read once with the page cache
   dropped first (`posix_fadvise(DONTNEED)` after `fsync`), in 64 MiB reads;
+- the disk's sequential write rate: 1 GiB written in 64 MiB writes, fsync
+  included (the import writes as many bytes as it reads);
 - the import, `python -m longformer_jax.convert.hf --hf_dir=... --workdir=...`
   with the page cache dropped again: wall seconds, the child's peak resident
   memory (`ru_maxrss` of the waited child, and a 0.2 s poll of its RSS that
   stops it above `--memory_limit_gib`), the checkpoint's bytes over the wall
-  time, and its peak over the checkpoint's size (the target is 1.3x);
+  time, and its peak over the checkpoint's size (the target is 1.3x); from
+  the import's own last line, the seconds reading + converting and writing,
+  each over the disk's rate for that direction;
 - with `--decode` (the 1B): greedy decoding with the key/value cache,
   `generate.py --prompt_ids=... --temperature=0 --kv_cache=...` for two
   lengths of new tokens; tokens/s is the difference in tokens over the
@@ -27,6 +31,7 @@ One JSON line per measurement, and a summary line.
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -169,6 +174,31 @@ def read_rate(hf_dir: str) -> float:
   return total / (time.perf_counter() - start)
 
 
+def write_rate(folder: str, size: int = 2 ** 30) -> float:
+  """Bytes/s of one sequential write of `size` bytes in 64 MiB writes, fsync included."""
+  path = os.path.join(folder, 'write_rate.bin')
+  block = np.random.default_rng(0).integers(0, 256, READ_CHUNK, np.uint8).tobytes()
+  start = time.perf_counter()
+  with open(path, 'wb', buffering=0) as f:
+    for _ in range(size // READ_CHUNK):
+      f.write(block)
+    os.fsync(f.fileno())
+  seconds = time.perf_counter() - start
+  os.remove(path)
+  return size // READ_CHUNK * READ_CHUNK / seconds
+
+
+PHASES = re.compile(r'read and converted in ([0-9.]+) s .*written in ([0-9.]+) s')
+
+
+def import_phases(tail: list) -> dict:
+  """The import's own line: seconds reading + converting and writing."""
+  found = [PHASES.search(line) for line in tail]
+  found = [m for m in found if m]
+  return ({'read_phase_s': float(found[-1].group(1)), 'write_phase_s': float(found[-1].group(2))}
+          if found else {})
+
+
 def run_child(command: list, limit_bytes: float) -> dict:
   """Runs `command`; wall seconds, exit code, the peak RSS seen (polled) and `ru_maxrss`."""
   before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -219,13 +249,18 @@ def main() -> None:
   print(json.dumps(dict(size=args.size, checkpoint_bytes=total,
                         parameters=total // 2, build_s=time.perf_counter() - start)), flush=True)
   rate = read_rate(hf_dir)
-  print(json.dumps(dict(disk_read_bytes_per_s=rate)), flush=True)
+  written = write_rate(args.dir)
+  print(json.dumps(dict(disk_read_bytes_per_s=rate, disk_write_bytes_per_s=written)), flush=True)
   drop_page_cache(hf_dir)
   result = run_child([sys.executable, '-m', 'longformer_jax.convert.hf', f'--hf_dir={hf_dir}',
                       f'--workdir={workdir}'], args.memory_limit_gib * 2 ** 30)
   peak = max(result['polled_peak_bytes'], result['maxrss_bytes'] or 0)
   result.update(peak_over_checkpoint=peak / total, read_bytes_per_s=total / result['wall_s'],
-                read_over_disk=total / result['wall_s'] / rate)
+                read_over_disk=total / result['wall_s'] / rate, **import_phases(result['tail']))
+  if 'read_phase_s' in result:       # the reading alone against the disk's read rate, the
+    result.update(                   # writing alone against its write rate
+        read_phase_over_disk=total / result['read_phase_s'] / rate,
+        write_phase_over_disk_write=total / result['write_phase_s'] / written)
   print(json.dumps(dict(step='import', **result)), flush=True)
   if args.decode and result['returncode'] == 0:
     runs = {}

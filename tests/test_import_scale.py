@@ -47,3 +47,15 @@ def test_place_consuming_empties_the_numpy_tree_as_it_places():
   for got, want in zip(jax.tree_util.tree_leaves(placed), jax.tree_util.tree_leaves(expected)):
     assert isinstance(got, jax.Array)
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_the_import_line_gives_the_benchmark_its_phases():
+  """The importer's last line (convert/workdir_cli.phases_line) is what import_scale.py
+  parses for the read and write phases: a change to one must reach the other."""
+  from longformer_jax.convert import workdir_cli
+  line = ('wrote /tmp/run (config.json, checkpoints/0): '
+          + workdir_cli.phases_line(workdir_cli.phases(2_470_000_000, 4.4, 13.2)))
+  assert '2.47 GB' in line and '0.56 GB/s' in line
+  assert import_scale.import_phases(['other output', line]) == {'read_phase_s': 4.4,
+                                                                'write_phase_s': 13.2}
+  assert import_scale.import_phases(['no phases here']) == {}
