@@ -14,7 +14,8 @@ What the import changes is undone:
 - T5: every query kernel is divided by sqrt(d_kv) again, and a scaled untied
   output kernel by d_model^-0.5 (exact up to float32 rounding). Hugging Face
   keeps one relative position table per side (block 0); ours has a copy per
-  layer, so tables that fine-tuning has made differ are refused.
+  layer, kept equal in fine-tuning by the import's `optimizer.tied_parameters`
+  (train/tied_parameters.py); tables that differ (a run without it) are refused.
 - LED: `logits_bias [vocab]` becomes `final_logits_bias [1, vocab]`.
 - Longformer: the import folds token type 0 into the position table and
   drops its rows 0..pad (positions before RoBERTa's first). Given the
@@ -75,7 +76,9 @@ def _one_relative_table(tables: list, side: str) -> np.ndarray:
   for layer, table in enumerate(tables[1:], 1):
     if not np.array_equal(table, tables[0]):
       raise ConversionError(f'{side} layer {layer}\'s relative position bias differs from layer '
-                            f'0\'s; T5 keeps one table per side and cannot hold it')
+                            f'0\'s; T5 keeps one table per side and cannot hold it (fine-tune '
+                            f'with optimizer.tied_parameters=relative_attention_bias, as the '
+                            f'T5 import\'s config does)')
   return tables[0]
 
 

@@ -64,6 +64,9 @@ from longformer_jax.convert.safetensors_reader import (TensorSource, torch_layer
 MODEL_TYPES = ('t5',)
 ENCODER_DECODER = True           # imported as `EncoderDecoder` (models/encoder_decoder.py)
 IGNORED_SUFFIXES = ('EncDecAttention.relative_attention_bias.weight',)
+# The layers' copies of block 0's table stay equal in fine-tuning (the import's task config
+# sets optimizer.tied_parameters to it: train/tied_parameters.py), so the run writes back.
+TIED_PARAMETERS = 'relative_attention_bias'
 # feed_forward_proj -> (our ff_activation, the dense_act_fn transformers derives from it)
 FEED_FORWARD = {'relu': ('relu', 'relu'), 'gated-gelu': ('geglu', 'gelu_new')}
 

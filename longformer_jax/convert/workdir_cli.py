@@ -126,6 +126,9 @@ def write_task_config(hf_dir: str, source_dir: str, workdir: str, task: str, dty
   fine_tuned.hf_settings(data, model, settings)
   values = {'task': task, 'model': model, 'data': data,
             'train': {'init_from_hf': recorded_dir(source_dir)}}
+  tied = getattr(hf.family(hf_config), 'TIED_PARAMETERS', '')
+  if tied:          # copies of a table the original shares stay equal (T5's position bias)
+    values['optimizer'] = {'tied_parameters': tied}
   validate_config(ml_collections.ConfigDict(resolve_config(values)), jax.device_count())
   paths.write_text_atomically(
       paths.as_path(workdir) / TRAIN_CONFIG_FILE,

@@ -17,6 +17,9 @@ class OptimizerConfig(Section):
   eps: float = 1e-8
   grad_clip_norm: float = 1.0
   grad_accum_steps: int = 1                 # micro-batches (over batch rows) per update
+  # A parameter name whose copies in every layer stay equal, their gradients summed
+  # (train/tied_parameters.py): '' none; T5's import sets 'relative_attention_bias'.
+  tied_parameters: str = ''
 
   def validate(self, env) -> None:
     del env
