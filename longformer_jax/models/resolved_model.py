@@ -108,9 +108,9 @@ def resolved_model(values, vocab_size: int = 0, **overrides) -> ResolvedModel:
     if name not in values:
       raise ConfigError(f'model.{name}', 'missing: a resolved model has every section '
                         '(models/model_config.resolve_model)')
-    built[name] = cls.of(values[name], f'model.{name}')
+    built[name] = _section(cls, values[name], f'model.{name}')
   if values.get('hibert') is not None:
-    built['hibert'] = HibertConfig.of(values['hibert'], 'model.hibert')
+    built['hibert'] = _section(HibertConfig, values['hibert'], 'model.hibert')
   return ResolvedModel(sections=built, **fields)
 
 
@@ -130,6 +130,15 @@ def encoder_model_config(model_config, tokenizer_vocab_size: int,
 def _padded(model_config, tokenizer_vocab_size: int) -> int:
   """The vocabulary rounded up to `model.vocab_multiple`, so that the `vocab` axis shards."""
   return padded_vocab_size(tokenizer_vocab_size, _plain(model_config)['vocab_multiple'])
+
+
+def _section(cls, values: Mapping, path: str):
+  """`cls` built from `values`, which must hold every one of its fields (no default applies)."""
+  missing = [name for name in cls.field_names() if name not in values]
+  if missing:
+    raise ConfigError(f'{path}.{missing[0]}', 'missing: a resolved model has every field of '
+                      'every section (models/model_config.resolve_model)')
+  return cls.of(values, path)
 
 
 def _is_mapping(value) -> bool:
