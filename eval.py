@@ -67,7 +67,8 @@ from longformer_jax.generation.context import read_import
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
 from longformer_jax.data.tokenizers import make_tokenizer
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import ResolvedModel, lm_model_config
 from longformer_jax.parallel import distributed
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.parallel.parallel_config import ParallelConfig
@@ -208,11 +209,11 @@ def write_span_report(spans: list, out_dir: str, title: str) -> None:
   print(span_report.markdown_spans(spans))
 
 
-def sweep_model_config(config, tokenizer, point) -> ml_collections.FrozenConfigDict:
+def sweep_model_config(config, tokenizer, point) -> ResolvedModel:
   """The eval-time model of one sweep point, checked (every layer's settings) before use."""
   model_config = lm_model_config(config.model, tokenizer.vocab_size,
                                  **memory_sweep.model_overrides(point, config.model))
-  resolve_model({k: v for k, v in model_config.to_dict().items() if k != 'vocab_size'})
+  resolve_model(model_config.model_values())
   jax.eval_shape(lambda: DecoderLM.init_state(model_config, 1))
   return model_config
 

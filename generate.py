@@ -52,7 +52,7 @@ from longformer_jax.generation.generation_checks import check_can_generate
 from longformer_jax.generation.sampling import SamplingError, SamplingSettings
 from longformer_jax.generation.saved_run import config_mismatch_message, run_config
 from longformer_jax.generation.text_generation import generate_text
-from longformer_jax.models.decoder_lm import lm_model_config
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train.quiet_logs import show_own_info_only
 

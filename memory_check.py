@@ -35,7 +35,8 @@ from longformer_jax.data.data_config import DataConfig
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.evaluation.eval_config import EvalConfig
 from longformer_jax.experiment_config import chunk_lengths, validate_config, validate_mesh
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh, mesh_axis_sizes
 from longformer_jax.parallel.parallel_config import check_sequence_split

@@ -29,7 +29,8 @@ from longformer_jax.evaluation import span_report
 from longformer_jax.evaluation.passkey_scoring import document_batch
 from longformer_jax.evaluation.run_restore import read_run
 from longformer_jax.memory import fifo
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.train.lm_objective import chunk_context
 
 

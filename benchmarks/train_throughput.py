@@ -36,7 +36,7 @@ import jax
 from benchmarks.matmul_rate import measure
 from longformer_jax import command_line
 from longformer_jax.data.tokenizers import make_tokenizer
-from longformer_jax.models.decoder_lm import lm_model_config
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.models.flop_count import train_flops_per_token
 from longformer_jax.tasks.lm import TASK as LM_TASK
 from longformer_jax.train.quiet_logs import show_own_info_only

@@ -225,14 +225,12 @@ def test_adaptive_span_model_trains_and_eval_reports_spans(tmp_path):
 
 
 def test_span_report_reads_each_heads_span(tmp_path):
-  import ml_collections
+  import dataclasses
   from longformer_jax.models.decoder_lm import DecoderLM
   from longformer_jax.evaluation.span_report import learned_spans, markdown_spans, plot_spans
   from tests.tiny_models import context_of, stream_batch
   config = tiny_model_config(attention='adaptive_span', adaptive_span={'block': 4})
-  values = config.to_dict()
-  values['layer_schedule'] = {'attention': 'xl,adaptive_span'}
-  config = ml_collections.FrozenConfigDict(values)
+  config = dataclasses.replace(config, layer_schedule={'attention': 'xl,adaptive_span'})
   batch = stream_batch(2, 8)
   params = DecoderLM(config).init(jax.random.PRNGKey(0), batch['inputs'], DecoderLM.init_state(config, 2),
                                   context_of(batch))['params']

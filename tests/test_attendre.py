@@ -11,7 +11,6 @@ chunk itself (same document, valid, not in the future when causal). Scores are
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -22,6 +21,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import policies
 from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.models.model_config import resolve_model
+from longformer_jax.models.resolved_model import ResolvedModel, resolved_model
 
 B, D, H, HD, C = 2, 16, 2, 8, 8
 
@@ -73,12 +73,12 @@ def reference_outputs(params, x, positions, segments, valid, *, chunk, n, m, cau
   return np.einsum('bthe,hed->btd', out, p['out']['kernel'])
 
 
-def model_config(causal=True, **attendre) -> ml_collections.FrozenConfigDict:
+def model_config(causal=True, **attendre) -> ResolvedModel:
   """A resolved one-layer model; `attendre` are keys of `model.attendre` (memory_size 16)."""
   values = dict(attention='attendre', num_layers=1, num_heads=H, head_dim=HD, d_model=D,
                 causal=causal, stack='attendre_delay',
                 attendre=dict({'memory_size': 16}, **attendre))
-  return ml_collections.FrozenConfigDict(resolve_model(values))
+  return resolved_model(resolve_model(values))
 
 
 def stream(total, doc_len=0, seed=0, num_valid=None):

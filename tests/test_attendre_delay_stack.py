@@ -6,27 +6,29 @@ whole input); finishing by draining (padding chunks) equals flushing, with a
 different Q-memory delay in each layer.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from longformer_jax.models import attendre_delay
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.models.standard_stack import BlockStack
+from longformer_jax.models.resolved_model import ResolvedModel, resolved_model
 from tests.test_attendre import B, C, D, H, HD, context, stream
 
 _STEPS = {}
 
 
-def stack_config(**overrides) -> ml_collections.FrozenConfigDict:
+def stack_config(**overrides) -> ResolvedModel:
   """A resolved 2-layer time-shifted stack; `overrides` are keys of `model.attendre`
   (memory_size 16), and `layer_schedule` the model's."""
   schedule = overrides.pop('layer_schedule', {})
   values = dict(num_layers=2, d_model=D, num_heads=H, head_dim=HD, d_ff=32,
                 attention='attendre', stack='attendre_delay', causal=False,
                 layer_schedule=schedule, attendre=dict({'memory_size': 16}, **overrides))
-  return ml_collections.FrozenConfigDict(resolve_model(values))
+  return resolved_model(resolve_model(values))
 
 
 def stack_step(config):
@@ -70,7 +72,7 @@ def test_time_shifted_stack_with_big_memories_equals_a_bidirectional_encoder():
   params = init_stack_params(config, 2, x, positions, segments, valid)
   y = run_stack(config, params, x, positions, segments, valid, 'flush')
   # The reference: the standard stack, vanilla bidirectional attention over the whole input.
-  dense = ml_collections.FrozenConfigDict(dict(config.to_dict(), attention='vanilla'))
+  dense = dataclasses.replace(config, attention='vanilla')
   expected, _, _ = jax.jit(BlockStack(dense, jnp.float32).apply)(
       {'params': params}, jnp.asarray(x), BlockStack.init_state(dense, B),
       context(positions, segments, valid, np.ones(B, bool)))

@@ -10,11 +10,11 @@ float64. Inputs have a document boundary and padding, and lengths that are
 and are not multiples of the number of blocks.
 """
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -160,7 +160,7 @@ def test_bidirectional_allows_any_permutation_and_config_is_read():
   module = attention_layer(cfg, jnp.float32)
   assert (module.config.permutations, module.shared.causal) == ('0,2,1;2,1,0', False)
   # The same layer made causal after the check: building its key-block maps refuses it.
-  cfg = ml_collections.FrozenConfigDict(dict(cfg.to_dict(), causal=True))
+  cfg = dataclasses.replace(cfg, causal=True)
   module = attention_layer(cfg, jnp.float32)
   ctx = context_for(*chunk_facts(6))
   with pytest.raises(ConfigError) as error:

@@ -91,14 +91,12 @@ def test_chunking_bounds_backward_memory():
 
 def test_pre_ln_block_reads_ff_chunk_size():
   """`model.ff_chunk_size` reaches the default block; the function is unchanged."""
-  import ml_collections
+  import dataclasses
   from longformer_jax.memory import fifo
   from longformer_jax.models.pre_ln_block import DecoderBlock
   from tests.tiny_models import context_of, stream_batch, tiny_model_config
   plain = tiny_model_config()
-  values = plain.to_dict()
-  values['ff_chunk_size'] = 3
-  chunked = ml_collections.FrozenConfigDict(values)
+  chunked = dataclasses.replace(plain, ff_chunk_size=3)
   x = jax.random.normal(jax.random.PRNGKey(5), (2, 8, plain.d_model))
   state = fifo.create(2, plain.mem_len, (plain.d_model,))
   ctx = context_of(stream_batch(2, 8))

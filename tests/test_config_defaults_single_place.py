@@ -19,9 +19,12 @@ the name it starts from (`config.train` -> `config`, `dict(model.layer_schedule)
 """
 
 import ast
+import dataclasses
 import pathlib
 
 import pytest
+
+from longformer_jax.models.resolved_model import ResolvedModel
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / 'longformer_jax'
@@ -272,3 +275,79 @@ def test_the_field_scan_flags_a_restated_default():
 
   found = fields_restating_settings([('example.Copies', Copies)], setting_names())
   assert found == ['example.Copies.ff_bias (setting of model)']
+
+
+# The one package file that may name `FrozenConfigDict`, with its reason.
+FROZEN_CONFIG_DICT_ALLOWED = {
+    'longformer_jax/experiment_config.py':
+        'validate_config completes a caller\'s whole experiment ConfigDict in place, unless it '
+        'is frozen; no model module receives it',
+}
+
+
+def frozen_config_dict_uses(source: str, path: str) -> list:
+  """`path:line` of each name or attribute `FrozenConfigDict` in `source`."""
+  return [f'{path}:{node.lineno}' for node in ast.walk(ast.parse(source, path))
+          if (isinstance(node, ast.Attribute) and node.attr == 'FrozenConfigDict')
+          or (isinstance(node, ast.Name) and node.id == 'FrozenConfigDict')]
+
+
+def test_no_package_module_builds_or_takes_a_frozen_config_dict():
+  """Between `resolve_model` and the Flax modules the model is a `ResolvedModel`
+  (models/resolved_model.py), typed and frozen; a `FrozenConfigDict` is not built or taken
+  anywhere in the package (docs/design.md, "Configuration")."""
+  found = []
+  for path in sorted(PACKAGE.rglob('*.py')):
+    name = str(path.relative_to(ROOT))
+    if name not in FROZEN_CONFIG_DICT_ALLOWED:
+      found += frozen_config_dict_uses(path.read_text(), name)
+  assert not found, 'FrozenConfigDict in the package: ' + ', '.join(found)
+
+
+def test_model_modules_take_the_resolved_model():
+  """Every Flax module of the model floor with a `config` field declares it a
+  `ResolvedModel` (as the string 'ResolvedModel': the model floor's modules cannot import
+  it, it imports them through the registries); no file of the floors whose modules are
+  built from settings imports ml_collections (the attention variants' `init_state` takes
+  the layer's resolved model too), except `models/saved_config.py`, which reads an old
+  run's `config.json` before it resolves."""
+  wrong = []
+  for qualified, cls in flax_modules():
+    if not qualified.startswith('longformer_jax.models.'):
+      continue
+    fields = {field.name: field.type for field in dataclasses.fields(cls)}
+    if 'config' in fields and fields['config'] not in ('ResolvedModel', ResolvedModel):
+      wrong.append(f'{qualified}.config: {fields["config"]!r}')
+  assert not wrong, 'model modules whose config is not the ResolvedModel:\n  ' + '\n  '.join(
+      wrong)
+  importing = [str(path.relative_to(ROOT)) for floor in MODULE_FLOORS
+               for path in sorted((PACKAGE / floor).rglob('*.py'))
+               if 'ml_collections' in path.read_text()
+               and path.relative_to(PACKAGE).as_posix() != 'models/saved_config.py']
+  assert not importing, f'files of {MODULE_FLOORS} that use ml_collections: {importing}'
+
+
+def test_a_dict_config_is_refused_where_a_model_is_built():
+  """A `FrozenConfigDict` given to a model fails at once with a TypeError naming the
+  `ResolvedModel`, rather than running on untyped values."""
+  import jax
+  import ml_collections
+  from longformer_jax.models.decoder_lm import DecoderLM
+  from tests.tiny_models import context_of, stream_batch, tiny_model_config
+  config = tiny_model_config()
+  assert isinstance(config, ResolvedModel) and hash(config) == hash(tiny_model_config())
+  frozen = ml_collections.FrozenConfigDict(config.to_dict())
+  batch = stream_batch(2, 8)
+  with pytest.raises(TypeError, match='ResolvedModel'):
+    DecoderLM(frozen).init(jax.random.PRNGKey(0), batch['inputs'],
+                           DecoderLM.init_state(config, 2), context_of(batch))
+
+
+@pytest.mark.parametrize('snippet, flagged', [
+    ('config: ml_collections.FrozenConfigDict', True),
+    ('from ml_collections import FrozenConfigDict', False),   # an import alone builds nothing
+    ('x = FrozenConfigDict(values)', True),
+    ("config: 'ResolvedModel'", False),
+])
+def test_the_frozen_config_dict_scan(snippet, flagged):
+  assert bool(frozen_config_dict_uses(snippet, 'example.py')) == flagged

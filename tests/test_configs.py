@@ -11,7 +11,8 @@ import pytest
 
 from longformer_jax.command_line import experiment_config
 from longformer_jax.experiment_config import validate_mesh
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / 'configs'
 NAMES = sorted(p.stem for p in CONFIG_DIR.glob('*.py') if p.stem != '__init__')

@@ -348,7 +348,7 @@ def test_a_variant_holds_its_section_and_the_shared_settings_only():
     assert not hasattr(cls, 'from_config'), f'attention:{name} still copies settings (from_config)'
     built = attention_layer(tiny_attention_config(name), jnp.float32, name='attention')
     if section is not None:
-      want = section.build(tiny_attention_config(name)[name].to_dict(), f'model.{name}')
+      want = section.build(getattr(tiny_attention_config(name), name).to_dict(), f'model.{name}')
       assert built.config == want, f'attention:{name} does not hold its section as configured'
 
 

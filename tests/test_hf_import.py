@@ -66,7 +66,7 @@ def test_logits_match_transformers(name):
 def test_llama_uses_its_features():
   model_config, _ = hf.load(os.path.join(DATA, 'llama'))
   assert model_config.num_kv_heads == 2 and model_config.num_heads == 4
-  assert model_config.rope_scaling.type == 'llama3'
+  assert model_config.rope_scaling['type'] == 'llama3'
   assert model_config.norm == 'rms_norm' and model_config.ff_activation == 'swiglu'
   assert not model_config.tie_embeddings
 
@@ -149,7 +149,7 @@ def test_cli_workdir_restores_to_the_same_logits(llama_workdir):
   import generate  # pylint: disable=g-import-not-at-top
   import eval as eval_script  # pylint: disable=g-import-not-at-top
   from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
-  from longformer_jax.models.decoder_lm import lm_model_config  # pylint: disable=g-import-not-at-top
+  from longformer_jax.models.resolved_model import lm_model_config  # pylint: disable=g-import-not-at-top
   from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
   config = generate.run_config(llama_workdir, -1)
   tokenizer = make_tokenizer(config.data)
@@ -359,7 +359,7 @@ def test_a_checkpoint_in_a_bucket_imports_into_a_gs_workdir(gcs_bucket):
   import generate  # pylint: disable=g-import-not-at-top
   from longformer_jax.convert.workdir_cli import convert_to_workdir  # pylint: disable=g-import-not-at-top
   from longformer_jax.data.tokenizers import make_tokenizer  # pylint: disable=g-import-not-at-top
-  from longformer_jax.models.decoder_lm import lm_model_config  # pylint: disable=g-import-not-at-top
+  from longformer_jax.models.resolved_model import lm_model_config  # pylint: disable=g-import-not-at-top
   from longformer_jax.parallel.mesh import make_mesh  # pylint: disable=g-import-not-at-top
   from longformer_jax.storage import paths  # pylint: disable=g-import-not-at-top
   hf_dir, workdir = f'{gcs_bucket}/hf/llama', f'{gcs_bucket}/imported/llama'

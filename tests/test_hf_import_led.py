@@ -9,11 +9,11 @@ right-padded from position 5; perturbed biases, norm scales and
 `final_logits_bias`. Only valid target positions are compared.
 """
 
+import dataclasses
 import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -22,6 +22,7 @@ from longformer_jax.convert import hf
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.encoder_decoder import EncoderDecoder, decoder_context
 from longformer_jax.models.model_config import resolve_model
+from longformer_jax.models.resolved_model import resolved_model
 from tests.hf_checkpoints import conversion_error, edited_copy, load_float32, reference_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,7 +71,7 @@ def test_the_reference_depends_on_global_tokens_windows_and_logits_bias(imported
   globals_ = fixture('global_attention_mask.npy')
   error, scale = max_error(led_logits(model_config, params, np.zeros_like(globals_)))
   assert error > 1e-2 * scale
-  one_window = ml_collections.FrozenConfigDict(dict(model_config.to_dict(), layer_schedule={}))
+  one_window = dataclasses.replace(model_config, layer_schedule={})
   error, scale = max_error(led_logits(one_window, params, globals_))
   assert error > 1e-2 * scale
   no_bias = dict(params, logits_bias=jnp.zeros_like(params['logits_bias']))
@@ -82,7 +83,7 @@ def test_settings_follow_the_checkpoint(imported):
   model_config, _ = imported
   assert model_config.attention == 'longformer' and not model_config.causal
   assert model_config.longformer.window == 2            # attention_window 4 -> 2 per side
-  assert model_config.layer_schedule.longformer.window == '2,4'
+  assert model_config.layer_schedule['longformer']['window'] == '2,4'
   assert model_config.longformer.global_projections
   assert model_config.num_layers == 2 and model_config.decoder_layers == 2
   assert model_config.block == 'post_ln' and model_config.embedding_norm
@@ -106,7 +107,7 @@ def test_the_default_encoder_decoder_gains_no_parameters():
   model = resolve_model(dict(attention='vanilla', num_layers=1, decoder_layers=1, d_model=16,
                              num_heads=2, head_dim=8, d_ff=32, causal=False,
                              attention_backend='xla'))
-  config = ml_collections.FrozenConfigDict(dict(model, vocab_size=64))
+  config = resolved_model(model, vocab_size=64)
   source, target = jnp.zeros((1, 6), jnp.int32), jnp.zeros((1, 4), jnp.int32)
   source_ctx = encoder_context(jnp.ones((1, 6), bool), jnp.zeros((1, 6), bool), True)
   params = EncoderDecoder(config).init(jax.random.PRNGKey(0), source, source_ctx, target,

@@ -25,8 +25,10 @@ import pytest
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.convert import hf
 from longformer_jax.evaluation import memory_sweep
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.models.model_config import resolve_model
+from longformer_jax.models.resolved_model import ResolvedModel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, 'tests', 'data', 'hf')
@@ -51,13 +53,13 @@ def imported(request):
   return request.param, model_config, jax.tree_util.tree_map(jnp.asarray, params)
 
 
-def point_config(trained: ml_collections.FrozenConfigDict, spec: str):
+def point_config(trained: ResolvedModel, spec: str):
   """The eval-time model of the sweep's only point, as eval.py makes and checks it."""
   (point,) = memory_sweep.parse_sweep(spec, CHUNK)
   trained = ml_collections.ConfigDict(trained.to_dict())
   model_config = lm_model_config(trained, trained.vocab_size,
                                  **memory_sweep.model_overrides(point, trained))
-  resolve_model({k: v for k, v in model_config.to_dict().items() if k != 'vocab_size'})
+  resolve_model(model_config.model_values())
   return model_config
 
 

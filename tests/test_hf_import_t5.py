@@ -27,7 +27,8 @@ from longformer_jax.attention.core.relative_buckets import relative_position_buc
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.convert import hf
 from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.encoder_decoder import EncoderDecoder, decoder_context
 from longformer_jax.models.model_config import resolve_model

@@ -25,7 +25,8 @@ import pytest
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.convert import hf, loader
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.models.model_config import resolve_model
 from tests.hf_checkpoints import conversion_error, edited_copy
 
@@ -83,7 +84,7 @@ def test_logits_match_transformers(name, chunks):
   if model_config.layer_schedule and len(chunks) > 1:
     trained = ml_collections.ConfigDict(model_config.to_dict())
     model_config = lm_model_config(trained, trained.vocab_size, mem_len=19)
-    resolve_model({k: v for k, v in model_config.to_dict().items() if k != 'vocab_size'})
+    resolve_model(model_config.model_values())
   assert relative_error(name, chunked_logits(model_config, params, name, chunks)) <= 1e-4
 
 
@@ -107,7 +108,7 @@ def test_settings_follow_each_familys_rule(tmp_path):
   assert mistral.num_kv_heads == 2
   qwen2, _ = hf.load(os.path.join(DATA, 'qwen2_window'))
   assert qwen2.attention == 'vanilla' and qwen2.qkv_bias
-  assert qwen2.layer_schedule.to_dict() == {'attention': 'vanilla,streaming_sinks'}
+  assert qwen2.layer_schedule == {'attention': 'vanilla,streaming_sinks'}
 
   def settings(name, **edits):
     source = os.path.join(DATA, name)

@@ -21,7 +21,8 @@ from longformer_jax.config.errors import UserError
 from longformer_jax.convert import hf
 from longformer_jax.generation.chunk_window_decoder import ChunkWindowDecoder, chunk_context
 from longformer_jax.generation.kv_cache import kv_cache_model_config
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from tests.tiny_models import VOCAB, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

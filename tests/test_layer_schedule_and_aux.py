@@ -1,9 +1,10 @@
 """Per-layer config schedules, per-layer memories, and auxiliary losses in the objective."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -13,6 +14,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import validate_config
 from longformer_jax.models.decoder_lm import DecoderLM, state_logical_axes
 from longformer_jax.models.layer_schedule import layer_config
+from longformer_jax.models.resolved_model import resolved_model
 from longformer_jax.train.lm_objective import lm_sums, weighted_aux_losses
 from tests.tiny_models import VOCAB, stream_batch, tiny_config, tiny_model_config
 
@@ -21,13 +23,15 @@ def test_layer_config_resolves_each_layer_with_the_default_type():
   config = tiny_config(num_layers=3, layer_schedule={
       'mem_len': '4, 8,16', 'attention': ('vanilla', 'xl', 'xl'),
       'xl': {'clamp_len': '2,4,8'}})               # a section key: typed like its field
-  model = config.model
+  model = resolved_model(config.model)
   got = [(layer_config(model, i).mem_len, layer_config(model, i).attention,
           layer_config(model, i).xl.clamp_len) for i in range(3)]
   assert got == [(4, 'vanilla', 2), (8, 'xl', 4), (16, 'xl', 8)]
   assert isinstance(got[0][0], int) and isinstance(got[0][2], int)
   layer = layer_config(model, 1)
-  assert layer.layer_schedule.to_dict() == {} and layer.layer_index == 1
+  assert layer.layer_schedule == {} and layer.layer_index == 1
+  with pytest.raises(TypeError, match='takes a ResolvedModel'):
+    layer_config(config.model, 1)   # a dict config: resolve it first
 
 
 @pytest.mark.parametrize('schedule, message', [
@@ -58,9 +62,7 @@ def test_schedule_with_scanned_layers_is_rejected():
 
 def test_layers_get_their_own_memories_and_logical_axes():
   config = tiny_model_config()
-  values = config.to_dict()
-  values['layer_schedule'] = {'attention': 'vanilla,xl', 'mem_len': '0,12'}
-  config = ml_collections.FrozenConfigDict(values)
+  config = dataclasses.replace(config, layer_schedule={'attention': 'vanilla,xl', 'mem_len': '0,12'})
   states = DecoderLM.init_state(config, batch_size=4)
   assert isinstance(states, tuple) and len(states) == 2
   assert states[0].values.shape == (4, 0, 32) and states[1].values.shape == (4, 12, 32)
@@ -113,9 +115,7 @@ def test_aux_losses_enter_the_objective_token_weighted(monkeypatch):
   monkeypatch.setitem(registry.ATTENTION_VARIANTS, 'penalised', _PenalisedVanilla)
   config = tiny_model_config(attention='penalised', mem_len=0)
   assert config.penalised.to_dict() == {}    # no `Config` on the class: an empty section
-  values = config.to_dict()
-  values['aux_loss_weights'] = {'square_loss': 0.5}
-  config = ml_collections.FrozenConfigDict(values)
+  config = dataclasses.replace(config, aux_loss_weights={'square_loss': 0.5})
   model = DecoderLM(config)
   batch = stream_batch(2, 16)
   states = DecoderLM.init_state(config, 2)

@@ -11,7 +11,6 @@ merged global part) must agree on random inputs, with and without a cache.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -25,6 +24,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.memory import fifo
+from longformer_jax.models.resolved_model import resolved_model
 
 B, D, H, HD = 2, 16, 2, 8
 
@@ -300,7 +300,7 @@ def test_blocked_path_is_linear_in_length():
 def model_config(**longformer):
   """A resolved model config (4 heads) with `model.longformer` set to `longformer`."""
   causal = longformer.pop('causal', True)
-  return ml_collections.FrozenConfigDict(resolve_model(
+  return resolved_model(resolve_model(
       dict(attention='longformer', num_heads=4, head_dim=HD, d_model=D, causal=causal,
            longformer=longformer)))
 

@@ -322,7 +322,8 @@ def test_layer_schedule_gives_each_layer_its_window():
   """Layer windows 2,4,16 (one-sided): a key 8 tokens away moves only layer 2's attention."""
   config = tiny_config(attention='longformer', mem_len=0, num_layers=3, window=2, causal=False)
   config.model.layer_schedule = {'longformer': {'window': '2,4,16'}}
-  from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+  from longformer_jax.models.decoder_lm import DecoderLM
+  from longformer_jax.models.resolved_model import lm_model_config
   model_config = lm_model_config(config.model, TOKENIZER.vocab_size)
   model = DecoderLM(model_config)
   batch = 2, 32

@@ -12,7 +12,6 @@ same mask.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -24,6 +23,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.models.model_config import resolve_model
+from longformer_jax.models.resolved_model import ResolvedModel, resolved_model
 
 B, N, H, D = 2, 32, 2, 8
 
@@ -214,7 +214,7 @@ def test_lsh_never_builds_an_n_by_n_array():
 
 def tiny_lsh_config(**lsh):
   """A resolved model config with `model.lsh` = 4 buckets, chunks of 8, and `lsh`."""
-  return ml_collections.FrozenConfigDict(resolve_model(dict(
+  return resolved_model(resolve_model(dict(
       attention='lsh', num_heads=H, head_dim=D, d_model=16,
       lsh=dict(dict(num_buckets=4, chunk_len=8), **lsh))))
 
@@ -228,7 +228,7 @@ def module_context(deterministic=True):
 
 class TwoLayers(nn.Module):
   """Two LSH layers side by side, to compare their rotations."""
-  config: ml_collections.FrozenConfigDict
+  config: ResolvedModel
 
   @nn.compact
   def __call__(self, x, ctx):

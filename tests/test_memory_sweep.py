@@ -19,7 +19,8 @@ import train as train_script
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
 from longformer_jax.data.tokenizers import make_tokenizer
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.evaluation import memory_sweep
@@ -79,9 +80,7 @@ def test_bad_sweeps_name_the_flag(spec, message):
 def resolved_sweep_model(trained, point) -> dict:
   """The eval-time model of `point`, checked as a config is (every section, every layer)."""
   overrides = memory_sweep.model_overrides(point, trained)
-  model = lm_model_config(trained, 259, **overrides).to_dict()
-  del model['vocab_size']
-  return resolve_model(model)
+  return resolve_model(lm_model_config(trained, 259, **overrides).model_values())
 
 
 def test_overrides_map_memory_size_to_each_variant():

@@ -21,7 +21,8 @@ from benchmarks import passkey_eviction_scores as eviction
 from longformer_jax.data import passkey
 from longformer_jax.evaluation import passkey_grid
 from longformer_jax.evaluation.passkey_scoring import answer_step
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.train import initialization
 from tests.tiny_models import VOCAB, tiny_config
 

@@ -18,7 +18,8 @@ from longformer_jax.data import passkey
 from longformer_jax.evaluation import memory_accounting, passkey_grid, trained_memory
 from longformer_jax.evaluation.passkey_scoring import PasskeyScorer
 from longformer_jax.memory import fifo, key_value
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import initialization

@@ -11,7 +11,7 @@ from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import initialization, steps
 from longformer_jax.train import optimizer as optimizer_lib
 from tests.tiny_models import VOCAB, stream_batch, tiny_config
-from longformer_jax.models.decoder_lm import lm_model_config
+from longformer_jax.models.resolved_model import lm_model_config
 
 CHUNK = 8
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason='needs 8 (fake) devices')

@@ -7,12 +7,12 @@ softmax in numpy float64. Inputs have a document boundary and padding, and
 lengths that are and are not multiples of the stride.
 """
 
+import dataclasses
 import functools
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -253,9 +253,9 @@ def test_a_bad_scheduled_pattern_names_the_section_key():
 
 def test_an_encoder_made_bidirectional_after_the_check_is_refused():
   """models/encoder.py sets causal=False on a checked config: building the layer refuses it."""
-  cfg = dict(tiny_model_config(attention='sparse_transformer').to_dict(), causal=False)
+  cfg = dataclasses.replace(tiny_model_config(attention='sparse_transformer'), causal=False)
   with pytest.raises(ConfigError) as error:
-    attention_layer(ml_collections.FrozenConfigDict(cfg), jnp.float32)
+    attention_layer(cfg, jnp.float32)
   assert error.value.key == 'model.causal'
 
 

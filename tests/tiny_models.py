@@ -9,7 +9,7 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.config.migration import migrate_flat_model
-from longformer_jax.models.decoder_lm import lm_model_config
+from longformer_jax.models.resolved_model import ResolvedModel, lm_model_config
 
 VOCAB = 259  # the byte tokenizer's
 
@@ -38,7 +38,7 @@ def tiny_config(**model_overrides) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(resolve_config(values))
 
 
-def tiny_model_config(**model_overrides) -> ml_collections.FrozenConfigDict:
+def tiny_model_config(**model_overrides) -> ResolvedModel:
   return lm_model_config(tiny_config(**model_overrides).model, VOCAB)
 
 

@@ -46,7 +46,6 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
@@ -145,7 +144,7 @@ class AdaptiveSpanAttention(nn.Module):
   reads_mem_len = True
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """The last `mem_len` hidden states per row."""
     return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
 

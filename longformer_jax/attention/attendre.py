@@ -92,7 +92,6 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
@@ -262,7 +261,7 @@ class AttendreAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """Empty Q memory (N queries) and K/V memory (M entries) per row."""
     section = config.attendre
     heads = (config.num_heads, config.head_dim)

@@ -54,7 +54,6 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from longformer_jax.attention.core import block_sparse, projections
@@ -231,7 +230,7 @@ class BPTransformerAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """Stateless: attends within the chunk."""
     return {}
 

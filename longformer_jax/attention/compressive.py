@@ -37,7 +37,6 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
@@ -128,7 +127,7 @@ class CompressiveAttention(XLAttention):
     return self.config.clamp_len, 'gather'
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """Empty memory (`mem_len`) and compressed memory (`compressive.compressed_mem_len`)."""
     n_cm = config.compressive.compressed_mem_len
     zeros = jnp.zeros((batch_size, config.mem_len), jnp.float32)

@@ -41,7 +41,6 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import block_sparse, global_tokens, projections
 from longformer_jax.attention.context import AttentionContext
@@ -236,7 +235,7 @@ class ETCAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """Stateless: attends within the chunk."""
     return {}
 

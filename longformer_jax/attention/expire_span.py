@@ -44,7 +44,6 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
@@ -139,7 +138,7 @@ class ExpireSpanAttention(XLAttention):
     return self.config.max_span or self.shared.mem_len
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """An empty memory of at most `config.mem_len` hidden states per row."""
     return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
 

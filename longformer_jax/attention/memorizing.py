@@ -46,7 +46,6 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
@@ -121,7 +120,7 @@ class MemorizingAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32) -> dict:
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32) -> dict:
     """An empty local cache (`mem_len` hidden states) and an empty kNN memory."""
     return {
         'local': fifo.create(batch_size, config.mem_len, (config.d_model,), dtype),

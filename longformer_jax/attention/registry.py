@@ -4,8 +4,6 @@ A new variant is one file in this folder (or a folder, with the kernels only it 
 line here.
 """
 
-import ml_collections
-
 from longformer_jax.attention.adaptive_span import AdaptiveSpanAttention
 from longformer_jax.attention.attendre import AttendreAttention
 from longformer_jax.attention.bigbird.attention import BigBirdAttention
@@ -57,18 +55,21 @@ def attention_class(name: str):
   return ATTENTION_VARIANTS[name]
 
 
-def attention_layer(config: ml_collections.ConfigDict, dtype, name: str = 'attention'):
-  """The attention module of a layer whose resolved model config is `config`: its variant's
-  section (`config.<variant>`, checked again as the typed section) and the shared settings
-  (attention/shared_settings.py)."""
+def attention_layer(config, dtype, name: str = 'attention'):
+  """The attention module of a layer whose resolved model (models/resolved_model.py) is
+  `config`: its variant's section (`config.<variant>`, already typed) and the shared
+  settings (attention/shared_settings.py)."""
   cls = attention_class(config.attention)
   kwargs = {}
   section_class = getattr(cls, 'Config', None)
   if section_class is not None:
-    values = config[config.attention]
-    kwargs['config'] = section_class.build(
-        values.to_dict() if hasattr(values, 'to_dict') else values, f'model.{config.attention}')
+    section = getattr(config, config.attention)
+    if not isinstance(section, section_class):
+      raise TypeError(f'attention_layer takes a resolved model (models/resolved_model.py) whose '
+                      f'{config.attention!r} is a {section_class.__name__}, not a '
+                      f'{type(section).__name__}')
+    kwargs['config'] = section
   if 'layer_index' in cls.__dataclass_fields__:
     # Not a setting: the layer's number in its stack (BigBird seeds its random blocks with it).
-    kwargs['layer_index'] = config['layer_index'] if 'layer_index' in config else 0
+    kwargs['layer_index'] = config.layer_index
   return cls(shared=SharedSettings.of(config), dtype=dtype, name=name, **kwargs)

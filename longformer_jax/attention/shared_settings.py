@@ -14,8 +14,6 @@ with its default, in the section that owns it; a module reads `self.config.windo
 
 import dataclasses
 
-import ml_collections
-
 from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 
 
@@ -41,8 +39,8 @@ class SharedSettings:
   heads: CheckpointHeads = CheckpointHeads()
 
   @classmethod
-  def of(cls, config: ml_collections.ConfigDict) -> 'SharedSettings':
-    """The shared settings of a layer's resolved model config."""
+  def of(cls, config) -> 'SharedSettings':
+    """The shared settings of a layer's resolved model (models/resolved_model.py)."""
     relative = config.position_embedding == 'relative_buckets'
     heads = CheckpointHeads(
         num_kv_heads=config.num_kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias,

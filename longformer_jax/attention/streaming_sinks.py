@@ -40,7 +40,6 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cudnn_window, projections
@@ -130,7 +129,7 @@ class StreamingSinkAttention(nn.Module):
     return _pattern(section.num_sinks, section.window)
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32) -> dict:
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32) -> dict:
     """Empty sink store and window; no current document."""
     section = config.streaming_sinks
     features = (config.num_heads, 2 * config.head_dim)

@@ -31,7 +31,6 @@ from typing import Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
@@ -83,7 +82,7 @@ class XLAttention(nn.Module):
     return self.config.clamp_len, self.config.relative_impl
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """An empty memory of `config.mem_len` hidden states per row."""
     return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
 

@@ -18,7 +18,9 @@ type or one that breaks a rule names the key, the value and the rule, in one
 line (`ConfigError`). Command-line strings are parsed by the field's type.
 
 Fields are plain values (int, float, bool, str, tuples of them) or nested
-sections; a field typed `dict` holds a free mapping that its section checks.
+sections; a field typed `dict` holds a free mapping that its section checks,
+frozen (`config/frozen_mapping.FrozenMapping`) so that every section hashes
+and can be a field of a Flax module (`models/resolved_model.py`).
 A `config.json` written before the sections existed still loads: its old
 flat names move to their sections in `longformer_jax/config/migration.py`.
 """
@@ -30,6 +32,7 @@ import typing
 from typing import Any, Mapping
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.config.frozen_mapping import FrozenMapping, freeze, thaw
 
 _BOOL_WORDS = {'true': True, 'false': False, '1': True, '0': False, 'yes': True, 'no': False}
 
@@ -56,6 +59,13 @@ class FieldError(Exception):
 
 class Section:
   """Mixin for frozen dataclasses that are config sections (see the module docstring)."""
+
+  def __post_init__(self) -> None:
+    """Mappings (the fields typed `dict`) are held frozen, so that the section hashes."""
+    for name in self.field_names():
+      value = getattr(self, name)
+      if isinstance(value, Mapping) and not isinstance(value, FrozenMapping):
+        object.__setattr__(self, name, freeze(value))
 
   def validate(self, env: Any) -> None:
     """Checks rules across fields (and against `env`, what the section lives in)."""
@@ -105,21 +115,25 @@ class Section:
     return instance
 
   @classmethod
-  def of(cls, values: Mapping, path: str = 'model') -> 'Section':
+  def of(cls, values, path: str = 'model') -> 'Section':
     """The section whose fields a wider, resolved mapping holds among its keys.
 
     A section whose fields another section inherits (the model settings inherit the
     feed-forward's and the norms', keeping their flat keys) is read back from a layer's
     resolved config this way: every field must be there (no default applies), checked again.
+    `values` is a mapping or an object with the fields as attributes (a resolved model,
+    `models/resolved_model.py`).
     """
+    if dataclasses.is_dataclass(values):
+      return cls.build({name: getattr(values, name) for name in cls.field_names()}, path)
     return cls.build({name: values[name] for name in cls.field_names()}, path)
 
   def to_dict(self) -> dict:
-    """Plain nested dict of the values (tuples stay tuples)."""
+    """Plain nested dict of the values (tuples stay tuples, frozen mappings become dicts)."""
     out = {}
     for name in self.field_names():
       value = getattr(self, name)
-      out[name] = value.to_dict() if isinstance(value, Section) else value
+      out[name] = value.to_dict() if isinstance(value, Section) else thaw(value)
     return out
 
   def changed(self) -> dict:

@@ -13,8 +13,8 @@ from longformer_jax.convert.errors import ConversionError
 from longformer_jax.convert.hf_config import read_hf_config, required
 from longformer_jax.convert.hf_fields import check_fields
 from longformer_jax.convert.safetensors_reader import DTYPES, SafetensorsFiles, TensorSource
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
-from longformer_jax.models.encoder import encoder_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import encoder_model_config, lm_model_config
 from longformer_jax.models.encoder_decoder import EncoderDecoder
 from longformer_jax.models.masked_lm import MaskedLM
 from longformer_jax.models.model_config import resolve_model
@@ -82,7 +82,7 @@ def load(hf_dir: str, dtype: str = 'float32', tokenizer_vocab: int | None = None
     tokenizer_vocab: the tokenizer's vocabulary size, if it differs from the
       model's (sets `model.vocab_multiple`, see `vocab_multiple`).
   Returns:
-    `model_config`: the frozen `config.model` with `vocab_size` set (what
+    `model_config`: the `ResolvedModel` of `config.model` with `vocab_size` set (what
     `DecoderLM` takes; for an encoder family, Longformer, the bidirectional
     config `MaskedLM` takes; for an encoder-decoder family, LED or T5, the same
     config with `decoder_layers`, which `EncoderDecoder` takes); `params`: a

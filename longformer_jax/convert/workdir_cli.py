@@ -35,7 +35,8 @@ from longformer_jax.convert import loader as hf
 from longformer_jax.convert.errors import ConversionError
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.experiment_config import resolve_config, validate_config
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.storage import paths
 from longformer_jax.tasks.registry import TASKS, task_for
 from longformer_jax.train import initialization, run_directory

@@ -11,12 +11,12 @@ import math
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from longformer_jax.data.far_recurrences import FarRecurrenceMarker
 from longformer_jax.data.eval_streams import EvalStreams
 from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import ResolvedModel
 from longformer_jax.parallel import sharding
 from longformer_jax.train import initialization, steps
 
@@ -48,7 +48,7 @@ def summarize_far(totals: dict, min_distance: int) -> dict:
 class Evaluator:
   """Compiles the eval step once for a model config and evaluation shape."""
 
-  def __init__(self, model_config: ml_collections.FrozenConfigDict, tokenizer, *,
+  def __init__(self, model_config: ResolvedModel, tokenizer, *,
                batch_size: int, chunk_len: int,
                mesh: jax.sharding.Mesh, rules, param_shardings, far_distance: int = 0):
     """`far_distance > 0` also scores the far recurrences alone (`summarize_far`)."""

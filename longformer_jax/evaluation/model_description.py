@@ -16,6 +16,7 @@ import collections
 
 from longformer_jax.attention.registry import ATTENTION_VARIANTS
 from longformer_jax.models.layer_schedule import layer_config
+from longformer_jax.models.resolved_model import ResolvedModel, resolved_model
 
 
 def layer_label(layer) -> tuple[str, str]:
@@ -53,9 +54,11 @@ def describe_model(model_config) -> str:
   """One phrase naming every layer's attention (see the module docstring).
 
   Args:
-    model_config: a resolved `config.model` (ConfigDict or FrozenConfigDict,
-      every section present).
+    model_config: a resolved model (models/resolved_model.py), or a resolved
+      `config.model` mapping that becomes one (every section present).
   """
+  if not isinstance(model_config, ResolvedModel):
+    model_config = resolved_model(model_config)
   labels = [layer_label(layer_config(model_config, i)) for i in range(model_config.num_layers)]
   if len(set(labels)) == 1:
     name, details = labels[0]

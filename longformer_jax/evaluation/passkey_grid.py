@@ -86,7 +86,8 @@ from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.passkey_scoring import PasskeyScorer
 from longformer_jax.evaluation.report_files import fresh_output_dir
 from longformer_jax.memory import policies
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.models.model_config import resolve_model
 
 GRID_KEY = 'eval.passkey_grid'
@@ -215,7 +216,7 @@ def memory_model_config(trained_model, vocab_size: int, memory: GridMemory):
     overrides = memory_sweep.model_overrides(memory.point, trained_model)
   config = lm_model_config(trained_model, vocab_size, **overrides)
   try:
-    resolve_model({k: v for k, v in config.to_dict().items() if k != 'vocab_size'})
+    resolve_model(config.model_values())
   except ConfigError as error:
     raise ConfigError(GRID_KEY, f'memory {memory.label}: {error}') from None
   return config

@@ -11,7 +11,8 @@ import ml_collections
 
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.data.tokenizers import make_tokenizer
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.models.saved_config import migrate_saved_config
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.storage import paths

@@ -37,12 +37,12 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.models.chunk_driver import scan_chunks
 from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import ResolvedModel
 
 CHUNKS_PER_CALL_TOKENS = 512   # the prompt scans max(1, this // chunk_len) chunks per call
 
@@ -87,7 +87,7 @@ def chunk_context(positions: jax.Array, num_valid) -> AttentionContext:
 class ChunkWindowDecoder:
   """Compiles the chunk step once for a model and chunk length; see the module doc."""
 
-  def __init__(self, model_config: ml_collections.FrozenConfigDict, params, *,
+  def __init__(self, model_config: ResolvedModel, params, *,
                chunk_len: int, pad_id: int, model_state: Optional[dict] = None,
                chunks_per_call: int = 0, compiler_options: Optional[dict] = None):
     """Args:

@@ -30,10 +30,11 @@ import ml_collections
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.layer_schedule import layer_config
+from longformer_jax.models.resolved_model import ResolvedModel, resolved_model
 from longformer_jax.tasks.registry import readers, task_for
 
 
-def layer_refusal(layer: ml_collections.FrozenConfigDict) -> tuple[str, str] | None:
+def layer_refusal(layer: ResolvedModel) -> tuple[str, str] | None:
   """`(config key, reason)` why one layer's attention cannot generate, or None."""
   name = layer.attention
   if name == 'lsh':
@@ -61,9 +62,9 @@ def refusal(config: ml_collections.ConfigDict) -> tuple[str, str] | None:
   if not model.causal:
     return ('model.causal', 'False: a bidirectional model reads later tokens, so it cannot '
             'generate')
-  frozen = ml_collections.FrozenConfigDict(model)
+  resolved = resolved_model(model)
   for index in range(model.num_layers):
-    found = layer_refusal(layer_config(frozen, index))
+    found = layer_refusal(layer_config(resolved, index))
     if found is not None:
       key, reason = found
       prefix = f'layer {index}: ' if model.get('layer_schedule') else ''

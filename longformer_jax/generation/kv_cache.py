@@ -27,7 +27,7 @@ import ml_collections
 
 from longformer_jax.config.errors import UserError
 from longformer_jax.evaluation import memory_sweep
-from longformer_jax.models.decoder_lm import lm_model_config
+from longformer_jax.models.resolved_model import ResolvedModel, lm_model_config
 
 
 def kv_cache_refusal(model: ml_collections.ConfigDict) -> str:
@@ -43,7 +43,7 @@ def kv_cache_refusal(model: ml_collections.ConfigDict) -> str:
 
 
 def kv_cache_model_config(model: ml_collections.ConfigDict, vocab_size: int,
-                          cache_size: int) -> ml_collections.FrozenConfigDict:
+                          cache_size: int) -> ResolvedModel:
   """The generation model: `model` (a run's `config.model`) with a FIFO key/value cache of
   `cache_size` tokens per layer, for chunks of one token."""
   if cache_size < 1:

@@ -36,7 +36,6 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
@@ -118,7 +117,7 @@ class TimeShiftedBlock(nn.Module):
 
   `(x [b, c, d_model], state, ctx) -> (x, (state, aux), delayed ctx)`.
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
@@ -152,7 +151,7 @@ class TimeShiftedStack(nn.Module):
   """
   Config = AttendreDelayConfig
 
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod

@@ -13,7 +13,6 @@ hidden states that already carry their own chunk's offsets. Post-LN blocks
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
@@ -40,11 +39,12 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
 class DecoderLM(nn.Module):
   """`(tokens [batch, chunk], states, ctx) -> (logits [batch, chunk, vocab], states, aux)`.
 
-  `config` is the model config with `vocab_size` set (the padded size).
+  `config` is the resolved model (`models/resolved_model.lm_model_config`: typed, frozen,
+  with `vocab_size` set to the padded size; not imported here, as it imports this module).
   Parameters are float32; activations use `config.dtype`; logits and the
   softmax inside attention are float32.
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
 
   @staticmethod
   def init_state(config, batch_size: int):
@@ -85,12 +85,3 @@ def state_logical_axes(states):
     return default(node)
   return jax.tree_util.tree_map(axes, states, is_leaf=lambda n: hasattr(n, 'logical_axes'))
 
-
-def lm_model_config(model_config: ml_collections.ConfigDict, tokenizer_vocab_size: int,
-                    **overrides) -> ml_collections.FrozenConfigDict:
-  """`config.model` with `vocab_size` (padded) set and `overrides` applied, frozen."""
-  cfg = ml_collections.ConfigDict(model_config.to_dict())
-  cfg.vocab_size = padded_vocab_size(tokenizer_vocab_size, model_config.vocab_multiple)
-  for name, value in overrides.items():
-    cfg[name] = value
-  return ml_collections.FrozenConfigDict(cfg)

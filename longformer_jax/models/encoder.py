@@ -16,27 +16,15 @@ Heads (sec. 6.1 of the paper, as in BERT/RoBERTa):
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.norms import NormConfig, norm_layer
-from longformer_jax.models.decoder_lm import compute_dtype, padded_vocab_size
+from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.input_embedding import embed_inputs
 from longformer_jax.models.post_ln_block import ends_normalised
 from longformer_jax.models.stack_registry import stack_class
-
-
-def encoder_model_config(model_config: ml_collections.ConfigDict, tokenizer_vocab_size: int,
-                         **overrides) -> ml_collections.FrozenConfigDict:
-  """`config.model` made bidirectional (`causal=False`) with `vocab_size` (padded) set, frozen."""
-  cfg = ml_collections.ConfigDict(model_config.to_dict())
-  cfg.vocab_size = padded_vocab_size(tokenizer_vocab_size, model_config.vocab_multiple)
-  cfg.causal = False
-  for name, value in overrides.items():
-    cfg[name] = value
-  return ml_collections.FrozenConfigDict(cfg)
 
 
 def encoder_context(input_mask: jax.Array, global_flags: jax.Array,
@@ -53,7 +41,7 @@ def encoder_context(input_mask: jax.Array, global_flags: jax.Array,
                           global_flags=global_flags.astype(bool), deterministic=deterministic)
 
 
-def fresh_states(config: ml_collections.FrozenConfigDict, batch_size: int):
+def fresh_states(config: 'ResolvedModel', batch_size: int):
   """Every layer's empty memory (the encoder never carries memory across examples)."""
   stack = stack_class(config.stack)
   return stack.init_state(config, batch_size, compute_dtype(config.dtype))
@@ -62,10 +50,10 @@ def fresh_states(config: ml_collections.FrozenConfigDict, batch_size: int):
 class Encoder(nn.Module):
   """`(x [batch, length, d_model] embedded, ctx) -> (h [batch, length, d_model], aux per layer)`.
 
-  `config.causal` must be False (see `encoder_model_config`); `h` is after the
+  `config.causal` must be False (`models/resolved_model.encoder_model_config`); `h` is after the
   final layer norm (post-LN blocks end normalised and have none).
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
@@ -96,7 +84,7 @@ class SequenceClassifier(nn.Module):
 
   `config.num_classes` sets the output size.
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
 
   @nn.compact
   def __call__(self, tokens: jax.Array, ctx: AttentionContext):
@@ -114,7 +102,7 @@ class SequenceClassifier(nn.Module):
 
 class SpanExtractor(nn.Module):
   """`(tokens [b, L], ctx) -> (start_logits [b, L], end_logits [b, L], aux)`, float32."""
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
 
   @nn.compact
   def __call__(self, tokens: jax.Array, ctx: AttentionContext):

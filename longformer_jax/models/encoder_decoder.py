@@ -37,16 +37,18 @@ every self-attention layer, bidirectional buckets in the encoder,
 unidirectional in the (causal) decoder; the cross-attention has none.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.registry import attention_class, attention_layer
 from longformer_jax.attention.shared_settings import SharedSettings
+from longformer_jax.config.frozen_mapping import FrozenMapping
 from longformer_jax.layers.embeddings import TokenEmbedding
 from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
 from longformer_jax.layers.norms import NormConfig, norm_layer
@@ -56,11 +58,10 @@ from longformer_jax.models.input_embedding import embed_inputs
 from longformer_jax.models.post_ln_block import ends_normalised
 
 
-def decoder_layer_config(config: ml_collections.FrozenConfigDict) -> ml_collections.FrozenConfigDict:
+def decoder_layer_config(config: 'ResolvedModel') -> 'ResolvedModel':
   """The config of a decoder layer's self-attention: vanilla, causal, no memory, no schedule."""
-  values = config.to_dict()
-  values.update(attention='vanilla', causal=True, mem_len=0, layer_schedule={})
-  return ml_collections.FrozenConfigDict(values)
+  return dataclasses.replace(config, attention='vanilla', causal=True, mem_len=0,
+                             layer_schedule=FrozenMapping())
 
 
 def decoder_context(decoder_mask: jax.Array, deterministic: bool) -> AttentionContext:
@@ -107,7 +108,7 @@ class DecoderLayer(nn.Module):
   Parameter scopes either way: `self_attention`, `self_attention_norm`,
   `cross_attention`, `cross_attention_norm`, `feed_forward`, `feed_forward_norm`.
   """
-  config: ml_collections.FrozenConfigDict   # from `decoder_layer_config`
+  config: 'ResolvedModel'   # from `decoder_layer_config`
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
@@ -142,11 +143,11 @@ class DecoderLayer(nn.Module):
 class EncoderDecoder(nn.Module):
   """`(source [b, S], source_ctx, target_inputs [b, T], target_ctx) -> (logits [b, T, vocab], aux)`.
 
-  `config` is an encoder model config (`encoder.encoder_model_config`) with
+  `config` is an encoder model config (`resolved_model.encoder_model_config`) with
   `decoder_layers`; logits are float32. `aux` holds the encoder's per-layer
   aux dicts then the decoder's.
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
 
   @nn.compact
   def __call__(self, source: jax.Array, source_ctx: AttentionContext, target_inputs: jax.Array,

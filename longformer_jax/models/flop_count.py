@@ -10,12 +10,11 @@ is about twice the forward), as in the PaLM paper's MFU (appendix B).
 Elementwise work (softmax, norms, GELU) is not counted.
 """
 
-import ml_collections
 
-
-def forward_flops_per_token(config: ml_collections.ConfigDict, chunk_len: int,
+def forward_flops_per_token(config: 'ResolvedModel', chunk_len: int,
                             batch_size: int) -> float:
-  """Forward FLOPs per token of `DecoderLM(config)` on `[batch_size, chunk_len]` chunks."""
+  """Forward FLOPs per token of `DecoderLM(config)` on `[batch_size, chunk_len]` chunks
+  (`config`: the resolved model, models/resolved_model.py, with `vocab_size`)."""
   d, inner = config.d_model, config.num_heads * config.head_dim
   keys = config.mem_len + chunk_len
   keys_per_query = keys / chunk_len
@@ -31,6 +30,6 @@ def forward_flops_per_token(config: ml_collections.ConfigDict, chunk_len: int,
   return config.num_layers * per_layer + 2 * d * config.vocab_size
 
 
-def train_flops_per_token(config: ml_collections.ConfigDict, chunk_len: int,
+def train_flops_per_token(config: 'ResolvedModel', chunk_len: int,
                           batch_size: int) -> float:
   return 3.0 * forward_flops_per_token(config, chunk_len, batch_size)

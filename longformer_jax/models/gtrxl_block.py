@@ -17,7 +17,6 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
@@ -44,7 +43,7 @@ class GatedBlock(nn.Module):
   """`(x [batch, chunk, d_model], state, ctx) -> (x, (state, aux))`, like `DecoderBlock`."""
   Config = GTrXLConfig
 
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype = jnp.float32
 
   def _activate(self, y: jax.Array) -> jax.Array:

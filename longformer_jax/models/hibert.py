@@ -33,7 +33,6 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.config.section import Section
 from longformer_jax.layers.embeddings import TokenEmbedding
@@ -79,9 +78,9 @@ def max_predictions(hibert) -> int:
   return max(1, math.ceil(hibert.mask_rate * hibert.max_sentences - 1e-9))
 
 
-def stack_config(cfg: ml_collections.FrozenConfigDict, num_layers: int):
+def stack_config(cfg: 'ResolvedModel', num_layers: int) -> 'ResolvedModel':
   """`cfg` with `num_layers` layers (the sentence or document encoder's stack)."""
-  return ml_collections.FrozenConfigDict(dict(cfg.to_dict(), num_layers=num_layers))
+  return dataclasses.replace(cfg, num_layers=num_layers)
 
 
 def first_flags(mask: jax.Array) -> jax.Array:
@@ -92,10 +91,10 @@ def first_flags(mask: jax.Array) -> jax.Array:
 class HibertEncoder(nn.Module):
   """`(tokens [b, S, T], token_mask [b, S, T], sentence_mask [b, S]) -> ([b, S, d_model], aux)`.
 
-  `config` is an encoder model config (`encoder.encoder_model_config`) with
+  `config` is an encoder model config (`resolved_model.encoder_model_config`) with
   the `hibert` section.
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
 
   def setup(self):
     cfg = self.config
@@ -147,7 +146,7 @@ class HibertPretrainer(nn.Module):
   `positions` the masked sentences, `decoder_inputs` their original tokens
   (`[BOS] w_1 ..`, teacher forcing).
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
 
   @nn.compact
   def __call__(self, tokens, token_mask, sentence_mask, positions, decoder_inputs, decoder_mask,
@@ -175,7 +174,7 @@ class HibertPretrainer(nn.Module):
 class HibertExtractor(nn.Module):
   """Extractive summarisation (sec. 4): `(tokens, token_mask, sentence_mask, deterministic)` ->
   `(logits [b, S] float32, aux)`, one logit per sentence (P(in summary) = sigmoid)."""
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
 
   @nn.compact
   def __call__(self, tokens, token_mask, sentence_mask, deterministic: bool):

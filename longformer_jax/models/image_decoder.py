@@ -13,7 +13,6 @@ metrics): `tasks/image.py`.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.encoder import fresh_states
@@ -27,7 +26,7 @@ def image_context(inputs: jax.Array, deterministic: bool):
 
 class ImageDecoder(nn.Module):
   """`(inputs [b, L], ctx) -> (logits [b, L, vocab] float32, aux per layer)`."""
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
 
   @nn.compact
   def __call__(self, inputs: jax.Array, ctx):

@@ -7,19 +7,20 @@ shared setting or section key at the same path:
   layer_schedule = {'attention': 'xl,xl,memorizing,xl'}        # kNN memory in layer 2
   layer_schedule = {'longformer': {'window': '16,32,64,128'}}  # windows grow with depth
 
-Layer i is built from `layer_config(model, i)`: the model config with each
-scheduled value replaced by its i-th item (typed like the field it sets), and
-`layer_index = i` (BigBird seeds its random blocks with it). A schedule needs
+Layer i is built from `layer_config(model, i)`: the resolved model
+(`models/resolved_model.py`) with each scheduled value replaced by its i-th item
+(typed like the field it sets), and `layer_index = i` (BigBird seeds its random
+blocks with it). A schedule needs
 `scan_layers=False`; `models/model_config.py` checks every layer's values.
 """
 
 import copy
+import dataclasses
 from typing import Callable, Mapping
 
-import ml_collections
-
-from longformer_jax.config.section import coerce, unknown_key_error
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.config.frozen_mapping import FrozenMapping
+from longformer_jax.config.section import coerce, unknown_key_error
 
 # Settings that fix the shape of the whole stack cannot differ by layer.
 NOT_SCHEDULABLE = ('num_layers', 'scan_layers', 'layer_schedule', 'stack', 'block', 'dtype',
@@ -84,26 +85,27 @@ def apply(values: Mapping, schedule: Mapping, index: int, num_layers: int, path:
   return out
 
 
-def layer_config(config, index: int) -> ml_collections.FrozenConfigDict:
-  """The model config of layer `index` (scheduled values set, `layer_index = index`).
+def layer_config(config, index: int):
+  """The resolved model of layer `index` (scheduled values set, `layer_index = index`).
 
-  `config` is a resolved model config (every section present, see
-  `models/model_config.py`), so each scheduled item takes the type of the
-  value it replaces.
+  `config` is a `ResolvedModel` (models/resolved_model.py): each scheduled item is
+  typed like the field it sets, in the shared settings or in its section.
   """
-  values = config.to_dict() if hasattr(config, 'to_dict') else copy.deepcopy(dict(config))
-  schedule = values.get('layer_schedule') or {}
-  for parts, raw in leaves(schedule):
+  if not dataclasses.is_dataclass(config):
+    raise TypeError(f'layer_config takes a ResolvedModel (models/resolved_model.py), '
+                    f'not a {type(config).__name__}')
+  changes, sections = {}, dict(config.sections)
+  for parts, raw in leaves(config.layer_schedule):
     key = 'model.layer_schedule.' + '.'.join(parts)
-    node = values
-    for part in parts[:-1]:
-      node = node[part]
-    like = node.get(parts[-1])
-    item = items_of(raw, values['num_layers'], key)[index]
-    node[parts[-1]] = coerce(item, type(like), key) if like is not None else item
-  values['layer_schedule'] = {}
-  values['layer_index'] = index
-  return ml_collections.FrozenConfigDict(values)
+    item = items_of(raw, config.num_layers, key)[index]
+    if len(parts) == 1:
+      changes[parts[0]] = coerce(item, type(config).field_type(parts[0]), key)
+    else:
+      name, field = parts
+      value = coerce(item, type(sections[name]).field_type(field), key)
+      sections[name] = dataclasses.replace(sections[name], **{field: value})
+  return dataclasses.replace(config, layer_schedule=FrozenMapping(), layer_index=index,
+                             sections=FrozenMapping(sections), **changes)
 
 
 def has_schedule(config) -> bool:

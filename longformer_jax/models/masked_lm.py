@@ -14,7 +14,6 @@ adds `lm_head_dense`, `lm_head_norm` (`model.norm`, `model.norm_epsilon`) and
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.layers.linear import projection
@@ -26,10 +25,10 @@ from longformer_jax.models.encoder import Encoder, embed_tokens
 class MaskedLM(nn.Module):
   """`(tokens [b, L], ctx) -> (logits [b, L, vocab_size] float32, aux per layer)`.
 
-  `config`: an encoder model config (`encoder_model_config`: `causal=False`,
+  `config`: an encoder model config (`resolved_model.encoder_model_config`: `causal=False`,
   `vocab_size` set); `ctx` as `encoder_context` makes it.
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
 
   @nn.compact
   def __call__(self, tokens: jax.Array, ctx: AttentionContext):

@@ -9,8 +9,9 @@
     layer_schedule: {attention: 'xl,xl,memorizing,xl', longformer: {window: '16,32,64,128'}}
 
 `resolve_model(values, path, env)` checks a (possibly sparse) mapping and
-returns the complete plain dict the models read: every section present,
-with its defaults where not set. The checks: unknown keys (with the closest
+returns the complete plain dict that `config.json` stores: every section
+present, with its defaults where not set (`models/resolved_model.py` turns it
+into the typed, frozen object the Flax modules take). The checks: unknown keys (with the closest
 name), every value by the section that owns it, every layer of a schedule
 (`models/layer_schedule.py`), and that nothing set is ignored: a section of
 a variant no layer uses, or `mem_len` when no layer's variant keeps a cache.

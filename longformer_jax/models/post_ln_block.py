@@ -12,7 +12,6 @@ use it (`convert/longformer.py`); the norm is `model.norm` with
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
@@ -26,7 +25,7 @@ class PostLNBlock(nn.Module):
   Parameter scopes: `attention`, `attention_norm` (after the attention's
   residual sum), `feed_forward`, `feed_forward_norm` (after the feed-forward's).
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact

@@ -6,7 +6,6 @@ The norm is LayerNorm or RMSNorm (`model.norm`, `model.norm_epsilon`).
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
@@ -20,7 +19,7 @@ class DecoderBlock(nn.Module):
   Shapes: `x [batch, chunk, d_model]`; `state` the attention variant's memory
   for this layer; `aux` a dict of the variant's auxiliary values.
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact

@@ -33,7 +33,6 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_class, attention_layer
@@ -68,7 +67,7 @@ class ReversibleLayer(nn.Module):
   `half='attention'`: `extra = (new_state, aux)`; `half='feed_forward'`:
   `state` is unused and `extra = ()`.
   """
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
@@ -92,7 +91,7 @@ class ReversibleLayer(nn.Module):
 class LayerAt(nn.Module):
   """Layer `index` as a root module, for pure applies (its path is `layer_<index>/...`,
   which LSH's fixed rotations are derived from)."""
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype
   index: int
 
@@ -126,7 +125,7 @@ class ReversibleStack(nn.Module):
   """`(x [batch, chunk, d_model], states (per layer), ctx) -> (x, states, aux per layer)`."""
   Config = ReversibleConfig
 
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod

@@ -13,7 +13,6 @@ with a leading `layers` axis under `layers/`, the unrolled one under
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.attention.registry import attention_class
@@ -47,7 +46,7 @@ def layer_block(cfg, dtype, name: str):
 
 class BlockStack(nn.Module):
   """`(x [batch, chunk, d_model], states (per layer), ctx) -> (x, states, aux per layer)`."""
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod

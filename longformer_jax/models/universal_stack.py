@@ -31,7 +31,6 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
@@ -91,7 +90,7 @@ class UniversalTransformerACT(nn.Module):
   """
   Config = UniversalACTConfig
 
-  config: ml_collections.FrozenConfigDict
+  config: 'ResolvedModel'
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod

@@ -36,7 +36,8 @@ import ml_collections
 import optax
 
 from longformer_jax.data.tokenizers import make_tokenizer
-from longformer_jax.models.encoder import encoder_context, encoder_model_config
+from longformer_jax.models.encoder import encoder_context
+from longformer_jax.models.resolved_model import encoder_model_config
 from longformer_jax.tasks.example_training import ExampleTraining
 from longformer_jax.train.lm_objective import weighted_aux_losses
 

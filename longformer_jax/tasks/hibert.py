@@ -15,7 +15,7 @@ import numpy as np
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import hibert_documents
-from longformer_jax.models.encoder import encoder_model_config
+from longformer_jax.models.resolved_model import encoder_model_config
 from longformer_jax.models.model_config import ModelConfig
 from longformer_jax.tasks.base import ExampleTask
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from longformer_jax.config.errors import require
 from longformer_jax.data import image_data
 from longformer_jax.evaluation import image_sampling
-from longformer_jax.models.decoder_lm import lm_model_config
+from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.models.image_decoder import ImageDecoder, image_context
 from longformer_jax.tasks.base import ExampleTask, token_sums
 

@@ -26,7 +26,8 @@ from longformer_jax.data.train_streams import TrainStreams
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.evaluation.lm_evaluator import Evaluator
 from longformer_jax.evaluation.model_description import describe_model
-from longformer_jax.models.decoder_lm import DecoderLM, lm_model_config
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.models.resolved_model import ResolvedModel, lm_model_config
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import initialization, phases as phasing, steps
@@ -37,7 +38,7 @@ from longformer_jax.train.optimizer import learning_rate_schedule, make_optimize
 class PhaseRun:
   """One training phase's model, state layout, jitted train step, evaluator and memory."""
   phase: phasing.Phase
-  model_config: ml_collections.FrozenConfigDict
+  model_config: ResolvedModel
   abstract_state: object
   state_shardings: object
   train_step: object

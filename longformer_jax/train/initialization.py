@@ -8,11 +8,11 @@ then jitted with those out-shardings, so no array ever exists unsharded.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from longformer_jax.attention.context import MODEL_STATE
 from longformer_jax.models.decoder_lm import DecoderLM, state_logical_axes
+from longformer_jax.models.resolved_model import ResolvedModel
 from longformer_jax.parallel import sharding
 from longformer_jax.train.lm_objective import chunk_context
 from longformer_jax.train.train_state import TrainState
@@ -26,7 +26,7 @@ def dummy_chunk(batch_size: int, chunk_len: int) -> dict:
               doc_start=flags, input_mask=~flags, target_mask=~flags)
 
 
-def boxed_memory(model_config: ml_collections.FrozenConfigDict, batch_size: int):
+def boxed_memory(model_config: ResolvedModel, batch_size: int):
   """Initial memory, each leaf boxed with its logical axes."""
   memory = DecoderLM.init_state(model_config, batch_size)
   return sharding.box_with_logical_axes(memory, state_logical_axes(memory))

@@ -47,7 +47,6 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core.block_sparse_flash import masked_kernel
@@ -231,7 +230,7 @@ class BigBirdAttention(nn.Module):
     return bigbird_splash.kernel_pattern(model, section)
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """Stateless: attends within the chunk."""
     return {}
 

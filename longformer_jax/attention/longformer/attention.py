@@ -41,7 +41,6 @@ import re
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cudnn_window, global_tokens, projections
@@ -149,7 +148,7 @@ class LongformerAttention(nn.Module):
                     section.global_tokens, in_chunk=not (section.window_cache and model.causal))
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """A FIFO cache of the last `window * max(dilation)` hidden states (empty without cache)."""
     section = config.longformer
     capacity = cache_length(section.window, dilations_per_head(section, config.num_heads),

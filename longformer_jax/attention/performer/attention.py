@@ -28,7 +28,6 @@ import zlib
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.performer import random_features
@@ -82,7 +81,7 @@ class PerformerAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """Zero sums (float32 whatever `dtype`) when causal with `carry_state`, else `{}`."""
     del dtype
     if not config.causal or not config.performer.carry_state:

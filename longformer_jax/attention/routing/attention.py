@@ -40,7 +40,6 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import block_sparse, projections
 from longformer_jax.attention.routing import online_kmeans
@@ -155,7 +154,7 @@ class RoutingAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """Stateless across chunks (the centroids are model state, not memory)."""
     return {}
 

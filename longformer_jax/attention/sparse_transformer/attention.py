@@ -59,7 +59,6 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from longformer_jax.attention.core import attention_backend as backends
@@ -338,7 +337,7 @@ class SparseTransformerAttention(nn.Module):
     return sparse_splash.kernel_pattern(model, section)
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """Stateless: attends within the chunk."""
     return {}
 

@@ -29,7 +29,6 @@ positions, so cached keys get theirs too); attention/core/checkpoint_heads.py.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import projections
@@ -64,7 +63,7 @@ class VanillaAttention(nn.Module):
                     position_bias=model.position_embedding == 'relative_buckets')
 
   @staticmethod
-  def init_state(config: ml_collections.ConfigDict, batch_size: int, dtype=jnp.float32):
+  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
     """An empty cache of `config.mem_len` hidden states per row."""
     return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
 
