@@ -90,7 +90,8 @@ def test_block_tables_visit_exactly_the_kept_blocks(rule_name):
       ids_ = mask[row, :count[row]]
       assert (ids_[:full[row]] == 0).all() and (ids_[full[row]:] != 0).all()
     # Split into programs of at most 3 visits: each row's visits, in order, exactly once.
-    programs = block_sparse_tables.program_table(index, mask, count, full, max_visits=3)
+    programs = block_sparse_tables.program_table(index, mask, count, full, max_visits=3,
+                                                      split_over_mean=0.0)
     assert programs.split == bool(count.max() > 3)
     np.testing.assert_array_equal(programs.row[:nb], np.arange(nb))    # firsts in place
     # An even load is not split: no row has more than 100x the mean.

@@ -107,7 +107,7 @@ class ProgramTable:
 
 
 def program_table(index: np.ndarray, mask: np.ndarray, count: np.ndarray, full: np.ndarray,
-                  max_visits: Optional[int], split_over_mean: float = 0.0) -> ProgramTable:
+                  max_visits: Optional[int], split_over_mean: float) -> ProgramTable:
   """Splits the rows of more than `max_visits` visits into programs of at most that many
   (None: one program per row), but only where the longest row has more than
   `split_over_mean` x the mean visits: a long tail such as BigBird's global key blocks,
