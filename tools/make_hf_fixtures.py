@@ -18,7 +18,10 @@ heads * d_kv = 64 != d_model; mistral_window and qwen2_window, sliding windows o
 on inputs of 19 tokens, row 1 right-padded from position 15; llama_long and
 gpt2_long, llama and gpt2 with contexts of 320 and 300 tokens, which also hold
 `long_prompt_ids.npy`, a 262-token prompt, `greedy_ids.npy`, transformers'
-8 greedy tokens after it, and `greedy_logits.npy`, their logits) it writes `<out>/<name>/`
+8 greedy tokens after it, and `greedy_logits.npy`, their logits; longformer_cls and
+longformer_qa, the same Longformer as `LongformerForSequenceClassification` with 3
+labels and `LongformerForQuestionAnswering`, heads of std 0.2, which record the global
+flags transformers picks itself and their logits, see `head_reference`) it writes `<out>/<name>/`
 holding the Hugging Face directory (`config.json`, `model.safetensors`), a
 word-level `tokenizer.json` over the model's vocabulary, `input_ids.npy` and
 `attention_mask.npy` `[2, 12]` (row 1 right-padded; for longformer and led
@@ -50,6 +53,10 @@ def family_configs() -> dict:
   configs['llama_long'] = transformers.LlamaConfig(
       **dict(configs['llama'].to_dict(), max_position_embeddings=320))
   configs['gpt2_long'] = transformers.GPT2Config(**dict(configs['gpt2'].to_dict(), n_positions=300))
+  # The Longformer's fine-tuning heads: 3 labels, and the span head (num_labels 2).
+  configs['longformer_cls'] = transformers.LongformerConfig(
+      **dict(configs['longformer'].to_dict(), num_labels=3))
+  configs['longformer_qa'] = transformers.LongformerConfig(**configs['longformer'].to_dict())
   return configs
 
 
@@ -129,6 +136,8 @@ def model_class(name: str):
           'mistral_window': transformers.MistralForCausalLM,
           'qwen2_window': transformers.Qwen2ForCausalLM,
           'longformer': transformers.LongformerForMaskedLM,
+          'longformer_cls': transformers.LongformerForSequenceClassification,
+          'longformer_qa': transformers.LongformerForQuestionAnswering,
           'led': transformers.LEDForConditionalGeneration,
           't5': transformers.T5ForConditionalGeneration,
           't5_v11': transformers.T5ForConditionalGeneration}[name]
@@ -136,7 +145,8 @@ def model_class(name: str):
 
 SPECIAL_TOKENS = ('<pad>', '<s>', '</s>', '<unk>')
 ROBERTA_SPECIAL_TOKENS = ('<s>', '<pad>', '</s>', '<unk>')
-ROBERTA_FAMILIES = ('longformer', 'led')
+LONGFORMER_HEADS = ('longformer_cls', 'longformer_qa')
+ROBERTA_FAMILIES = ('longformer', 'led') + LONGFORMER_HEADS
 T5_FAMILIES = ('t5', 't5_v11')
 DECODER_LENGTH = 7
 LONG_FAMILIES = ('llama_long', 'gpt2_long')
@@ -191,6 +201,8 @@ def model_inputs(name: str) -> dict:
   mask[1, 8:] = 0
   if name in T5_FAMILIES:
     return t5_inputs(rng, mask)
+  if name in LONGFORMER_HEADS:
+    return head_inputs(rng, mask, name)
   if name not in ROBERTA_FAMILIES:
     return dict(input_ids=rng.integers(0, VOCAB, size=(2, LENGTH)).astype(np.int64),
                 attention_mask=mask)
@@ -208,6 +220,41 @@ def model_inputs(name: str) -> dict:
     decoder_ids[decoder_mask == 0] = 1
     inputs.update(decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask)
   return inputs
+
+
+def head_inputs(rng, mask: np.ndarray, name: str) -> dict:
+  """The Longformer heads' inputs, without `global_attention_mask`: transformers then flags
+  token 0 (classification) or the tokens before the first separator (QA), the flags the
+  fixture records (`global_attention_mask.npy`). `<s>` (0) first; QA rows are RoBERTa pairs,
+  `<s> question </s></s> context </s>` with exactly three separators (2), as transformers needs."""
+  input_ids = rng.integers(4, VOCAB, size=(2, LENGTH)).astype(np.int64)
+  input_ids[:, 0] = 0
+  if name == 'longformer_qa':
+    input_ids[0, [4, 5, 11]] = 2          # question 1..3, context 6..10
+    input_ids[1, [3, 4, 7]] = 2           # question 1..2, context 5..6, padded from 8
+  input_ids[mask == 0] = 1
+  return dict(input_ids=input_ids, attention_mask=mask)
+
+
+def head_reference(model, name: str, inputs: dict, directory: str) -> None:
+  """`global_attention_mask.npy` (the flags transformers chose) and the reference logits:
+  `logits.npy` [2, num_labels] (classification), `start_logits.npy`, `end_logits.npy` [2, 12]
+  (QA)."""
+  from transformers.models.longformer import modeling_longformer  # pylint: disable=g-import-not-at-top
+  ids = torch.from_numpy(inputs['input_ids'])
+  if name == 'longformer_qa':
+    flags = modeling_longformer._compute_global_attention_mask(ids, model.config.sep_token_id)  # pylint: disable=protected-access
+  else:
+    flags = torch.zeros_like(ids)
+    flags[:, 0] = 1
+  np.save(os.path.join(directory, 'global_attention_mask.npy'), flags.numpy().astype(np.int32))
+  with torch.no_grad():
+    out = model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+    again = model(global_attention_mask=flags, **{k: torch.from_numpy(v) for k, v in inputs.items()})
+  outputs = ('logits',) if name == 'longformer_cls' else ('start_logits', 'end_logits')
+  for key in outputs:
+    assert torch.equal(getattr(out, key), getattr(again, key)), f'{name}: other global flags'
+    np.save(os.path.join(directory, f'{key}.npy'), getattr(out, key).float().numpy())
 
 
 def t5_inputs(rng, mask: np.ndarray) -> dict:
@@ -252,6 +299,10 @@ def build(name: str, config, out: str) -> None:
     for param_name, param in model.named_parameters():
       if param_name.endswith('bias') or 'norm' in param_name.lower() or 'ln_' in param_name:
         param.add_(0.1 * torch.randn_like(param))
+    if name in LONGFORMER_HEADS:  # std 0.2 (not 0.02): a transposed head moves the logits far
+      for param_name, param in model.named_parameters():
+        if param_name.startswith(('classifier.', 'qa_outputs.')) and param.dim() == 2:
+          param.mul_(10.0)
     if name == 'led':  # a buffer, not a parameter; zeros unless perturbed
       model.final_logits_bias.add_(0.1 * torch.randn_like(model.final_logits_bias))
     if name in T5_FAMILIES:  # ~0.18 at init: make the position bias weigh on the logits
@@ -264,6 +315,12 @@ def build(name: str, config, out: str) -> None:
   if name == 't5_v11':
     untie_t5_lm_head(model, directory)
   inputs = model_inputs(name)
+  if name in LONGFORMER_HEADS:
+    for key, value in inputs.items():
+      np.save(os.path.join(directory, f'{key}.npy'), value.astype(np.int32))
+    head_reference(model, name, inputs, directory)
+    word_level_tokenizer(os.path.join(directory, 'tokenizer.json'), ROBERTA_SPECIAL_TOKENS)
+    return
   with torch.no_grad():
     logits = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits
   if name in T5_FAMILIES + WINDOW_FAMILIES:  # the saved directory means the same model
