@@ -6,7 +6,10 @@ torch `Linear` weights `[out, in]`, with exactly the names the import reads,
 so that importing the written file gives the same parameters. The tied
 tables are written once, as transformers saves them: T5's `shared.weight`
 (no `embed_tokens` copies; `lm_head.weight` only when untied), LED's
-`led.shared.weight` and Longformer's word embeddings (no `lm_head.decoder`).
+`led.shared.weight` and Longformer's word embeddings (no `lm_head.decoder`). A Longformer
+is written with the head its parameters hold: `LongformerForMaskedLM`, or, for a run of task
+classification / qa, `LongformerForSequenceClassification` / `LongformerForQuestionAnswering`
+(convert/longformer_heads.py, also the written config.json's `architectures` and labels).
 convert/hf_export.py dispatches to `FAMILY_TENSORS` and writes the file; its decoder
 exporters share `linear_tensors`.
 
@@ -28,7 +31,7 @@ What the import changes is undone:
 
 import numpy as np
 
-from longformer_jax.convert import led, longformer, t5
+from longformer_jax.convert import led, longformer, longformer_heads, t5
 from longformer_jax.convert.errors import ConversionError
 
 # Tensors of the original checkpoint the import folds or drops (model_type -> names); each
@@ -169,13 +172,10 @@ def led_tensors(params: dict, settings: dict, hf: dict, original: dict) -> dict:
 
 
 def longformer_tensors(params: dict, settings: dict, hf: dict, original: dict) -> dict:
-  """Inverse of convert/longformer.py; `original`: the checkpoint's `ORIGINAL_TENSORS` or {}."""
+  """Inverse of convert/longformer.py; `original`: the checkpoint's `ORIGINAL_TENSORS` or {}.
+  The head is the one `params` hold (masked LM, classifier or span: convert/longformer_heads.py)."""
   d, d_ff, pre, embeddings = (settings['d_model'], settings['d_ff'], longformer.PREFIX,
                               LONGFORMER_EMBEDDINGS)
-  if 'lm_head_dense' not in params:
-    raise ConversionError('the parameters have no masked-LM head (lm_head_dense): a task '
-                          'fine-tuned from the checkpoint dropped it; LongformerForMaskedLM '
-                          'cannot be written')
   pad = hf['pad_token_id']
   positions = params['position_embedding']['embedding']                # [max_positions, d]
   position_name, type_name = ORIGINAL_TENSORS['longformer']
@@ -187,10 +187,8 @@ def longformer_tensors(params: dict, settings: dict, hf: dict, original: dict) -
     before = np.zeros((pad + 1, d), np.float32)
   out = {embeddings + 'word_embeddings.weight': params['embedding']['embedding'],
          position_name: np.concatenate([before, positions]), type_name: types,
-         'lm_head.bias': params['lm_head_bias']}
+         **longformer_heads.head_tensors(params, d)}
   _layer_norm(out, embeddings + 'LayerNorm', params['embedding_norm'])
-  linear_tensors(out, 'lm_head.dense', params['lm_head_dense'], d)
-  _layer_norm(out, 'lm_head.layer_norm', params['lm_head_norm'])
   for layer in range(settings['num_layers']):
     block = params['encoder']['blocks'][f'layer_{layer}']
     layer_pre = f'{pre}encoder.layer.{layer}.'
@@ -204,3 +202,11 @@ def longformer_tensors(params: dict, settings: dict, hf: dict, original: dict) -
 
 
 FAMILY_TENSORS = {'t5': t5_tensors, 'led': led_tensors, 'longformer': longformer_tensors}
+# The written config.json of a family whose architecture depends on the parameters (Longformer:
+# the head a task fine-tuned, longformer_heads.head_config); the original's for the others.
+FAMILY_CONFIG = {'longformer': longformer_heads.head_config}
+
+
+def exported_config(hf_config: dict, params: dict) -> dict:
+  """The config.json written with the tensors of `params` (the original, but for the head)."""
+  return FAMILY_CONFIG.get(hf_config['model_type'], lambda hf, _: dict(hf))(hf_config, params)

@@ -15,7 +15,9 @@ and convert/llama.py here, T5, LED and Longformer in convert/encoder_export.py,
 so that importing `DIR` again gives the same parameters) and the tokenizer
 files of the original directory (or the run's tokenizer file).
 transformers loads `DIR` with `AutoModelForCausalLM.from_pretrained(DIR)`
-(`AutoModelForSeq2SeqLM` for T5 and LED, `AutoModelForMaskedLM` for Longformer).
+(`AutoModelForSeq2SeqLM` for T5 and LED; for Longformer the class of its head,
+`LongformerForMaskedLM`, or `LongformerForSequenceClassification` / `...ForQuestionAnswering`
+for a run of task classification / qa, which the written `architectures` names).
 
 Refused in one line (exit status 2): a missing workdir or `--out` that is
 not empty, a workdir with neither `hf_import.json` nor `train.init_from_hf`
@@ -243,6 +245,7 @@ def export(workdir: str, out: str, step: int = -1) -> list:
   tensors = export_tensors(params, hf_config, original_tensors(info))
   os.makedirs(out, exist_ok=True)
   save_file(tensors, os.path.join(out, 'model.safetensors'), metadata={'format': 'pt'})
+  hf_config = encoder_export.exported_config(hf_config, params)   # Longformer: its head
   hf_config['dtype'] = 'float32'
   hf_config.pop('torch_dtype', None)
   with open(os.path.join(out, 'config.json'), 'w') as f:

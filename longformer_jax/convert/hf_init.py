@@ -4,9 +4,13 @@ A fresh task state takes the parameters of the Hugging Face checkpoint in
 HF_DIR (a Longformer for classification and QA, an LED for seq2seq;
 convert/): every imported scope the task's model also has (`embedding`,
 `position_embedding`, `embedding_norm`, `encoder`, the LED decoder's) must
-have exactly its shapes and is copied; the checkpoint's pretraining head
-(`HEAD_SCOPES` of its family, e.g. the masked-LM head) is dropped; the task's
-own head (pooler, classifier, span logits) keeps its fresh initialisation.
+have exactly its shapes and is copied; so is a head of the checkpoint the task's
+model has (a `LongformerForSequenceClassification`'s classifier for task
+classification, a `LongformerForQuestionAnswering`'s span logits for qa;
+convert/longformer_heads.py), while the heads it lacks (`HEAD_SCOPES` of the
+family, e.g. the masked-LM head) are dropped; a head the checkpoint does not
+have (pooler, classifier, span logits) keeps its fresh initialisation. A
+classifier checkpoint fixes `model.num_classes` (its `num_labels`).
 The optimizer's moments start at zero, so replacing the parameters after
 creating the state is exact. A resumed run restores its own checkpoint.
 
@@ -70,6 +74,9 @@ def imported(config: ml_collections.ConfigDict) -> tuple[dict, dict, object]:
                       f'{wanted}, not {config.task!r}')
   model = flat_settings(config.model.to_dict())
   for key, value in flat_settings(settings).items():
+    if key == 'num_classes' and model.get(key) != value:
+      raise ConfigError(f'model.{key}', f'{model.get(key)!r}, but the classifier of the '
+                        f'checkpoint in {KEY} has {value} labels (num_labels)')
     if key not in FREE_SETTINGS and model.get(key) != value:
       raise ConfigError(f'model.{key}', f'{model.get(key)!r}, but the checkpoint in {KEY} '
                         f'needs {value!r} (python -m longformer_jax.convert.hf --task=... '

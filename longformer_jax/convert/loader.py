@@ -8,7 +8,7 @@ and its parts.
 import ml_collections
 
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.convert import gpt2, led, llama, longformer, t5
+from longformer_jax.convert import gpt2, led, llama, longformer, longformer_heads, t5
 from longformer_jax.convert.errors import ConversionError
 from longformer_jax.convert.hf_config import read_hf_config, required
 from longformer_jax.convert.hf_fields import check_fields
@@ -16,7 +16,6 @@ from longformer_jax.convert.safetensors_reader import DTYPES, SafetensorsFiles, 
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.resolved_model import encoder_model_config, lm_model_config
 from longformer_jax.models.encoder_decoder import EncoderDecoder
-from longformer_jax.models.masked_lm import MaskedLM
 from longformer_jax.models.model_config import resolve_model
 
 FAMILIES = {name: module for module in (gpt2, llama, longformer, led, t5)
@@ -109,13 +108,16 @@ def is_encoder_decoder(hf: dict) -> bool:
 
 
 def load_model(hf_dir: str, dtype: str = 'float32'):
-  """`(model, params)`: the Flax module (`DecoderLM`, `MaskedLM` for Longformer,
+  """`(model, params)`: the Flax module (`DecoderLM`, `MaskedLM` for Longformer, or its
+  `SequenceClassifier` / `SpanExtractor` for a classification / QA checkpoint,
   `EncoderDecoder` for LED and T5) and its parameters as `load` returns them;
   `model.apply({'params': params}, ...)` runs it."""
   model_config, params = load(hf_dir, dtype)
   if is_encoder_decoder(read_hf_config(hf_dir)):
     return EncoderDecoder(model_config), params
-  return (MaskedLM if not model_config.causal else DecoderLM)(model_config), params
+  if model_config.causal:
+    return DecoderLM(model_config), params
+  return longformer_heads.model_class(params)(model_config), params
 
 
 def resolved_model(settings: dict, hf: dict, dtype: str, tokenizer_vocab: int | None) -> dict:

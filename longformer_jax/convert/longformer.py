@@ -20,6 +20,8 @@ Tensor mapping (`longformer.` prefix; `L` the layer; torch `Linear` weights
   encoder.layer.L.output.LayerNorm          feed_forward_norm
   lm_head.dense, lm_head.layer_norm         lm_head_dense, lm_head_norm
   lm_head.bias                              lm_head_bias
+  (LongformerForMaskedLM; the classification and QA checkpoints' heads instead:
+  convert/longformer_heads.py, which also sets `model.num_classes`)
 
 Windows: Hugging Face's `attention_window` is the TOTAL window (each side
 sees `attention_window // 2` tokens); `model.longformer.window` is one-sided,
@@ -31,16 +33,16 @@ position pad + 1 + i (right padding, as the tokenizer pads). Global tokens:
 `GLOBAL_TOKENS`; flag them in `ctx.global_flags`.
 """
 
-import numpy as np
-
+from longformer_jax.convert import longformer_heads
 from longformer_jax.convert.hf_config import required, unsupported
 from longformer_jax.convert.safetensors_reader import (TensorSource, torch_layer_norm,
                                                        torch_linear)
 
 MODEL_TYPES = ('longformer',)
-ENCODER = True                   # imported as `MaskedLM` (models/masked_lm.py)
-# The pretraining head, dropped when a task fine-tunes the encoder (convert/hf_init.py).
-HEAD_SCOPES = ('lm_head_dense', 'lm_head_norm', 'lm_head_bias')
+ENCODER = True                   # imported as `MaskedLM` (or its classifier / span model)
+# Every head's scopes: a task fine-tuning the encoder keeps those its model has and drops the
+# others (convert/hf_init.py).
+HEAD_SCOPES = longformer_heads.ALL_SCOPES
 IGNORED_SUFFIXES = ('embeddings.position_ids', 'embeddings.token_type_ids')
 GLOBAL_TOKENS = 64               # most global tokens per row (override in the config)
 ACTIVATIONS = {'gelu': 'gelu_exact', 'gelu_new': 'gelu', 'gelu_pytorch_tanh': 'gelu'}
@@ -81,7 +83,7 @@ def model_settings(hf: dict) -> dict:
       max_positions=max_positions, embedding_norm=True, qkv_bias=True, out_bias=True,
       ff_activation=ACTIVATIONS[activation], ff_bias=True, norm='layer_norm',
       norm_epsilon=float(hf.get('layer_norm_eps', 1e-5)),
-      **window_settings(hf))
+      **window_settings(hf), **longformer_heads.head_settings(hf))
   return settings
 
 
@@ -123,23 +125,10 @@ def convert_params(source: TensorSource, settings: dict, vocab_size: int, hf: di
                          'wo': torch_linear(source, f'{pre}output.dense', (d,), d_ff, True)},
         'feed_forward_norm': norm(f'{pre}output.LayerNorm'),
     }
-  lm_bias = source.take('lm_head.bias', (vocab_size,))
-  _check_tied_copy(source, 'lm_head.decoder.weight', table)
-  _check_tied_copy(source, 'lm_head.decoder.bias', lm_bias)
   return {
       'embedding': {'embedding': table},
       'position_embedding': {'embedding': positions[pad + 1:] + types[0]},
       'embedding_norm': norm(embeddings + 'LayerNorm'),
       'encoder': {'blocks': blocks},
-      'lm_head_dense': torch_linear(source, 'lm_head.dense', (d,), d, True),
-      'lm_head_norm': norm('lm_head.layer_norm'),
-      'lm_head_bias': lm_bias,
+      **longformer_heads.read_head(source, hf, d, vocab_size, table),
   }
-
-
-def _check_tied_copy(source: TensorSource, name: str, expected: np.ndarray) -> None:
-  """A saved copy of a tied tensor (older files keep one) must equal the tensor itself."""
-  if source.has(name):
-    if not np.array_equal(source.take(name, expected.shape), expected):
-      raise unsupported({'model_type': 'longformer'}, name, 'untied',
-                        'the masked-LM decoder is tied to the word embeddings and lm_head.bias')

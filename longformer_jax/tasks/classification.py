@@ -47,9 +47,10 @@ class ClassificationTask(ExampleTask):
             f"{model['num_classes']} must be >= 2 for task 'classification'")
 
   def hf_settings(self, data: dict, model: dict, settings: dict) -> None:
-    """A fine-tuning config of an imported checkpoint (convert/workdir_cli.py): two classes."""
-    del data, settings
-    model['num_classes'] = 2
+    """A fine-tuning config of an imported checkpoint (convert/workdir_cli.py): a classifier
+    checkpoint's classes (its `num_classes` setting), else two."""
+    del data
+    model['num_classes'] = settings.get('num_classes') or 2
 
   def sums_fn(self, config, model):
     del config
