@@ -88,13 +88,15 @@ def test_t5_position_tables_that_differ_between_layers_are_refused():
     hf_export.export_tensors(params, config)
 
 
-def test_longformer_without_its_masked_lm_head_is_refused():
+def test_longformer_without_a_head_is_refused():
+  """Parameters with neither the masked-LM head nor a task's (classifier, span: those
+  export, tests/test_hf_longformer_heads.py) are refused."""
   with open(os.path.join(FIXTURES['longformer'], 'config.json')) as f:
     config = json.load(f)
   _, params = hf.load(FIXTURES['longformer'])
   for scope in ('lm_head_dense', 'lm_head_norm', 'lm_head_bias'):
     del params[scope]
-  with pytest.raises(ConversionError, match='no masked-LM head'):
+  with pytest.raises(ConversionError, match='none of the Longformer heads'):
     hf_export.export_tensors(params, config)
 
 

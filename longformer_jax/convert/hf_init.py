@@ -10,7 +10,8 @@ classification, a `LongformerForQuestionAnswering`'s span logits for qa;
 convert/longformer_heads.py), while the heads it lacks (`HEAD_SCOPES` of the
 family, e.g. the masked-LM head) are dropped; a head the checkpoint does not
 have (pooler, classifier, span logits) keeps its fresh initialisation. A
-classifier checkpoint fixes `model.num_classes` (its `num_labels`).
+classifier checkpoint fixes task classification's `model.num_classes` (its
+`num_labels`; `head_settings` of the family).
 The optimizer's moments start at zero, so replacing the parameters after
 creating the state is exact. A resumed run restores its own checkpoint.
 
@@ -74,13 +75,14 @@ def imported(config: ml_collections.ConfigDict) -> tuple[dict, dict, object]:
                       f'{wanted}, not {config.task!r}')
   model = flat_settings(config.model.to_dict())
   for key, value in flat_settings(settings).items():
-    if key == 'num_classes' and model.get(key) != value:
-      raise ConfigError(f'model.{key}', f'{model.get(key)!r}, but the classifier of the '
-                        f'checkpoint in {KEY} has {value} labels (num_labels)')
     if key not in FREE_SETTINGS and model.get(key) != value:
       raise ConfigError(f'model.{key}', f'{model.get(key)!r}, but the checkpoint in {KEY} '
                         f'needs {value!r} (python -m longformer_jax.convert.hf --task=... '
                         f'writes a config with its settings)')
+  for key, value in loader.head_settings(hf_config).items():   # a classifier's classes
+    if key in task.model_keys and model.get(key) != value:
+      raise ConfigError(f'model.{key}', f'{model.get(key)!r}, but the classifier of the '
+                        f'checkpoint in {KEY} has {value} labels (num_labels)')
   return hf_config, settings, family
 
 

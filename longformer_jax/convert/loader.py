@@ -90,11 +90,18 @@ def load(hf_dir: str, dtype: str = 'float32', tokenizer_vocab: int | None = None
   """
   hf, settings = model_settings(hf_dir)
   params = load_params(hf_dir, hf, settings, dtype)
-  model = ml_collections.ConfigDict(resolved_model(settings, hf, dtype, tokenizer_vocab))
+  model = ml_collections.ConfigDict(resolved_model(dict(settings, **head_settings(hf)), hf,
+                                                   dtype, tokenizer_vocab))
   vocab = hf['vocab_size'] if tokenizer_vocab is None else tokenizer_vocab
   if is_encoder(hf) or is_encoder_decoder(hf):
     return encoder_model_config(model, vocab), params
   return lm_model_config(model, vocab), params
+
+
+def head_settings(hf: dict) -> dict:
+  """The model settings the checkpoint's head fixes (a Longformer classifier's `num_classes`),
+  beyond `model_settings` (which every task fine-tuning the checkpoint must keep)."""
+  return getattr(family(hf), 'head_settings', lambda _: {})(hf)
 
 
 def is_encoder(hf: dict) -> bool:

@@ -21,7 +21,7 @@ Tensor mapping (`longformer.` prefix; `L` the layer; torch `Linear` weights
   lm_head.dense, lm_head.layer_norm         lm_head_dense, lm_head_norm
   lm_head.bias                              lm_head_bias
   (LongformerForMaskedLM; the classification and QA checkpoints' heads instead:
-  convert/longformer_heads.py, which also sets `model.num_classes`)
+  convert/longformer_heads.py; a classifier's `num_classes` is its `head_settings`)
 
 Windows: Hugging Face's `attention_window` is the TOTAL window (each side
 sees `attention_window // 2` tokens); `model.longformer.window` is one-sided,
@@ -43,6 +43,9 @@ ENCODER = True                   # imported as `MaskedLM` (or its classifier / s
 # Every head's scopes: a task fine-tuning the encoder keeps those its model has and drops the
 # others (convert/hf_init.py).
 HEAD_SCOPES = longformer_heads.ALL_SCOPES
+# The settings of the checkpoint's head (a classifier's `num_classes`): the model `load` builds
+# and a task that has the setting (`model_keys`) take them (convert/loader.py, hf_init.py).
+head_settings = longformer_heads.head_settings
 IGNORED_SUFFIXES = ('embeddings.position_ids', 'embeddings.token_type_ids')
 GLOBAL_TOKENS = 64               # most global tokens per row (override in the config)
 ACTIVATIONS = {'gelu': 'gelu_exact', 'gelu_new': 'gelu', 'gelu_pytorch_tanh': 'gelu'}
@@ -83,7 +86,7 @@ def model_settings(hf: dict) -> dict:
       max_positions=max_positions, embedding_norm=True, qkv_bias=True, out_bias=True,
       ff_activation=ACTIVATIONS[activation], ff_bias=True, norm='layer_norm',
       norm_epsilon=float(hf.get('layer_norm_eps', 1e-5)),
-      **window_settings(hf), **longformer_heads.head_settings(hf))
+      **window_settings(hf))
   return settings
 
 

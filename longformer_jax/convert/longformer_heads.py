@@ -119,14 +119,14 @@ def head_tensors(params: dict, d: int) -> dict:
 
 def head_config(hf: dict, params: dict) -> dict:
   """The config.json of the export of `params`: the original `hf` with the architecture of
-  their head and, for a classifier or span head, its labels (the original's names when their
-  number is unchanged, else transformers' LABEL_i)."""
+  their head and, for a classifier or span head, its labels (the original's when their number
+  is unchanged, absent ones meaning transformers' 2; else transformers' LABEL_i)."""
   head = params_head(params)
   out = dict(hf, architectures=[head])
   if head == MASKED_LM:
     return out
   count = (params['classifier']['bias'].shape[-1] if head == CLASSIFICATION else QA_LABELS)
-  if num_labels(hf) != count or not isinstance(hf.get('id2label'), dict):
+  if num_labels(hf) != count:
     out['id2label'] = {str(i): f'LABEL_{i}' for i in range(count)}
     out['label2id'] = {f'LABEL_{i}': i for i in range(count)}
   out.pop('num_labels', None)

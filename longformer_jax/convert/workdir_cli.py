@@ -124,7 +124,7 @@ def write_task_config(hf_dir: str, source_dir: str, workdir: str, task: str, dty
   model.pop('vocab_size', None)
   # Within a learned position table where the model has one (T5's relative buckets have none).
   data['seq_len'] = min(TASK_SEQ_LEN, settings.get('max_positions') or TASK_SEQ_LEN)
-  fine_tuned.hf_settings(data, model, settings)
+  fine_tuned.hf_settings(data, model, dict(settings, **hf.head_settings(hf_config)))
   values = {'task': task, 'model': model, 'data': data,
             'train': {'init_from_hf': recorded_dir(source_dir)}}
   tied = getattr(hf.family(hf_config), 'TIED_PARAMETERS', '')

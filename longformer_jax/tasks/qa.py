@@ -19,6 +19,7 @@ import optax
 
 from longformer_jax.config.errors import require
 from longformer_jax.data import qa_tasks
+from longformer_jax.data.data_config import DataConfig
 from longformer_jax.models.encoder import SpanExtractor, encoder_context
 from longformer_jax.tasks.base import ExampleTask
 from longformer_jax.train.lm_objective import weighted_aux_losses
@@ -88,6 +89,13 @@ class QaTask(ExampleTask):
   def check_data(self, data) -> None:
     require(data.question_len <= data.seq_len - 3, 'data.question_len',
             f'{data.question_len} must be in [1, seq_len - 3 = {data.seq_len - 3}]')
+
+  def hf_settings(self, data: dict, model: dict, settings: dict) -> None:
+    """A fine-tuning config of an imported checkpoint (convert/workdir_cli.py): the default
+    question length where it fits in `data.seq_len`, else a quarter of the example."""
+    del model, settings
+    if DataConfig.question_len > data['seq_len'] - 3:
+      data['question_len'] = max(1, data['seq_len'] // 4)
 
   def global_tokens(self, config) -> int:
     return config.data.question_len + 2
