@@ -107,31 +107,44 @@ def test_the_t5_import_ties_the_layers_position_tables(tmp_path):
   assert config.optimizer.tied_parameters == 'relative_attention_bias'
 
 
+# The task flags of the one-step runs (beyond those every case takes).
+TASK_FLAGS = {'seq2seq': ['--config.data.target_len=16'], 'classification': [],
+              'qa': ['--config.data.question_len=8']}
+ARCHITECTURES = {'classification': 'LongformerForSequenceClassification',
+                 'qa': 'LongformerForQuestionAnswering'}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('name', ['led', 't5'])
-def test_a_fine_tuned_run_is_written_back(name, tmp_path):
-  """convert.hf --task=seq2seq, one train.py step, hf_export --workdir=RUN: the run's
+@pytest.mark.parametrize('name, task', [('led', 'seq2seq'), ('t5', 'seq2seq'),
+                                        ('longformer', 'classification'), ('longformer', 'qa')])
+def test_a_fine_tuned_run_is_written_back(name, task, tmp_path):
+  """convert.hf --task=TASK, one train.py step, hf_export --workdir=RUN: the run's
   parameters (restored through its task) import again from the written directory (for T5,
-  with its position tables, trained, still one per side)."""
+  with its position tables, trained, still one per side; for the Longformer, with the
+  classification or QA head its task trained, under transformers' class of that head)."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  test_hf_import_longformer.written_task_config(FIXTURES[name], tmp_path / 'import', 'seq2seq')
+  test_hf_import_longformer.written_task_config(FIXTURES[name], tmp_path / 'import', task)
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   run, out = str(tmp_path / 'run'), str(tmp_path / 'out')
   result = subprocess.run(
       [sys.executable, 'train.py', f'--config={tmp_path / "import" / "import_config.py"}',
        f'--workdir={run}', '--config.train.num_steps=1', '--config.train.eval_every=0',
        '--config.data.batch_size=8', '--config.data.eval_batch_size=8',
-       '--config.data.seq_len=32', '--config.data.target_len=16',
-       '--config.optimizer.warmup_steps=0'],
+       '--config.data.seq_len=32', '--config.optimizer.warmup_steps=0'] + TASK_FLAGS[task],
       cwd=test_hf_import_longformer.REPO, capture_output=True, text=True, check=False, env=env)
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'model.safetensors' in hf_export.export(run, out)
+  if task in ARCHITECTURES:
+    with open(os.path.join(out, 'config.json')) as f:
+      assert json.load(f)['architectures'] == [ARCHITECTURES[task]]
   _, trained = hf_export.restore_run(run)
   _, params = hf.load(out)
-  # T5's query kernels are scaled back and forth: equal up to float32 rounding.
+  # T5's query kernels are scaled back and forth, the Longformer's positions have token type
+  # 0 subtracted and added: equal up to float32 rounding.
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                          jax.device_get(trained), params)
   _, imported = hf.load(FIXTURES[name])
   assert any(not np.array_equal(a, b) for a, b in zip(
-      jax.tree_util.tree_leaves(jax.device_get(trained)), jax.tree_util.tree_leaves(imported)))
+      jax.tree_util.tree_leaves(jax.device_get(trained['encoder'])),
+      jax.tree_util.tree_leaves(imported['encoder'])))
