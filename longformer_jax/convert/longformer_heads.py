@@ -28,6 +28,8 @@ from longformer_jax.convert.errors import ConversionError
 from longformer_jax.convert.hf_config import unsupported
 from longformer_jax.convert.safetensors_reader import (TensorSource, torch_layer_norm,
                                                        torch_linear)
+from longformer_jax.models.encoder import SequenceClassifier, SpanExtractor
+from longformer_jax.models.masked_lm import MaskedLM
 
 MASKED_LM = 'LongformerForMaskedLM'
 CLASSIFICATION = 'LongformerForSequenceClassification'
@@ -135,7 +137,5 @@ def head_config(hf: dict, params: dict) -> dict:
 
 def model_class(params: dict):
   """The Flax module of an imported Longformer with these parameters."""
-  from longformer_jax.models.encoder import SequenceClassifier, SpanExtractor  # pylint: disable=g-import-not-at-top
-  from longformer_jax.models.masked_lm import MaskedLM  # pylint: disable=g-import-not-at-top
   return {MASKED_LM: MaskedLM, CLASSIFICATION: SequenceClassifier,
           QA: SpanExtractor}[params_head(params)]
