@@ -351,3 +351,30 @@ def test_a_dict_config_is_refused_where_a_model_is_built():
 ])
 def test_the_frozen_config_dict_scan(snippet, flagged):
   assert bool(frozen_config_dict_uses(snippet, 'example.py')) == flagged
+
+
+def fields_with_defaults(classes) -> list:
+  """`Class.field` of each dataclass field with a default or a default factory."""
+  return [f'{cls.__name__}.{field.name}' for cls in classes for field in dataclasses.fields(cls)
+          if field.default is not dataclasses.MISSING
+          or field.default_factory is not dataclasses.MISSING]
+
+
+def test_shared_settings_restate_no_default():
+  """`SharedSettings` and its `CheckpointHeads` hold the shared model settings a layer reads;
+  `ModelConfig` holds their defaults, and `SharedSettings.of` (the one builder) reads them from
+  a model config (tests: tests/tiny_models.shared_settings). A default on either is a copy."""
+  from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
+  from longformer_jax.attention.shared_settings import SharedSettings
+  found = fields_with_defaults([SharedSettings, CheckpointHeads])
+  assert not found, f'fields that restate a default of ModelConfig: {found}'
+
+
+def test_the_default_scan_flags_a_default():
+  @dataclasses.dataclass(frozen=True)
+  class Copies:
+    num_heads: int
+    causal: bool = True
+    rope_scaling: tuple = dataclasses.field(default_factory=tuple)
+
+  assert fields_with_defaults([Copies]) == ['Copies.causal', 'Copies.rope_scaling']
