@@ -306,11 +306,11 @@ def test_no_package_module_builds_or_takes_a_frozen_config_dict():
 
 def test_model_modules_take_the_resolved_model():
   """Every Flax module of the model floor with a `config` field declares it a
-  `ResolvedModel` (as the string 'ResolvedModel': the model floor's modules cannot import
-  it, it imports them through the registries); no file of the floors whose modules are
-  built from settings imports ml_collections (the attention variants' `init_state` takes
-  the layer's resolved model too), except `models/saved_config.py`, which reads an old
-  run's `config.json` before it resolves."""
+  `ResolvedModel` (as the string 'ResolvedModel': the model floor's modules import it only
+  under `if TYPE_CHECKING:`, it imports them through the registries); no file of the floors
+  whose modules are built from settings imports ml_collections (the attention variants'
+  `init_state` takes the layer's resolved model too), except `models/saved_config.py`,
+  which reads an old run's `config.json` before it resolves."""
   wrong = []
   for qualified, cls in flax_modules():
     if not qualified.startswith('longformer_jax.models.'):
