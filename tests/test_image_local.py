@@ -22,7 +22,7 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.model_config import resolve_model
 from tests.gradient_checks import assert_gradients_match
-from tests.test_sparse_transformer import dense_jax_attention, numpy_attention, reference_layer
+from tests.test_sparse_transformer import dense_jax_attention, reference_layer
 from tests.tiny_models import shared_settings
 
 B, D, H, HD = 2, 32, 2, 16
