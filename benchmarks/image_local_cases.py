@@ -8,7 +8,6 @@ builds the n x n mask from the same rule (skipped above 8k). `flops(n)`
 counts the allowed (query, key) pairs exactly, 4 * head_dim * heads FLOPs each.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

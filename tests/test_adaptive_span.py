@@ -11,13 +11,12 @@ from longformer_jax.attention.adaptive_span import (AdaptiveSpanAttention, Adapt
                                                     memory_sizes, span_mask, trimmed_size_index)
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
 from longformer_jax.config.migration import migrate_flat_model
 from tests.test_xl_attention import numpy_sinusoid
-from tests.tiny_models import random_normal, tiny_config, tiny_model_config
+from tests.tiny_models import random_normal, shared_settings, tiny_config, tiny_model_config
 
 B, C, M, D, H, HD = 2, 8, 16, 16, 2, 8
 
@@ -37,7 +36,7 @@ def _module(cls=AdaptiveSpanAttention, **section):
   """The layer with `section`'s `AdaptiveSpanConfig` settings (ramp 4, block 4 unless given)."""
   section = dict(dict(ramp=4.0, block=4), **section)
   return cls(config=AdaptiveSpanConfig(**section),
-             shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, mem_len=M))
+             shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, mem_len=M))
 
 
 def _set_spans(params, fractions):
@@ -62,7 +61,7 @@ def test_whole_context_span_and_vanishing_ramp_equals_xl():
   params = module.init(jax.random.PRNGKey(0), x, memory, ctx)['params']
   got, state, aux = module.apply({'params': params}, x, memory, ctx)
   xl_params = {k: v for k, v in params.items() if k != 'span_fraction'}
-  xl = XLAttention(shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
+  xl = XLAttention(shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
   want, xl_state, _ = xl.apply({'params': xl_params}, x, memory, ctx)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
   np.testing.assert_array_equal(np.asarray(state.values), np.asarray(xl_state.values))
@@ -318,7 +317,7 @@ def test_layer_span_gradient_at_whole_spans_equals_the_clamp_reference(monkeypat
       valid=jnp.ones((batch, chunk), bool))
   module = AdaptiveSpanAttention(
       config=AdaptiveSpanConfig(ramp=20.0, init=0.0, trim=False),
-      shared=SharedSettings(num_heads=heads, head_dim=head_dim, d_model=d_model, mem_len=mem))
+      shared=shared_settings(num_heads=heads, head_dim=head_dim, d_model=d_model, mem_len=mem))
   params = module.init(jax.random.PRNGKey(0), x, memory, ctx)['params']
   cotangent = random_normal(13, (batch, chunk, d_model))
 

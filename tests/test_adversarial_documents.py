@@ -24,7 +24,6 @@ compiled) with the large-spread token scales of test_adversarial_contract.py.
   defects, asserted to be still there).
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -138,9 +138,11 @@ def run_stream(step, params, state, x, positions, segments, valid, *, chunk, fin
     outputs.append(np.asarray(y))
   if finish != 'none' and delay:
     length = delay if finish == 'flush' else -(-delay // chunk) * chunk
-    for start in range(0, length, chunk if finish == 'drain' else length):
-      pad_x, pad_p, pad_s, pad_v = padding(positions if start == 0 else pad_p, segments,
+    last_positions = positions   # each padding step continues the positions before it
+    for _ in range(0, length, chunk if finish == 'drain' else length):
+      pad_x, pad_p, pad_s, pad_v = padding(last_positions, segments,
                                            chunk if finish == 'drain' else length)
+      last_positions = pad_p
       y, state = step(params, jnp.asarray(pad_x), state,
                       context(pad_p, pad_s, pad_v, np.zeros(B, bool)))
       outputs.append(np.asarray(y))
@@ -326,7 +328,7 @@ def test_document_outputs_do_not_depend_on_the_previous_document(n):
   valid[:, doc_a:doc_a + gap] = False                 # drain padding between the documents
   both, _ = run_stream(step, params, AttendreAttention.init_state(config, B), x, positions,
                        segments, valid, chunk=C, finish='flush', delay=n)
-  b_part = slice(doc_a + gap, 48)
+  b_part = slice(doc_a + gap, doc_a + gap + doc_b)
   alone, _ = run_stream(step, params, AttendreAttention.init_state(config, B), x[:, b_part],
                         positions[:, b_part], segments[:, b_part], valid[:, b_part], chunk=C,
                         finish='flush', delay=n)

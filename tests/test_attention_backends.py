@@ -27,11 +27,11 @@ from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.core.splash_kernels import splash_attention
 from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
 from longformer_jax.models.model_config import resolve_model
+from tests.tiny_models import shared_settings
 
 B, H, HD, D = 2, 2, 16, 32
 START = 1000
@@ -162,7 +162,7 @@ def assert_trees_close(got, want, atol):
 
 
 def test_vanilla_layer_splash_equals_xla():
-  results = layer_outputs_and_grads(lambda backend: VanillaAttention(shared=SharedSettings(
+  results = layer_outputs_and_grads(lambda backend: VanillaAttention(shared=shared_settings(
       num_heads=H, head_dim=HD, d_model=D, causal=True, attention_backend=backend)))
   assert_trees_close(results['splash'], results['xla'], atol=2e-5)
 
@@ -170,8 +170,8 @@ def test_vanilla_layer_splash_equals_xla():
 def test_longformer_two_sided_layer_splash_equals_xla():
   results = layer_outputs_and_grads(lambda backend: LongformerAttention(
       config=LongformerConfig(window=5, head_dilations='1,1', window_cache=False),
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=False,
-                            attention_backend=backend)))
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=False,
+                             attention_backend=backend)))
   assert_trees_close(results['splash'], results['xla'], atol=2e-5)
 
 

@@ -21,7 +21,6 @@ from longformer_jax.attention.bigbird.attention import (BigBirdAttention, BigBir
                                                         bigbird_attention, pattern_key,
                                                         random_block_pattern)
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.decoder_lm import DecoderLM
@@ -30,7 +29,7 @@ from tests.test_sparse_transformer import (B, D, H, HD, chunk_facts, context_for
                                            dense_jax_attention, largest_intermediate,
                                            reference_layer)
 from tests.gradient_checks import assert_gradients_match
-from tests.tiny_models import tiny_config, tiny_model_config
+from tests.tiny_models import shared_settings, tiny_config, tiny_model_config
 
 BLOCK, WINDOW, RANDOM = 4, 1, 2
 
@@ -77,7 +76,7 @@ def test_layer_matches_dense_reference(n, global_blocks, max_flagged, causal):
   module = BigBirdAttention(
       config=BigBirdConfig(block=BLOCK, window_blocks=WINDOW, random_blocks=RANDOM,
                            global_blocks=global_blocks, max_global_tokens=max_flagged, seed=3),
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=causal), layer_index=1)
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=causal), layer_index=1)
   positions, segments, valid = chunk_facts(n)
   flags = random_flags(n)
   ctx = context_for(positions, segments, valid).replace(global_flags=jnp.asarray(flags))
@@ -156,7 +155,7 @@ def test_train_and_eval_see_the_same_pattern():
   """No hidden randomness: a training call (dropout rng, not deterministic) equals an eval call."""
   module = BigBirdAttention(
       config=BigBirdConfig(block=BLOCK, window_blocks=WINDOW, random_blocks=RANDOM, seed=7),
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=False))
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=False))
   n = 48
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
@@ -210,8 +209,8 @@ def test_chunk_lengths_with_one_random_pattern_are_accepted(bigbird, sections):
   resolve_config(lm_config(bigbird, **sections))
   # The pattern is indeed the same for lengths with the same number of blocks.
   module = BigBirdAttention(config=BigBirdConfig(block=16),
-                            shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D,
-                                                  causal=False))
+                            shared=shared_settings(num_heads=H, head_dim=HD, d_model=D,
+                                                   causal=False))
   np.testing.assert_array_equal(module.pattern(60), module.pattern(64))
   assert module.pattern(64).shape != module.pattern(128).shape
 

@@ -123,28 +123,28 @@ def layer(kind):
   from longformer_jax.attention.bigbird.attention import BigBirdAttention, BigBirdConfig
   from longformer_jax.attention.image_local.attention import ImageLocalAttention, ImageLocalConfig
   from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
-  from longformer_jax.attention.shared_settings import SharedSettings
+  from tests.tiny_models import shared_settings
   from longformer_jax.attention.sparse_transformer.attention import (SparseTransformerAttention,
                                                            SparseTransformerConfig)
   from longformer_jax.attention.vanilla.attention import VanillaAttention
   common = dict(num_heads=2, head_dim=16, d_model=32)
   return {
       'vanilla': lambda b: VanillaAttention(
-          shared=SharedSettings(causal=True, attention_backend=b, **common)),
+          shared=shared_settings(causal=True, attention_backend=b, **common)),
       'longformer_dilated': lambda b: LongformerAttention(
           config=LongformerConfig(window=4, head_dilations='1,3', window_cache=False),
-          shared=SharedSettings(causal=False, attention_backend=b, **common)),
+          shared=shared_settings(causal=False, attention_backend=b, **common)),
       'sparse_fixed_multihead': lambda b: SparseTransformerAttention(
           config=SparseTransformerConfig(pattern='fixed', stride=8, summary_len=2,
                                          integration='multihead'),
-          shared=SharedSettings(attention_backend=b, **common)),
+          shared=shared_settings(attention_backend=b, **common)),
       'bigbird': lambda b: BigBirdAttention(
           config=BigBirdConfig(block=16, window_blocks=1, random_blocks=2, global_blocks=1,
                                seed=3),
-          shared=SharedSettings(causal=True, attention_backend=b, **common), layer_index=1),
+          shared=shared_settings(causal=True, attention_backend=b, **common), layer_index=1),
       'image_local_1d': lambda b: ImageLocalAttention(
           config=ImageLocalConfig(query_len=8, memory_len=8),
-          shared=SharedSettings(attention_backend=b, **common)),
+          shared=shared_settings(attention_backend=b, **common)),
   }[kind]
 
 

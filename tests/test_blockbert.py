@@ -23,14 +23,13 @@ from benchmarks import blockbert_cases
 from longformer_jax.attention.blockbert import (BlockBERTAttention, BlockBERTConfig,
                                                 blockbert_attention, key_block_maps)
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from tests.gradient_checks import assert_gradients_match
 from tests.test_contract_attention import FAST_COMPILE
 from tests.test_sparse_transformer import chunk_facts as sparse_chunk_facts
 from tests.test_sparse_transformer import (context_for, dense_jax_attention,
                                            largest_intermediate, reference_layer)
-from tests.tiny_models import tiny_config, tiny_model_config
+from tests.tiny_models import shared_settings, tiny_config, tiny_model_config
 
 B, D, H, HD = 2, 32, 4, 8
 START = 40     # stream position of the chunk's first token
@@ -68,8 +67,8 @@ CASES = [('0,1;1,0', False, 16), ('0,1;1,0', False, 15), ('0,2,1;1,0,2', False, 
 @pytest.mark.parametrize('permutations,causal,n', CASES)
 def test_layer_matches_dense_reference(permutations, causal, n):
   module = BlockBERTAttention(config=BlockBERTConfig(permutations=permutations),
-                              shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D,
-                                                    causal=causal))
+                              shared=shared_settings(num_heads=H, head_dim=HD, d_model=D,
+                                                     causal=causal))
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
   x = jax.random.normal(jax.random.PRNGKey(n), (B, n, D))

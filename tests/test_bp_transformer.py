@@ -30,13 +30,12 @@ from benchmarks import bp_transformer_cases
 from longformer_jax.attention.bp_transformer import (BPTransformerAttention, BPTransformerConfig,
                                                      bp_transformer_attention, neighbour_graph)
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from tests.gradient_checks import assert_gradients_match
 from tests.test_contract_attention import FAST_COMPILE
 from tests.test_sparse_transformer import chunk_facts as sparse_chunk_facts
 from tests.test_sparse_transformer import context_for, largest_intermediate
-from tests.tiny_models import tiny_config, tiny_model_config
+from tests.tiny_models import shared_settings, tiny_config, tiny_model_config
 
 B, D, H, HD = 2, 32, 2, 16
 START = 40     # stream position of the chunk's first token
@@ -172,8 +171,8 @@ CASES = [(16, 2, 8, False), (13, 1, 8, False), (19, 2, 2, False),
 @pytest.mark.parametrize('n,k,num_levels,causal', CASES)
 def test_layer_matches_dense_reference(n, k, num_levels, causal):
   module = BPTransformerAttention(config=BPTransformerConfig(k=k, num_levels=num_levels),
-                                  shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D,
-                                                        causal=causal))
+                                  shared=shared_settings(num_heads=H, head_dim=HD, d_model=D,
+                                                         causal=causal))
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
   x = jax.random.normal(jax.random.PRNGKey(n), (B, n, D))

@@ -5,7 +5,6 @@ angle min(p_i - p_j, L) * theta_f per frequency pair and applies it to the
 key, exactly as the formula q_i^T R(min(p_i - p_j, L)) k_j reads.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -2,7 +2,6 @@
 documents are isolated from whatever came before them in the row."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

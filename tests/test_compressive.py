@@ -18,14 +18,14 @@ from longformer_jax.attention.compressive import (CompressiveAttention, Compress
                                                    CompressiveMemory)
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.xl import XLAttention, XLConfig
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.memory import compression, fifo
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.config.migration import migrate_flat_model
-from tests.tiny_models import context_of, stream_batch, tiny_config, tiny_model_config
+from tests.tiny_models import (context_of, shared_settings, stream_batch, tiny_config,
+                               tiny_model_config)
 
 B, C, D, H, HD = 2, 4, 16, 2, 8
 N_M, N_CM = 6, 4
@@ -184,7 +184,7 @@ def layer_inputs():
 
 def test_layer_matches_float64_reference():
   module = CompressiveAttention(config=CompressiveConfig(function='conv', rate=2),
-                                shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
+                                shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
   x, state, ctx = layer_inputs()
   params = jax.jit(module.init)(jax.random.PRNGKey(0), x, state, ctx)['params']
   params = dict(params, content_bias=jax.random.normal(jax.random.PRNGKey(3), (H, HD)),
@@ -257,7 +257,7 @@ def test_rate_one_identity_compression_equals_xl(function):
   num_chunks = 6
   xs = jax.random.normal(jax.random.PRNGKey(5), (num_chunks, B, C, D))
   ctxs = stream_contexts(num_chunks)
-  shared = SharedSettings(num_heads=H, head_dim=HD, d_model=D)
+  shared = shared_settings(num_heads=H, head_dim=HD, d_model=D)
   module = CompressiveAttention(config=CompressiveConfig(function=function, rate=1), shared=shared)
   xl = XLAttention(config=XLConfig(relative_impl='shift'), shared=shared)
   state = CompressiveMemory(memory=fifo.create(B, N_M, (D,)), compressed=fifo.create(B, N_CM, (D,)),

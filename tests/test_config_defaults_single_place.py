@@ -306,11 +306,11 @@ def test_no_package_module_builds_or_takes_a_frozen_config_dict():
 
 def test_model_modules_take_the_resolved_model():
   """Every Flax module of the model floor with a `config` field declares it a
-  `ResolvedModel` (as the string 'ResolvedModel': the model floor's modules cannot import
-  it, it imports them through the registries); no file of the floors whose modules are
-  built from settings imports ml_collections (the attention variants' `init_state` takes
-  the layer's resolved model too), except `models/saved_config.py`, which reads an old
-  run's `config.json` before it resolves."""
+  `ResolvedModel` (as the string 'ResolvedModel': the model floor's modules import it only
+  under `if TYPE_CHECKING:`, it imports them through the registries); no file of the floors
+  whose modules are built from settings imports ml_collections (the attention variants'
+  `init_state` takes the layer's resolved model too), except `models/saved_config.py`,
+  which reads an old run's `config.json` before it resolves."""
   wrong = []
   for qualified, cls in flax_modules():
     if not qualified.startswith('longformer_jax.models.'):
@@ -351,3 +351,30 @@ def test_a_dict_config_is_refused_where_a_model_is_built():
 ])
 def test_the_frozen_config_dict_scan(snippet, flagged):
   assert bool(frozen_config_dict_uses(snippet, 'example.py')) == flagged
+
+
+def fields_with_defaults(classes) -> list:
+  """`Class.field` of each dataclass field with a default or a default factory."""
+  return [f'{cls.__name__}.{field.name}' for cls in classes for field in dataclasses.fields(cls)
+          if field.default is not dataclasses.MISSING
+          or field.default_factory is not dataclasses.MISSING]
+
+
+def test_shared_settings_restate_no_default():
+  """`SharedSettings` and its `CheckpointHeads` hold the shared model settings a layer reads;
+  `ModelConfig` holds their defaults, and `SharedSettings.of` (the one builder) reads them from
+  a model config (tests: tests/tiny_models.shared_settings). A default on either is a copy."""
+  from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
+  from longformer_jax.attention.shared_settings import SharedSettings
+  found = fields_with_defaults([SharedSettings, CheckpointHeads])
+  assert not found, f'fields that restate a default of ModelConfig: {found}'
+
+
+def test_the_default_scan_flags_a_default():
+  @dataclasses.dataclass(frozen=True)
+  class Copies:
+    num_heads: int
+    causal: bool = True
+    rope_scaling: tuple = dataclasses.field(default_factory=tuple)
+
+  assert fields_with_defaults([Copies]) == ['Copies.causal', 'Copies.rope_scaling']

@@ -31,9 +31,9 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.vanilla.cudnn_attention import cudnn_attention
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.core.masking import causal_document_mask
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.memory import fifo
+from tests.tiny_models import shared_settings
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != 'gpu',
                                 reason='cuDNN attention needs a GPU')
@@ -111,8 +111,8 @@ def test_vanilla_layer_cudnn_equals_xla(mem_len):
         segment_ids=jnp.full((B, mem_len), 7, jnp.int32).at[1].set(2),
         valid=jnp.tile(jnp.arange(mem_len) >= 4, (B, 1)))
   make = lambda backend: VanillaAttention(
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=True,
-                            attention_backend=backend), dtype=jnp.bfloat16)
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=True,
+                             attention_backend=backend), dtype=jnp.bfloat16)
   params = make('xla').init(jax.random.PRNGKey(0), x, state, ctx)['params']
 
   @jax.jit
@@ -203,7 +203,7 @@ def test_longformer_layer_cudnn_equals_xla(global_tokens, causal):
   global tokens) in bfloat16: 'cudnn' (auto's choice on a GPU) against 'xla', two chunks,
   outputs and gradients."""
   from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
-  from longformer_jax.attention.shared_settings import SharedSettings
+  from tests.tiny_models import shared_settings
   from tests.test_cudnn_window_layers import CHUNK, chunk_contexts
   contexts = chunk_contexts(bool(global_tokens))
   valid = jnp.concatenate([c.valid for c in contexts], axis=1)
@@ -212,8 +212,8 @@ def test_longformer_layer_cudnn_equals_xla(global_tokens, causal):
   make = lambda backend: LongformerAttention(
       config=LongformerConfig(window=6, head_dilations=','.join(['1'] * H), window_cache=causal,
                               global_tokens=global_tokens),
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=causal,
-                            attention_backend=backend), dtype=jnp.bfloat16)
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=causal,
+                             attention_backend=backend), dtype=jnp.bfloat16)
   state = fifo.create(B, 6 if causal else 0, (D,))   # the window cache: w hidden states
   params = make('xla').init(jax.random.PRNGKey(0), x[:, :CHUNK], state, contexts[0])['params']
 
@@ -252,7 +252,7 @@ def test_streaming_window_layer_cudnn_equals_xla():
   w = 7
   make = lambda backend: StreamingSinkAttention(
       config=StreamingSinksConfig(num_sinks=0, window=w),
-      shared=SharedSettings(num_heads=h, head_dim=hd, d_model=d, attention_backend=backend),
+      shared=shared_settings(num_heads=h, head_dim=hd, d_model=d, attention_backend=backend),
       dtype=jnp.bfloat16)
   state = {'sinks': fifo.create(B, 0, (h, 2 * hd)), 'window': fifo.create(B, w - 1, (h, 2 * hd)),
            'doc_start': jnp.zeros((B,), jnp.int32), 'last_segment': jnp.full((B,), -1, jnp.int32)}

@@ -27,10 +27,10 @@ from longformer_jax.attention.core import attention_backend as backends
 from longformer_jax.attention.core import cudnn_window
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention, StreamingSinksConfig
 from longformer_jax.memory import fifo
 from tests.test_attention_backends import assert_trees_close
+from tests.tiny_models import shared_settings
 
 B, H, HD, D, CHUNK, WINDOW = 2, 2, 16, 32, 40, 6
 
@@ -72,8 +72,8 @@ def test_longformer_cudnn_window_path_equals_xla(on_cudnn_path, global_tokens):
   contexts = chunk_contexts(bool(global_tokens))
   make = lambda backend: LongformerAttention(
       config=LongformerConfig(window=WINDOW, head_dilations='1,1', global_tokens=global_tokens),
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=True,
-                            attention_backend=backend))
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=True,
+                             attention_backend=backend))
   state = LongformerAttention.init_state(_config(global_tokens), B)
   params, *want = two_chunk_run(make, state, contexts, 'xla')
   _, *got = two_chunk_run(make, state, contexts, 'cudnn', params)
@@ -90,8 +90,8 @@ def test_longformer_two_sided_cudnn_window_path_equals_xla(on_cudnn_path, global
   make = lambda backend: LongformerAttention(
       config=LongformerConfig(window=WINDOW, head_dilations='1,1', window_cache=False,
                               global_tokens=global_tokens),
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=False,
-                            attention_backend=backend))
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=False,
+                             attention_backend=backend))
   state = fifo.create(B, 0, (D,))
   params, *want = two_chunk_run(make, state, contexts, 'xla')
   _, *got = two_chunk_run(make, state, contexts, 'cudnn', params)
@@ -127,7 +127,7 @@ def test_streaming_window_without_sinks_cudnn_path_equals_xla(on_cudnn_path):
   w = WINDOW + 1
   make = lambda backend: StreamingSinkAttention(
       config=StreamingSinksConfig(num_sinks=0, window=w),
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, attention_backend=backend))
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, attention_backend=backend))
   state = {'sinks': fifo.create(B, 0, (H, 2 * HD)), 'window': fifo.create(B, w - 1, (H, 2 * HD)),
            'doc_start': jnp.zeros((B,), jnp.int32), 'last_segment': jnp.full((B,), -1, jnp.int32)}
   contexts = chunk_contexts(False)

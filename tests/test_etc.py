@@ -23,11 +23,10 @@ from benchmarks import etc_cases
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.etc import ETCAttention, ETCConfig, etc_attention, num_labels
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from tests.gradient_checks import assert_gradients_match
 from tests.test_sparse_transformer import largest_intermediate
-from tests.tiny_models import tiny_config, tiny_model_config
+from tests.tiny_models import shared_settings, tiny_config, tiny_model_config
 
 B, D, H, HD = 2, 32, 2, 16
 START = 40     # stream position of the chunk's first token
@@ -181,7 +180,7 @@ def test_layer_matches_float64_reference():
   """The module: shared projections, the learned label vectors, output projection."""
   n, radius = 13, 4
   module = ETCAttention(config=ETCConfig(radius=radius, max_global=8, structure='sentence'),
-                        shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=False))
+                        shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=False))
   facts = chunk_facts(n)
   x = jax.random.normal(jax.random.PRNGKey(7), (B, n, D))
   params = jax.jit(module.init)(jax.random.PRNGKey(0), x, {}, context_for(facts))['params']

@@ -18,12 +18,11 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.expire_span import (ExpireSpanAttention, ExpireSpanConfig,
                                                    soft_expire_mask)
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.xl import XLAttention, XLConfig
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import fifo
 from longformer_jax.config.migration import migrate_flat_model
-from tests.tiny_models import tiny_config, tiny_model_config
+from tests.tiny_models import shared_settings, tiny_config, tiny_model_config
 
 B, C, D, H, HD = 2, 4, 16, 2, 8
 CAPACITY, L, R = 8, 12, 4
@@ -109,7 +108,7 @@ def layer_inputs(far_value_offset: float = 0.0):
   return x, memory, ctx
 
 
-SHARED = SharedSettings(num_heads=H, head_dim=HD, d_model=D)
+SHARED = shared_settings(num_heads=H, head_dim=HD, d_model=D)
 MODULE = ExpireSpanAttention(config=ExpireSpanConfig(max_span=L, ramp=R), shared=SHARED)
 
 

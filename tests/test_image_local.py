@@ -19,11 +19,11 @@ import pytest
 
 from longformer_jax.attention.image_local import attention as image_local
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.model_config import resolve_model
 from tests.gradient_checks import assert_gradients_match
-from tests.test_sparse_transformer import dense_jax_attention, numpy_attention, reference_layer
+from tests.test_sparse_transformer import dense_jax_attention, reference_layer
+from tests.tiny_models import shared_settings
 
 B, D, H, HD = 2, 32, 2, 16
 START = 24
@@ -114,7 +114,7 @@ def context_for(positions, segments, valid) -> AttentionContext:
 @pytest.mark.parametrize('cfg,n', CASES)
 def test_layer_matches_dense_reference(cfg, n):
   module = image_local.ImageLocalAttention(
-      config=cfg, shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
+      config=cfg, shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
   x = jax.random.normal(jax.random.PRNGKey(n), (B, n, D))

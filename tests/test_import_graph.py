@@ -17,6 +17,11 @@ it stands (a function-level import is still a dependency). Checked:
   comment lines right above it (docs/design.md, "Layout");
 - no package module imports a root script (train.py, eval.py, ...), the floor
   above `convert/`, except the edges in `SCRIPT_IMPORTS` (which only shrinks).
+
+One kind of import is no edge: an import in the body of `if TYPE_CHECKING:` (or
+`if typing.TYPE_CHECKING:`) is for annotations only and never runs, so it may
+name a higher floor (the attention variants' `'ResolvedModel'` of models/) and
+needs no `# deferred:` reason; its `else:` branch, or any other condition, runs.
 """
 
 import ast
@@ -77,11 +82,31 @@ def resolve(name: str, modules: dict):
   return None
 
 
+def is_type_checking(test: ast.AST) -> bool:
+  """`TYPE_CHECKING` or `typing.TYPE_CHECKING`, alone (the condition of a type-only block)."""
+  return ((isinstance(test, ast.Name) and test.id == 'TYPE_CHECKING')
+          or (isinstance(test, ast.Attribute) and test.attr == 'TYPE_CHECKING'
+              and isinstance(test.value, ast.Name) and test.value.id == 'typing'))
+
+
+def type_only_imports(tree: ast.AST) -> set:
+  """The import nodes in the body (not the `else:`) of an `if TYPE_CHECKING:`: never run."""
+  return {node for block in ast.walk(tree)
+          if isinstance(block, ast.If) and is_type_checking(block.test)
+          for statement in block.body for node in ast.walk(statement)
+          if isinstance(node, (ast.Import, ast.ImportFrom))}
+
+
 def imports_of(module: str, path: pathlib.Path, modules: dict) -> set:
-  """The package modules `module` imports (absolute and relative, any depth in the file)."""
+  """The package modules `module` imports (absolute and relative, any depth in the file;
+  type-only imports are not edges)."""
   is_package = path.name == '__init__.py'
   found = set()
-  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+  tree = ast.parse(path.read_text(), str(path))
+  type_only = type_only_imports(tree)
+  for node in ast.walk(tree):
+    if node in type_only:
+      continue
     names = []
     if isinstance(node, ast.Import):
       names = [alias.name for alias in node.names]
@@ -203,11 +228,13 @@ def unexplained_function_imports(path: pathlib.Path, root: pathlib.Path = ROOT) 
   text = path.read_text()
   lines = text.splitlines()
   found = set()
-  for function in ast.walk(ast.parse(text, str(path))):
+  tree = ast.parse(text, str(path))
+  type_only = type_only_imports(tree)
+  for function in ast.walk(tree):
     if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
       continue
     for node in ast.walk(function):
-      if not isinstance(node, (ast.Import, ast.ImportFrom)):
+      if not isinstance(node, (ast.Import, ast.ImportFrom)) or node in type_only:
         continue
       said = [lines[node.lineno - 1]]
       above = node.lineno - 2
@@ -238,6 +265,37 @@ def test_the_function_import_scan_sees_them(tmp_path):
       '  import csv\n')
   assert unexplained_function_imports(path, tmp_path) == [
       'example.py:7: import re', 'example.py:9: import abc', 'example.py:11: import csv']
+
+
+def test_type_checking_imports_are_no_edges(tmp_path):
+  # Checked on an example of the attention floor: the body of `if TYPE_CHECKING:` (or
+  # `typing.TYPE_CHECKING`) is neither an edge (to a higher floor here) nor an import that
+  # needs a `# deferred:` reason inside a function; its `else:` branch and any other
+  # condition run, so they are edges like any import.
+  path = tmp_path / 'example.py'
+  path.write_text(
+      'import typing\n'
+      'from typing import TYPE_CHECKING\n'
+      'from longformer_jax.config import errors\n'
+      'if TYPE_CHECKING:\n'
+      '  from longformer_jax.models.resolved_model import ResolvedModel\n'
+      'if typing.TYPE_CHECKING:\n'
+      '  from longformer_jax.models import decoder_lm\n'
+      'if TYPE_CHECKING:\n'
+      '  pass\n'
+      'else:\n'
+      '  from longformer_jax.models import encoder\n'
+      'if TYPE_CHECKING or errors:\n'
+      '  from longformer_jax.models import hibert\n'
+      'def f():\n'
+      '  if TYPE_CHECKING:\n'
+      '    from longformer_jax.train import train_config\n')
+  modules = module_files()
+  # (`from pkg import sub` is an edge to pkg too.)
+  assert imports_of(f'{PACKAGE}.attention.example', path, modules) == {
+      f'{PACKAGE}.config', f'{PACKAGE}.config.errors', f'{PACKAGE}.models',
+      f'{PACKAGE}.models.encoder', f'{PACKAGE}.models.hibert'}
+  assert unexplained_function_imports(path, tmp_path) == []
 
 
 def test_every_function_import_says_why():

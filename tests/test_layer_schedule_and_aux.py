@@ -16,7 +16,7 @@ from longformer_jax.models.decoder_lm import DecoderLM, state_logical_axes
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.models.resolved_model import resolved_model
 from longformer_jax.train.lm_objective import lm_sums, weighted_aux_losses
-from tests.tiny_models import VOCAB, stream_batch, tiny_config, tiny_model_config
+from tests.tiny_models import stream_batch, tiny_config, tiny_model_config
 
 
 def test_layer_config_resolves_each_layer_with_the_default_type():

@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.data import seq2seq_tasks
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.encoder_decoder import CrossAttention, decoder_context
 from longformer_jax.tasks.registry import task_for
 from tests.test_longformer_tasks import fit, tiny_task_config
+from tests.tiny_models import shared_settings
 
 TOKENIZER = ByteTokenizer()
 
@@ -29,7 +29,7 @@ def test_cross_attention_equals_float64_reference():
   source = rng.normal(size=(batch, sources, d_model)).astype(np.float32)
   valid = np.ones((batch, sources), bool)
   valid[1, 4:] = False
-  module = CrossAttention(SharedSettings(num_heads=heads, head_dim=head_dim, d_model=d_model))
+  module = CrossAttention(shared_settings(num_heads=heads, head_dim=head_dim, d_model=d_model))
   params = module.init(jax.random.PRNGKey(0), x, source, valid)['params']
   got = np.asarray(module.apply({'params': params}, x, source, valid))
   p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))

@@ -18,13 +18,13 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.longformer.dilated_window import dilated_window_attention
 from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.sliding_window import blocked_window_attention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.memory import fifo
 from longformer_jax.models.resolved_model import resolved_model
+from tests.tiny_models import shared_settings
 
 B, D, H, HD = 2, 16, 2, 8
 
@@ -96,8 +96,8 @@ def longformer(head_dilations=(1,), causal=True, dtype=jnp.float32, **section):
   `LongformerConfig` values."""
   config = LongformerConfig(head_dilations=','.join(map(str, head_dilations)), **section)
   return LongformerAttention(config=config, dtype=dtype,
-                             shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D,
-                                                   causal=causal))
+                             shared=shared_settings(num_heads=H, head_dim=HD, d_model=D,
+                                                    causal=causal))
 
 
 def make_case(causal=True, chunk=13, window=3, head_dilations=(1, 2), block_size=4,

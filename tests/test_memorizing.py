@@ -19,13 +19,12 @@ import pytest
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.memorizing import MemorizingAttention
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model
 from longformer_jax.models.model_config import resolve_model
 from tests.test_vanilla_attention import numpy_rotate
-from tests.tiny_models import tiny_config, tiny_model_config
+from tests.tiny_models import shared_settings, tiny_config, tiny_model_config
 from train import train
 
 B, C, NUM_CHUNKS, D, H, HD = 2, 4, 4, 16, 2, 8
@@ -115,7 +114,7 @@ def run_stream(config, params, x, segments):
 @functools.lru_cache(maxsize=None)
 def vanilla_params():
   """query/key/value/out, shared by every case (the layer uses vanilla's names)."""
-  module = VanillaAttention(shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
+  module = VanillaAttention(shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
   config = layer_config(mem_len=0)
   ctx = chunk_context(0, stream_segments())
   state = VanillaAttention.init_state(config, B)
@@ -216,7 +215,7 @@ def test_vanilla_checkpoint_runs_as_memorizing_at_eval_time():
   params = vanilla_params()
   ctx = chunk_context(0, stream_segments())
   x = random_inputs()[:, :C]
-  vanilla = VanillaAttention(shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
+  vanilla = VanillaAttention(shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
   expected, _, _ = jax.jit(vanilla.apply)({'params': params}, x,
                                           VanillaAttention.init_state(layer_config(mem_len=0), B), ctx)
   for gate in ('joint', 'memory_only', 'fixed'):

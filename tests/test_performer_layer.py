@@ -14,11 +14,10 @@ import pytest
 
 from longformer_jax.attention.performer import attention as performer
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from tests.test_performer import (B, BLOCK, D, H, HD, M, chunk_facts, jit, reference_attention,
                                   reference_mask)
-from tests.tiny_models import tiny_config
+from tests.tiny_models import shared_settings, tiny_config
 
 
 # --------------------------------------------------------- the layer (module)
@@ -36,7 +35,7 @@ def make_layer(causal=True, **settings):
   """The layer (`settings`: its other `PerformerConfig` values) and its jitted apply."""
   module = performer.PerformerAttention(
       config=performer.PerformerConfig(num_features=M, block_len=BLOCK, **settings),
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D, causal=causal))
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=causal))
   return module, jit(functools.partial(module.apply, mutable=['intermediates']))
 
 

@@ -24,7 +24,6 @@ import pytest
 
 from longformer_jax.attention.routing import attention as routing
 from longformer_jax.attention.context import MODEL_STATE, AttentionContext
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.train import optimizer as optimizer_lib
@@ -34,7 +33,7 @@ from longformer_jax.train.lm_objective import chunk_context, lm_sums, lm_sums_wi
 from longformer_jax.train.train_state import TrainState
 from tests.test_performer_layer import numpy_rotate
 from tests.test_routing import reference_attention, reference_mask
-from tests.tiny_models import stream_batch, tiny_config, tiny_model_config
+from tests.tiny_models import shared_settings, stream_batch, tiny_config, tiny_model_config
 
 B, N, D_MODEL, H, HD = 2, 12, 32, 3, 8
 LOCAL, CLUSTERS, WINDOW, LOCAL_WINDOW = 1, 3, 4, 3
@@ -60,7 +59,7 @@ def layer_and_context(causal: bool):
   layer = routing.RoutingAttention(
       config=routing.RoutingConfig(num_clusters=CLUSTERS, window=WINDOW, local_heads=LOCAL,
                                    local_window=LOCAL_WINDOW, decay=0.8),
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D_MODEL, causal=causal))
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D_MODEL, causal=causal))
   positions = np.tile(np.arange(30, 30 + N, dtype=np.int32), (B, 1))
   segments = np.zeros((B, N), np.int32)
   segments[1, 5:] = 1

@@ -31,7 +31,7 @@ from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.parallel.parallel_config import ParallelConfig
 from longformer_jax.attention.sequence_parallel.attention import sequence_parallel_attention
-from longformer_jax.attention.shared_settings import SharedSettings
+from tests.tiny_models import shared_settings
 
 BATCH, CHUNK, MEM, HEADS, HEAD_DIM = 4, 32, 8, 2, 8
 DATA_2_SEQUENCE_4 = (2, 1, 1, 4)
@@ -157,7 +157,7 @@ def _longformer_case(causal, global_projections, seed=0):
   module = LongformerAttention(
       config=LongformerConfig(window=4, head_dilations='1,1', block_size=4, global_tokens=3,
                               global_projections=global_projections, window_cache=False),
-      shared=SharedSettings(num_heads=HEADS, head_dim=HEAD_DIM, d_model=LF_D, causal=causal))
+      shared=shared_settings(num_heads=HEADS, head_dim=HEAD_DIM, d_model=LF_D, causal=causal))
   rng = np.random.default_rng(seed)
   positions = np.tile(np.arange(50, 50 + LF_CHUNK, dtype=np.int32), (LF_BATCH, 1))
   segments = np.zeros((LF_BATCH, LF_CHUNK), np.int32)

@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.xl import XLAttention, XLConfig
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sharding
@@ -32,7 +31,7 @@ from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.parallel.parallel_config import ParallelConfig
 from tests import test_sharded_train_step_memory as vanilla_steps
 from tests.test_sequence_parallel_memory import DATA_2_SEQUENCE_4, assert_close
-from tests.tiny_models import tiny_config
+from tests.tiny_models import shared_settings, tiny_config
 
 BATCH, CHUNK, MEM, D_MODEL, HEADS, HEAD_DIM = 4, 16, 8, 32, 4, 8
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason='needs 8 (fake) devices')
@@ -50,7 +49,7 @@ def _layer_case(relative_impl: str, clamp_len: int, seed: int = 0):
   11, padding at the end; row 3: a new document at the last token.
   """
   module = XLAttention(config=XLConfig(clamp_len=clamp_len, relative_impl=relative_impl),
-                       shared=SharedSettings(num_heads=HEADS, head_dim=HEAD_DIM, d_model=D_MODEL))
+                       shared=shared_settings(num_heads=HEADS, head_dim=HEAD_DIM, d_model=D_MODEL))
   rng = np.random.default_rng(seed)
   normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
   start = 100 + 37 * np.arange(BATCH)[:, None]

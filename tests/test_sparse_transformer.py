@@ -19,7 +19,6 @@ import pytest
 import train as train_script
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.sparse_transformer.attention import (SparseTransformerAttention,
                                                          SparseTransformerConfig,
                                                          sparse_transformer_attention)
@@ -27,7 +26,8 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.config.migration import migrate_flat_model
 from tests.gradient_checks import assert_gradients_match
-from tests.tiny_models import context_of, stream_batch, tiny_config, tiny_model_config
+from tests.tiny_models import (context_of, shared_settings, stream_batch, tiny_config,
+                               tiny_model_config)
 
 B, D, H, HD = 2, 32, 2, 16
 STRIDE, SUMMARY = 4, 2
@@ -131,7 +131,7 @@ def test_layer_matches_dense_reference(pattern, integration, n):
   module = SparseTransformerAttention(
       config=SparseTransformerConfig(pattern=pattern, stride=STRIDE, summary_len=SUMMARY,
                                      integration=integration),
-      shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
+      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
   positions, segments, valid = chunk_facts(n)
   ctx = context_for(positions, segments, valid)
   x = jax.random.normal(jax.random.PRNGKey(n), (B, n, D))

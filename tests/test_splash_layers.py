@@ -22,10 +22,10 @@ from longformer_jax.attention.core import attention_backend
 from longformer_jax.attention.bigbird import splash as bigbird_splash
 from longformer_jax.attention.core import splash_kernels as sk
 from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads, resolve
 from tests.test_splash_masks import chunk_facts, compare_with_mask, random_qkv
+from tests.tiny_models import shared_settings
 
 RTOL, ATOL = 1e-5, 1e-5
 WINDOW = 4
@@ -173,8 +173,8 @@ def longformer(dilations, causal):
   config = LongformerConfig(window=WINDOW, head_dilations=','.join(map(str, dilations)),
                             window_cache=False)
   return lambda backend: LongformerAttention(
-      config=config, shared=SharedSettings(num_heads=2, head_dim=16, d_model=32, causal=causal,
-                                           attention_backend=backend))
+      config=config, shared=shared_settings(num_heads=2, head_dim=16, d_model=32, causal=causal,
+                                            attention_backend=backend))
 
 
 def test_longformer_dilated_layer_splash_equals_xla():
@@ -194,8 +194,8 @@ def bigbird_layer(causal):
   config = BigBirdConfig(block=16, window_blocks=1, random_blocks=2, global_blocks=1, seed=3)
   return lambda backend: BigBirdAttention(
       config=config, layer_index=1,
-      shared=SharedSettings(num_heads=2, head_dim=16, d_model=32, causal=causal,
-                            attention_backend=backend))
+      shared=shared_settings(num_heads=2, head_dim=16, d_model=32, causal=causal,
+                             attention_backend=backend))
 
 
 def test_bigbird_layer_splash_equals_xla():

@@ -291,23 +291,23 @@ def test_image_local_1d_layer_splash_equals_xla():
   """The whole layer with `attention_backend='splash'` and 'xla': output and gradients."""
   from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads
   from longformer_jax.attention.image_local.attention import ImageLocalAttention, ImageLocalConfig
-  from longformer_jax.attention.shared_settings import SharedSettings
+  from tests.tiny_models import shared_settings
   config = ImageLocalConfig(query_len=8, memory_len=8)
   results = layer_outputs_and_grads(lambda backend: ImageLocalAttention(
-      config=config, shared=SharedSettings(num_heads=2, head_dim=16, d_model=32,
-                                           attention_backend=backend)))
+      config=config, shared=shared_settings(num_heads=2, head_dim=16, d_model=32,
+                                            attention_backend=backend)))
   assert_trees_close(results['splash'], results['xla'], atol=2e-5)
 
 
 def test_sparse_transformer_layer_splash_equals_xla():
   """The whole layer (fixed, multihead) with `attention_backend='splash'` and 'xla'."""
   from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads
-  from longformer_jax.attention.shared_settings import SharedSettings
+  from tests.tiny_models import shared_settings
   from longformer_jax.attention.sparse_transformer.attention import (SparseTransformerAttention,
                                                            SparseTransformerConfig)
   config = SparseTransformerConfig(pattern='fixed', stride=8, summary_len=2,
                                    integration='multihead')
   results = layer_outputs_and_grads(lambda backend: SparseTransformerAttention(
-      config=config, shared=SharedSettings(num_heads=2, head_dim=16, d_model=32,
-                                           attention_backend=backend)))
+      config=config, shared=shared_settings(num_heads=2, head_dim=16, d_model=32,
+                                            attention_backend=backend)))
   assert_trees_close(results['splash'], results['xla'], atol=2e-5)

@@ -19,12 +19,11 @@ import pytest
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention, StreamingSinksConfig
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model
 from tests.test_vanilla_attention import numpy_rotate
-from tests.tiny_models import tiny_config, tiny_model_config
+from tests.tiny_models import shared_settings, tiny_config, tiny_model_config
 from train import train
 
 B, C, NUM_CHUNKS, D, H, HD = 2, 6, 4, 16, 2, 8
@@ -99,7 +98,7 @@ def sinks_config(**sinks):
 @functools.lru_cache(maxsize=None)
 def shared_params():
   module = StreamingSinkAttention(config=StreamingSinksConfig(num_sinks=1, window=2),
-                                  shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
+                                  shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
   state = StreamingSinkAttention.init_state(sinks_config(num_sinks=1, window=2), B)
   ctx = AttentionContext(positions=jnp.zeros((B, C), jnp.int32), segment_ids=jnp.zeros((B, C), jnp.int32),
                          reset=jnp.ones((B,), bool), valid=jnp.ones((B, C), bool))

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.memory import fifo
+from tests.tiny_models import shared_settings
 
 B, C, M, D, H, HD = 2, 5, 4, 16, 2, 8
 
@@ -46,8 +46,8 @@ def reference(params, x, mem, q_pos, causal):
 
 
 def setup(causal, start):
-  module = VanillaAttention(shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D,
-                                                  causal=causal))
+  module = VanillaAttention(shared=shared_settings(num_heads=H, head_dim=HD, d_model=D,
+                                                   causal=causal))
   x = jax.random.normal(jax.random.PRNGKey(1), (B, C, D))
   q_pos = np.tile(np.arange(start, start + C, dtype=np.int32), (B, 1))
   mem = fifo.create(B, M, (D,)).replace(

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.xl import XLAttention, XLConfig
 from longformer_jax.layers.positional import relative_shift
 from longformer_jax.memory import fifo
+from tests.tiny_models import shared_settings
 
 B, C, M, D, H, HD = 2, 6, 5, 16, 2, 8
 
@@ -57,7 +57,7 @@ def reference_xl(params, x, mem_values, mem_pos, mem_valid, q_pos, clamp_len):
 
 def run_module(relative_impl, clamp_len, reset=False):
   module = XLAttention(config=XLConfig(clamp_len=clamp_len, relative_impl=relative_impl),
-                       shared=SharedSettings(num_heads=H, head_dim=HD, d_model=D))
+                       shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
   x = jax.random.normal(jax.random.PRNGKey(1), (B, C, D))
   start = 20
   q_pos = np.tile(np.arange(start, start + C, dtype=np.int32), (B, 1))

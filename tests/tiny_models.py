@@ -7,8 +7,10 @@ import numpy as np
 from configs.default import get_config
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_class
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.config.migration import migrate_flat_model
+from longformer_jax.models.model_config import ModelConfig
 from longformer_jax.models.resolved_model import ResolvedModel, lm_model_config
 
 VOCAB = 259  # the byte tokenizer's
@@ -40,6 +42,14 @@ def tiny_config(**model_overrides) -> ml_collections.ConfigDict:
 
 def tiny_model_config(**model_overrides) -> ResolvedModel:
   return lm_model_config(tiny_config(**model_overrides).model, VOCAB)
+
+
+def shared_settings(**model_overrides) -> SharedSettings:
+  """A layer's `SharedSettings`, built as the models build them (`SharedSettings.of`), from
+  `ModelConfig`'s own defaults with `model_overrides` (shared model settings by their
+  `config.model` names: `num_heads`, `head_dim`, `d_model`, `causal`, `attention_backend`,
+  `num_kv_heads`, ...). Not checked: a layer test may pick any shape."""
+  return SharedSettings.of(ModelConfig(**model_overrides))
 
 
 def stream_batch(batch: int, length: int, seed: int = 0, doc_len: int = 0) -> dict:

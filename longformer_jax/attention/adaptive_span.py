@@ -42,6 +42,7 @@ length is the shared `model.mem_len`.
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -56,6 +57,9 @@ from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import ProjectionKernel, projection
 from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.memory import fifo
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,6 +87,7 @@ paper's; configs/attendre.py and pg19_attendre.py use 'insert_first' with
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import flax.struct
@@ -101,6 +102,9 @@ from longformer_jax.config.section import Section
 from longformer_jax.memory import entries, fifo, key_value, policies
 from longformer_jax.memory.entries import MemoryEntries
 from longformer_jax.memory.sharded_retrieval import METHODS, top_k
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 _INT32_MIN = jnp.iinfo(jnp.int32).min
 _INT32_MAX = jnp.iinfo(jnp.int32).max

@@ -37,6 +37,7 @@ documents and valid bits of the gathered keys (docs/design.md, contract 2).
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -49,6 +50,9 @@ from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 NO_BLOCK = -1      # a causal map's entry for a query block that has no key block
 

@@ -49,7 +49,7 @@ Settings: `config.model.bp_transformer` (`BPTransformerConfig`).
 """
 
 import dataclasses
-from typing import NamedTuple
+from typing import NamedTuple, TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -61,6 +61,9 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

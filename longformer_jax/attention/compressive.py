@@ -32,6 +32,7 @@ its "average attention" is that sum divided by the number of chunks.
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import flax.struct
@@ -45,6 +46,9 @@ from longformer_jax.attention.core.masking import causal_document_mask
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.section import Section
 from longformer_jax.memory import compression, fifo
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

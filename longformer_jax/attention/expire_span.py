@@ -40,6 +40,7 @@ capacity is the shared `model.mem_len`.
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -52,6 +53,9 @@ from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.memory import fifo
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

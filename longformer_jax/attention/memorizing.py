@@ -42,6 +42,7 @@ adds no parameter, so the vanilla checkpoint loads as is.
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -55,6 +56,9 @@ from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 from longformer_jax.memory import fifo, key_value
 from longformer_jax.memory.policies import policy_from_name
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 KNN_GATES = ('learned', 'fixed', 'memory_only', 'joint')
 KNN_METHODS = ('exact', 'approx')

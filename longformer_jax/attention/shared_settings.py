@@ -21,6 +21,10 @@ from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 class SharedSettings:
   """The shared settings of one layer (`config.model`; models/model_config.py documents them).
 
+  Every field is required: `ModelConfig` holds the defaults, and `of` below is the one
+  builder from a model config (tests build one from `ModelConfig`'s defaults with their
+  overrides: tests/tiny_models.shared_settings).
+
   Attributes:
     num_heads, head_dim, d_model: the layer's shape (`[batch, chunk, num_heads, head_dim]`
       heads of a `[batch, chunk, d_model]` input).
@@ -33,10 +37,10 @@ class SharedSettings:
   num_heads: int
   head_dim: int
   d_model: int
-  causal: bool = True
-  mem_len: int = 0
-  attention_backend: str = 'auto'
-  heads: CheckpointHeads = CheckpointHeads()
+  causal: bool
+  mem_len: int
+  attention_backend: str
+  heads: CheckpointHeads
 
   @classmethod
   def of(cls, config) -> 'SharedSettings':
@@ -47,7 +51,7 @@ class SharedSettings:
         rotary=config.position_embedding == 'rotary', rope_theta=float(config.rope_theta),
         rope_scaling=tuple(sorted(dict(config.rope_scaling).items())),
         relative_num_buckets=config.relative_num_buckets if relative else 0,
-        relative_max_distance=config.relative_max_distance if relative else 128)
+        relative_max_distance=config.relative_max_distance)
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,
                causal=config.causal, mem_len=config.mem_len,
                attention_backend=config.attention_backend, heads=heads)

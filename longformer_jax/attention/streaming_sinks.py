@@ -36,6 +36,7 @@ evaluation time.
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -50,6 +51,9 @@ from longformer_jax.attention.core.sliding_window import auto_block_size, blocke
 from longformer_jax.config.section import Section
 from longformer_jax.layers.capped_rotary import rotary_scores
 from longformer_jax.memory import fifo
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 SINK_POSITION_MODES = ('cache', 'original')
 

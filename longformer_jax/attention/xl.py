@@ -26,7 +26,7 @@ unsplit layer for both `relative_impl` values on continuous streams.
 """
 
 import dataclasses
-from typing import Optional
+from typing import Optional, TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -44,6 +44,9 @@ from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
 from longformer_jax.attention.sequence_parallel.relative_attention import (
     sequence_parallel_relative_attention)
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 RELATIVE_IMPLS = ('shift', 'gather')
 

@@ -19,5 +19,9 @@ from longformer_jax.convert.loader import (  # pylint: disable=unused-import
     is_encoder, is_encoder_decoder, load, load_model, load_params, model_settings, vocab_multiple)
 from longformer_jax.convert.workdir_cli import convert_to_workdir, run  # pylint: disable=unused-import
 
+# The Python API above, re-exported from the modules that implement it.
+__all__ = ['convert_to_workdir', 'is_encoder', 'is_encoder_decoder', 'load', 'load_model',
+           'load_params', 'model_settings', 'vocab_multiple']
+
 if __name__ == '__main__':
   run()

@@ -32,6 +32,7 @@ values [batch, N, d_model], 'starts': FifoMemory values [batch, N] bool}`.
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -46,6 +47,9 @@ from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.memory import fifo
 from longformer_jax.models.standard_stack import BlockStack
 from longformer_jax.models.layer_schedule import layer_config
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,8 @@ hidden states that already carry their own chunk's offsets. Post-LN blocks
 (`model.block = 'post_ln'`) end normalised: no final norm then.
 """
 
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,9 @@ from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.models.input_embedding import embed_inputs
 from longformer_jax.models.post_ln_block import ends_normalised
 from longformer_jax.models.stack_registry import stack_class
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 COMPUTE_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 

@@ -13,6 +13,8 @@ Heads (sec. 6.1 of the paper, as in BERT/RoBERTa):
   * `SpanExtractor`: one linear layer to start and end logits per token.
 """
 
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,9 @@ from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.input_embedding import embed_inputs
 from longformer_jax.models.post_ln_block import ends_normalised
 from longformer_jax.models.stack_registry import stack_class
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 def encoder_context(input_mask: jax.Array, global_flags: jax.Array,

@@ -38,6 +38,7 @@ unidirectional in the (causal) decoder; the cross-attention has none.
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -56,6 +57,9 @@ from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.encoder import Encoder
 from longformer_jax.models.input_embedding import embed_inputs
 from longformer_jax.models.post_ln_block import ends_normalised
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 def decoder_layer_config(config: 'ResolvedModel') -> 'ResolvedModel':

@@ -10,6 +10,11 @@ is about twice the forward), as in the PaLM paper's MFU (appendix B).
 Elementwise work (softmax, norms, GELU) is not counted.
 """
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
+
 
 def forward_flops_per_token(config: 'ResolvedModel', chunk_len: int,
                             batch_size: int) -> float:

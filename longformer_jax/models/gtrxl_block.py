@@ -13,6 +13,7 @@ identity), `relu`.
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -24,6 +25,9 @@ from longformer_jax.config.section import Section
 from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
 from longformer_jax.layers.gating import GATE_TYPES, Gate
 from longformer_jax.layers.norms import NormConfig, norm_layer
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

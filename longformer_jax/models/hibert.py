@@ -29,6 +29,7 @@ starts from a pretraining checkpoint by copying that subtree
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -43,6 +44,9 @@ from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.encoder import Encoder, encoder_context
 from longformer_jax.models.encoder_decoder import (DecoderLayer, decoder_context,
                                                    decoder_layer_config)
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

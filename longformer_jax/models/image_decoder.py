@@ -10,6 +10,8 @@ padded. The task (its vocabulary: the intensity levels + BOS; loss and
 metrics): `tasks/image.py`.
 """
 
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,9 @@ import jax.numpy as jnp
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.encoder import fresh_states
 from longformer_jax.models.encoder_decoder import decoder_context
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 def image_context(inputs: jax.Array, deterministic: bool):

@@ -11,6 +11,8 @@ adds `lm_head_dense`, `lm_head_norm` (`model.norm`, `model.norm_epsilon`) and
 `lm_head_bias`.
 """
 
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,9 @@ from longformer_jax.layers.linear import projection
 from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.encoder import Encoder, embed_tokens
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 class MaskedLM(nn.Module):

@@ -9,6 +9,8 @@ use it (`convert/longformer.py`); the norm is `model.norm` with
 `model.norm_epsilon`, as in the pre-LN block.
 """
 
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,9 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
 from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
 from longformer_jax.layers.norms import NormConfig, norm_layer
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 class PostLNBlock(nn.Module):

@@ -3,6 +3,8 @@
 The norm is LayerNorm or RMSNorm (`model.norm`, `model.norm_epsilon`).
 """
 
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,9 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.registry import attention_layer
 from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
 from longformer_jax.layers.norms import NormConfig, norm_layer
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 class DecoderBlock(nn.Module):

@@ -29,6 +29,7 @@ already) are config errors (`ReversibleConfig.validate`).
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -42,6 +43,9 @@ from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
 from longformer_jax.layers.norms import NormConfig, norm_layer
 from longformer_jax.layers.reversible import reversible_sequence
 from longformer_jax.models.layer_schedule import layer_config
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 HALVES = ('attention', 'feed_forward')  # F, G; parameter names start with their half's name
 

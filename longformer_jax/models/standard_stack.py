@@ -10,6 +10,8 @@ with a leading `layers` axis under `layers/`, the unrolled one under
 `layer_0`, `layer_1`, ... (`longformer_jax.models.param_layout` converts).
 """
 
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -19,6 +21,9 @@ from longformer_jax.attention.registry import attention_class
 from longformer_jax.models.block_registry import block_class
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.parallel.remat import remat_policy
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 def layer_slice(stacked, i: int):

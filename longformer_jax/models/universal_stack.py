@@ -27,6 +27,7 @@ is rematerialised) are config errors.
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -39,6 +40,9 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.linear import projection
 from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.models.block_registry import block_class
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

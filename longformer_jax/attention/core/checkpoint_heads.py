@@ -34,15 +34,17 @@ from longformer_jax.layers.positional import apply_rotary, rotary_inv_freq
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointHeads:
-  """The settings above as one hashable module field; the defaults are this project's models."""
-  num_kv_heads: int = 0            # 0: num_heads (no grouping)
-  qkv_bias: bool = False
-  out_bias: bool = False
-  rotary: bool = True              # False: position_embedding 'learned' or 'relative_buckets'
-  rope_theta: float = 10000.0
-  rope_scaling: tuple = ()         # sorted (key, value) pairs of model.rope_scaling
-  relative_num_buckets: int = 0    # > 0: position_embedding 'relative_buckets'
-  relative_max_distance: int = 128
+  """The settings above as one hashable module field, every one required: their defaults are
+  `ModelConfig`'s (models/model_config.py), read by `SharedSettings.of`
+  (attention/shared_settings.py), which builds this."""
+  num_kv_heads: int                # 0: num_heads (no grouping)
+  qkv_bias: bool
+  out_bias: bool
+  rotary: bool                     # False: position_embedding 'learned' or 'relative_buckets'
+  rope_theta: float
+  rope_scaling: tuple              # sorted (key, value) pairs of model.rope_scaling
+  relative_num_buckets: int        # > 0: position_embedding 'relative_buckets'
+  relative_max_distance: int
 
   def inv_freq(self, head_dim: int) -> np.ndarray | None:
     """`[head_dim / 2]` rotary frequencies, or None for the default base without scaling

@@ -33,6 +33,7 @@ layout runs as one splash kernel whose mask is the same block rule
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -48,6 +49,9 @@ from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 LAYOUTS = ('1d', '2d')
 CAUSAL_ONLY = 'image_local attention is causal only (an image is generated in order); set it True'

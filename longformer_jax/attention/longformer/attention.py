@@ -37,6 +37,7 @@ docs/scaling.md).
 
 import dataclasses
 import re
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -59,6 +60,9 @@ from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
 from longformer_jax.attention.sequence_parallel import global_attention, window_attention
 from longformer_jax.attention.shared_settings import SharedSettings
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 KERNEL_AXES = ('embed', 'heads', 'head_dim')
 

@@ -24,6 +24,7 @@ keys and new queries share one frame.
 
 import dataclasses
 import zlib
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -38,6 +39,9 @@ from longformer_jax.attention.performer.kernel import (KERNELS, RELU_EPS, Perfor
                                                        causal_performer_attention, empty_state)
 from longformer_jax.config.section import Section
 from longformer_jax.layers.positional import apply_rotary
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,7 @@ reported as the aux loss `commitment_loss` (weighted by
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -50,6 +51,9 @@ from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
 from longformer_jax.layers.positional import apply_rotary
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

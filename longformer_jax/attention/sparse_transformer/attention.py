@@ -55,6 +55,7 @@ slots (attention/sparse_transformer/splash.py; docs/kernels.md).
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -69,6 +70,9 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 COMPONENTS = ('strided_local', 'strided_summary', 'fixed_local', 'fixed_summary')
 UNIONS = {'strided': ('strided_local', 'strided_summary'),

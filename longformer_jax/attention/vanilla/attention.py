@@ -26,6 +26,8 @@ unrotated, a learned bias per bucket and head read from the query and key
 positions, so cached keys get theirs too); attention/core/checkpoint_heads.py.
 """
 
+from typing import TYPE_CHECKING
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -41,6 +43,9 @@ from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
 from longformer_jax.attention.sequence_parallel.attention import sequence_parallel_attention
+
+if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
+  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 class VanillaAttention(nn.Module):
