@@ -120,7 +120,7 @@ def write_task_config(hf_dir: str, source_dir: str, workdir: str, task: str, dty
                           f'Python: longformer_jax.convert.hf.load_model)')
   data = tokenizer_settings(hf_dir, tokenizer_file, source_dir)
   tokenizer = fine_tuned.tokenizer(ml_collections.ConfigDict(data))
-  model = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
+  model = hf.checkpoint_model_values(settings, hf_config, dtype, tokenizer.vocab_size)
   model.pop('vocab_size', None)
   # Within a learned position table where the model has one (T5's relative buckets have none).
   data['seq_len'] = min(TASK_SEQ_LEN, settings.get('max_positions') or TASK_SEQ_LEN)
@@ -182,7 +182,7 @@ def _convert(hf_dir: str, source_dir: str, workdir: str, dtype: str, tokenizer_f
                           f'decoder; it imports for task {" or ".join(tasks_taking("decoder"))}')
   data = tokenizer_settings(hf_dir, tokenizer_file, source_dir)
   tokenizer = make_tokenizer(ml_collections.ConfigDict(data))
-  model_values = hf.resolved_model(settings, hf_config, dtype, tokenizer.vocab_size)
+  model_values = hf.checkpoint_model_values(settings, hf_config, dtype, tokenizer.vocab_size)
   if settings.get('position_embedding') == 'learned':  # chunks within the learned table
     data['chunk_len'] = min(DEFAULT_CHUNK_LEN, settings['max_positions'])
   context = context_len(hf_config)
