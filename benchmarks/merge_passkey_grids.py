@@ -22,6 +22,7 @@ import sys
 import numpy as np
 
 from longformer_jax.evaluation.heatmap_png import write_heatmap
+from longformer_jax.evaluation.passkey_grid import accuracy_table
 
 # Keys whose values the inputs may differ in (merged below); every other key must be equal.
 MERGED_KEYS = ('axes', 'memories', 'cells')
@@ -86,13 +87,8 @@ def merge(grids: list[dict]) -> dict:
 
 
 def accuracy(grid: dict, label: str) -> np.ndarray:
-  """`[depths, lengths]` accuracies of memory `label` (NaN where no cell)."""
-  depths, lengths = grid['axes']['depths'], grid['axes']['lengths']
-  table = np.full([len(depths), len(lengths)], np.nan)
-  for cell in grid['cells']:
-    if cell['memory'] == label:
-      table[depths.index(cell['depth']), lengths.index(cell['length'])] = cell['accuracy']
-  return table
+  """`[depths, lengths]` accuracies of memory `label` in a grid's JSON (NaN where no cell)."""
+  return accuracy_table(grid['axes']['depths'], grid['axes']['lengths'], grid['cells'], label)
 
 
 def main(argv=None) -> int:

@@ -171,6 +171,21 @@ def led_tensors(params: dict, settings: dict, hf: dict, original: dict) -> dict:
   return out
 
 
+def _longformer_head(params: dict, d: int) -> dict:
+  """The torch tensors of the head `params` hold (inverse of `longformer_heads.read_head`)."""
+  out, head = {}, longformer_heads.params_head(params)
+  if head == longformer_heads.CLASSIFICATION:
+    linear_tensors(out, 'classifier.dense', params['pooler'], d)
+    linear_tensors(out, 'classifier.out_proj', params['classifier'], d)
+  elif head == longformer_heads.QA:
+    linear_tensors(out, 'qa_outputs', params['span'], d)
+  else:
+    linear_tensors(out, 'lm_head.dense', params['lm_head_dense'], d)
+    _layer_norm(out, 'lm_head.layer_norm', params['lm_head_norm'])
+    out['lm_head.bias'] = params['lm_head_bias']
+  return out
+
+
 def longformer_tensors(params: dict, settings: dict, hf: dict, original: dict) -> dict:
   """Inverse of convert/longformer.py; `original`: the checkpoint's `ORIGINAL_TENSORS` or {}.
   The head is the one `params` hold (masked LM, classifier or span: convert/longformer_heads.py)."""
@@ -187,7 +202,7 @@ def longformer_tensors(params: dict, settings: dict, hf: dict, original: dict) -
     before = np.zeros((pad + 1, d), np.float32)
   out = {embeddings + 'word_embeddings.weight': params['embedding']['embedding'],
          position_name: np.concatenate([before, positions]), type_name: types,
-         **longformer_heads.head_tensors(params, d)}
+         **_longformer_head(params, d)}
   _layer_norm(out, embeddings + 'LayerNorm', params['embedding_norm'])
   for layer in range(settings['num_layers']):
     block = params['encoder']['blocks'][f'layer_{layer}']

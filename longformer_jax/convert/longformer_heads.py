@@ -5,8 +5,9 @@ question-answering heads, and ours (`MaskedLM`'s `lm_head_*`, `SequenceClassifie
 Which head a checkpoint has is its config.json's `architectures` (`HEADS`); which head a
 run has is the scopes of its parameters (a task's model: `classification` ->
 SequenceClassifier, `qa` -> SpanExtractor; models/encoder.py). Everything that depends on
-the head is here: the import (`read_head`, `head_settings`), the export (`head_tensors`,
-`head_config`) and the module that runs it (`model_class`).
+the head is here: the import (`read_head`, `head_settings`), the export's config
+(`head_config`; its tensors: `encoder_export.longformer_tensors`, by `params_head`) and the
+module that runs it (`model_class`).
 
   transformers (torch Linear [out, in])     ours (kernel [in, out])
   lm_head.dense, lm_head.layer_norm,        lm_head_dense, lm_head_norm, lm_head_bias
@@ -100,23 +101,6 @@ def params_head(params: dict) -> str:
   heads = '; '.join(f'{head}: {" + ".join(scopes)}' for head, scopes in HEADS.items())
   raise ConversionError(f'the parameters have none of the Longformer heads transformers '
                         f'writes ({heads})')
-
-
-def head_tensors(params: dict, d: int) -> dict:
-  """The torch tensors of the head in `params` (inverse of `read_head`)."""
-  def linear(name: str, projection: dict) -> dict:
-    return {f'{name}.weight': projection['kernel'].reshape(d, -1).T,
-            f'{name}.bias': projection['bias'].reshape(-1)}
-  head = params_head(params)
-  if head == CLASSIFICATION:
-    return {**linear('classifier.dense', params['pooler']),
-            **linear('classifier.out_proj', params['classifier'])}
-  if head == QA:
-    return linear('qa_outputs', params['span'])
-  norm = params['lm_head_norm']
-  return {**linear('lm_head.dense', params['lm_head_dense']),
-          'lm_head.layer_norm.weight': norm['scale'], 'lm_head.layer_norm.bias': norm['bias'],
-          'lm_head.bias': params['lm_head_bias']}
 
 
 def head_config(hf: dict, params: dict) -> dict:

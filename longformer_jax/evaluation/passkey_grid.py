@@ -72,6 +72,7 @@ import glob
 import json
 import os
 import re
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -289,12 +290,13 @@ def evaluate_grid(grid: PasskeyGrid, trained_model, tokenizer, params, *, batch_
   return cells, costs
 
 
-def accuracy_table(grid: PasskeyGrid, cells: list[dict], label: str) -> np.ndarray:
+def accuracy_table(depths: Sequence, lengths: Sequence, cells: list[dict],
+                   label: str) -> np.ndarray:
   """`[depths, lengths]` accuracies of memory `label` (NaN where no cell)."""
-  table = np.full([len(grid.depths), len(grid.lengths)], np.nan)
+  table = np.full([len(depths), len(lengths)], np.nan)
   for cell in cells:
     if cell['memory'] == label:
-      table[grid.depths.index(cell['depth']), grid.lengths.index(cell['length'])] = cell['accuracy']
+      table[depths.index(cell['depth']), lengths.index(cell['length'])] = cell['accuracy']
   return table
 
 
@@ -314,7 +316,8 @@ def write_grid(grid: PasskeyGrid, cells: list[dict], out_dir: str, header: dict,
   memories = []
   for memory in grid.memories:
     name = png_name(memory.label)
-    write_heatmap(os.path.join(out_dir, name), accuracy_table(grid, cells, memory.label))
+    write_heatmap(os.path.join(out_dir, name),
+                  accuracy_table(grid.depths, grid.lengths, cells, memory.label))
     memories.append(dict(memory.describe(trained_model), heatmap=name,
                          **(costs or {}).get(memory.label, {})))
   axes = dict(AXES, depths=list(grid.depths), lengths=list(grid.lengths))
@@ -332,7 +335,7 @@ def markdown_table(grid: PasskeyGrid, cells: list[dict], costs: dict | None = No
   lines = ['| memory | ' + ' | '.join([str(n) for n in grid.lengths] + extra) + ' |',
            '|---|' + '---:|' * (len(grid.lengths) + len(extra))]
   for memory in grid.memories:
-    table = accuracy_table(grid, cells, memory.label)
+    table = accuracy_table(grid.depths, grid.lengths, cells, memory.label)
     values = [f'{v:.2f}' for v in table.mean(0)]
     if costs:
       held = {c['length']: c['memory_entries'] for c in cells if c['memory'] == memory.label}
