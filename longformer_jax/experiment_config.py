@@ -22,7 +22,7 @@ from typing import Mapping, Optional
 
 import ml_collections
 
-from longformer_jax.config.section import unknown_key_error
+from longformer_jax.config.section import coerce, unknown_key_error
 from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.data.data_config import DataConfig
 from longformer_jax.evaluation.eval_config import EvalConfig
@@ -54,9 +54,8 @@ def resolve_config(values: Mapping) -> dict:
   for key in values:
     if key not in TOP_LEVEL:
       raise unknown_key_error('', key, TOP_LEVEL)
-  seed, task_name = values.get('seed', 0), values.get('task', 'lm')
-  require(isinstance(seed, int) and not isinstance(seed, bool), 'seed',
-          f'{seed!r} must be an integer')
+  # The seed as any section's int field: `--config.seed=1` arrives as the string '1'.
+  seed, task_name = coerce(values.get('seed', 0), int, 'seed'), values.get('task', 'lm')
   task = task_for(task_name)
   sections = {name: cls.build(values.get(name), name) for name, cls in SECTIONS.items()}
   data, train = sections['data'], sections['train']

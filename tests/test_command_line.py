@@ -43,8 +43,9 @@ def test_overrides_parse_by_the_type_of_their_key():
   config = experiment_config(DEFAULT_CONFIG, [('model.xl.clamp_len', '4'),
                                               ('model.causal', 'true'),
                                               ('optimizer.learning_rate', '1e-3'),
-                                              ('parallel.mesh_shape', '(1,-1,1)')])
-  assert config.model.xl.clamp_len == 4 and config.model.causal is True
+                                              ('parallel.mesh_shape', '(1,-1,1)'),
+                                              ('seed', '3')])
+  assert config.seed == 3 and config.model.xl.clamp_len == 4 and config.model.causal is True
   assert config.optimizer.learning_rate == 1e-3 and config.parallel.mesh_shape == (1, -1, 1)
 
 
@@ -65,6 +66,7 @@ def test_command_line_runs_with_overrides():
      'error: config.model.xl.clamp_lem: unknown key; did you mean clamp_len?'),
     (['--config.train.stop_after_steps=-2'],
      'error: config.train.stop_after_steps: -2 must be >= 0 (0: off)'),
+    (['--config.seed=one'], "error: config.seed: 'one' is not an int"),
     (['--config=configs/no_such_config.py'],
      "error: --config: 'configs/no_such_config.py': no such config file"),
 ])

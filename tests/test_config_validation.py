@@ -68,7 +68,7 @@ def test_command_line_strings_parse_by_the_field_type():
 
 
 def test_wrong_types_are_named():
-  with pytest.raises(ConfigError, match=r"config.train.num_steps: 'many' is not a int"):
+  with pytest.raises(ConfigError, match=r"config.train.num_steps: 'many' is not an int"):
     resolve_config({'train': {'num_steps': 'many'}})
   with pytest.raises(ConfigError, match='config.model.causal: 3 is not a bool'):
     resolve_config({'model': {'causal': 3}})

@@ -36,9 +36,9 @@ def test_layer_config_resolves_each_layer_with_the_default_type():
 
 @pytest.mark.parametrize('schedule, message', [
     (dict(mem_len='4,8,16'), r'model\.layer_schedule\.mem_len: .* needs one value per layer'),
-    (dict(mem_len='4,x'), r"model\.layer_schedule\.mem_len: 'x' is not a int"),
+    (dict(mem_len='4,x'), r"model\.layer_schedule\.mem_len: 'x' is not an int"),
     (dict(attention='xl,nope'), r"model\.attention: 'nope' is not a variant"),
-    (dict(xl={'clamp_len': '2,x'}), r"model\.layer_schedule\.xl\.clamp_len: 'x' is not a int"),
+    (dict(xl={'clamp_len': '2,x'}), r"model\.layer_schedule\.xl\.clamp_len: 'x' is not an int"),
     (dict(xl={'clamp_len': '0,4'}), r'model\.xl\.clamp_len: 0 must be -1 \(off\) or > 0'),
     (dict(xl={'clamp_lem': '2,4'}), r'model\.layer_schedule\.xl\.clamp_lem: unknown key; '
                                     r'did you mean clamp_len\?'),

@@ -189,7 +189,8 @@ def coerce(value: Any, kind, key: str) -> Any:
       return _plain_dict(value)
   else:
     raise TypeError(f'{key}: unsupported field type {kind!r}')
-  raise ConfigError(key, f'{value!r} is not a {_type_name(origin or kind)}')
+  name = _type_name(origin or kind)
+  raise ConfigError(key, f"{value!r} is not {'an' if name[0] in 'aeiou' else 'a'} {name}")
 
 
 def _deep_tuple(value):
