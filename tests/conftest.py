@@ -26,22 +26,11 @@ import tempfile
 
 import pytest
 
-_TEST_XLA_FLAGS = ('--xla_force_host_platform_device_count=8',
-                   '--xla_backend_optimization_level=0',
-                   '--xla_llvm_disable_expensive_passes=true',
-                   '--xla_cpu_use_fusion_emitters=false')
-
-
-def _with_test_flags(flags: str) -> str:
-  """`flags` plus each test flag whose name it does not set already."""
-  present = {flag.split('=')[0] for flag in flags.split()}
-  extra = [flag for flag in _TEST_XLA_FLAGS if flag.split('=')[0] not in present]
-  return ' '.join(flags.split() + extra)
-
+from tests.xla_test_flags import with_test_flags
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 if os.environ['JAX_PLATFORMS'] == 'cpu':   # CPU flags: a GPU run (gpu_checks.sh) keeps its own
-  os.environ['XLA_FLAGS'] = _with_test_flags(os.environ.get('XLA_FLAGS', ''))
+  os.environ['XLA_FLAGS'] = with_test_flags(os.environ.get('XLA_FLAGS', ''))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

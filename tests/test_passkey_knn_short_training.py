@@ -1,6 +1,7 @@
 """benchmarks/passkey_knn_short_training.py: its configs and its random-retrieval control."""
 
 import numpy as np
+import pytest
 
 from benchmarks import passkey_knn_short_training as short
 from longformer_jax.memory import key_value
@@ -35,3 +36,12 @@ def test_random_retrieval_ignores_the_queries(monkeypatch):
   short.use_random_queries()
   found = [np.asarray(key_value.retrieve(memory, along(a), 2).indices) for a in (0, 1)]
   np.testing.assert_array_equal(found[0], found[1])
+
+
+@pytest.mark.parametrize('args', [[], ['--root=runs', '--score=runs/knn']])
+def test_one_of_training_and_scoring_is_asked_for(monkeypatch, capsys, args):
+  monkeypatch.setattr('sys.argv', ['passkey_knn_short_training'] + args)
+  with pytest.raises(SystemExit) as exit_status:
+    short.main()
+  assert exit_status.value.code == 2
+  assert 'give one of --root (train and score) and --score (score a run)' in capsys.readouterr().err
