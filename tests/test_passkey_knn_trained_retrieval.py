@@ -2,7 +2,7 @@
 needle (docs/passkey.md, the Memorizing Transformer trained with its memory).
 
 One slow test, the whole configs/passkey_memory.py:knn recipe as a user runs it (train.py:
-3,000 steps, about 35 minutes on a 2-core CPU, 2 on a GPU), then the passkey grid of
+3,000 steps; the test takes 21 minutes on a 2-core CPU, 84 s on an H100), then the passkey grid of
 benchmarks/passkey_knn_short_training.py (documents of 1,024 and 2,048 tokens, needles at 0
 and 50%, 4 documents per cell; the kNN memory of 2,048 holds the whole document) scored
 twice: with the model's own queries, and with the kNN layer retrieving by random queries
