@@ -79,7 +79,6 @@ def describe_cells(cells: list[dict]) -> str:
 
 
 def main():
-  from train import train  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--steps', default='1,300')
   parser.add_argument('--seeds', default='0,1')
@@ -101,6 +100,7 @@ def main():
       with open(args.out, 'w') as f:
         json.dump(dict(workdir=args.score, retrieval=retrieval, cells=cells), f, indent=1)
     return
+  from train import train  # pylint: disable=g-import-not-at-top
   results = []
   print('| steps | seed | retrieval | train s | cell (length/depth): needle_share, '
         'needle_in_top_k, digit accuracy | mean needle_share |')

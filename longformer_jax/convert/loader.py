@@ -90,8 +90,9 @@ def load(hf_dir: str, dtype: str = 'float32', tokenizer_vocab: int | None = None
   """
   hf, settings = model_settings(hf_dir)
   params = load_params(hf_dir, hf, settings, dtype)
-  model = ml_collections.ConfigDict(checkpoint_model_values(dict(settings, **head_settings(hf)), hf,
-                                                   dtype, tokenizer_vocab))
+  values = checkpoint_model_values(dict(settings, **head_settings(hf)), hf, dtype,
+                                   tokenizer_vocab)
+  model = ml_collections.ConfigDict(values)
   vocab = hf['vocab_size'] if tokenizer_vocab is None else tokenizer_vocab
   if is_encoder(hf) or is_encoder_decoder(hf):
     return encoder_model_config(model, vocab), params
@@ -127,7 +128,8 @@ def load_model(hf_dir: str, dtype: str = 'float32'):
   return longformer_heads.model_class(params)(model_config), params
 
 
-def checkpoint_model_values(settings: dict, hf: dict, dtype: str, tokenizer_vocab: int | None) -> dict:
+def checkpoint_model_values(settings: dict, hf: dict, dtype: str,
+                            tokenizer_vocab: int | None) -> dict:
   """The complete, checked `config.model` dict of the checkpoint."""
   values = dict(settings, dtype=dtype,
                 vocab_multiple=vocab_multiple(hf['vocab_size'], tokenizer_vocab))
