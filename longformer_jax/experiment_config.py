@@ -27,7 +27,7 @@ from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.data.data_config import DataConfig
 from longformer_jax.evaluation.eval_config import EvalConfig
 from longformer_jax.models.hibert import HibertConfig
-from longformer_jax.models.model_config import resolve_model
+from longformer_jax.models.model_config import ModelConfig, resolve_model
 from longformer_jax.models.saved_config import plain_dict
 from longformer_jax.parallel.mesh import mesh_axis_sizes
 from longformer_jax.parallel.parallel_config import ParallelConfig, check_sequence_split
@@ -119,6 +119,10 @@ def _check_model_for_task(task, model: dict) -> None:
   for key in ('num_classes', 'decoder_layers'):
     if key not in task.model_keys and model[key]:
       raise ConfigError(f'model.{key}', f'{model[key]} is ignored by task {task.name!r}')
+  if 'pooling' not in task.model_keys and model['pooling'] != ModelConfig.pooling:
+    raise ConfigError('model.pooling', f"{model['pooling']!r} is read by task "
+                      f'{" or ".join(repr(n) for n in readers("model_keys", "pooling"))} '
+                      f'only (task is {task.name!r})')
   if 'logits_bias' not in task.model_keys and model.get('logits_bias'):
     raise ConfigError('model.logits_bias', f'is read by task '
                       f'{" or ".join(repr(n) for n in readers("model_keys", "logits_bias"))} '

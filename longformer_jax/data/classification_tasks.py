@@ -15,6 +15,13 @@ Sources (`data.corpus`):
     (exactly once, at a random place). For tests: tiny and learnable.
   * `imdb_reviews` (tensorflow-datasets, prepared under `data.tfds_data_dir`):
     review text, label 1 = positive; 'valid' reads tfds' test split.
+  * The Long Range Arena's generated tasks (data/lra/, docs/lra.md), splits
+    train | valid | test: `listops` (10 classes; tokenizer 'listops'),
+    `pathfinder` (grey pixels as byte tokens, raster order) and `lra_text` (bytes).
+
+With `data.cls_token=False` an example is its content alone, from position 0
+(an image's raster stays aligned to the positions); with `data.cls_global=False`
+no token is flagged global.
 """
 
 import dataclasses
@@ -25,10 +32,11 @@ import numpy as np
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import stdlib_corpus, tfds_tasks
+from longformer_jax.data.lra import listops, text_classification
 from longformer_jax.data.task_text import stable_hash, whole_characters
 
-CORPORA = ('stdlib', 'synthetic', 'imdb_reviews')
-NUM_CLASSES = 2
+LRA_CORPORA = ('listops', 'lra_text')
+CORPORA = ('stdlib', 'synthetic', 'imdb_reviews') + LRA_CORPORA
 _TOP_LEVEL_CLASS = re.compile(rb'^class \w', re.MULTILINE)
 
 
@@ -79,27 +87,61 @@ def load_texts(data: ml_collections.ConfigDict, split: str, seed: int) -> list[t
                     f'expected one of {CORPORA}')
 
 
-def classification_arrays(examples: list[ClassificationExample], seq_len: int, cls_id: int,
-                          pad_id: int) -> dict[str, np.ndarray]:
-  """Fixed-size arrays: `inputs`, `input_mask`, `global_flags` `[n, seq_len]`; `label`, `weight` `[n]`."""
-  n = len(examples)
+def example_arrays(token_lists: list[np.ndarray], seq_len: int, cls_id: int, pad_id: int,
+                   cls_token: bool = True, cls_global: bool = True) -> dict[str, np.ndarray]:
+  """`inputs`, `input_mask`, `global_flags` `[n, seq_len]`: `[CLS] + tokens` (or the tokens
+  alone without `cls_token`) cut to `seq_len` and padded; [CLS] flagged global if `cls_global`."""
+  n = len(token_lists)
   inputs = np.full((n, seq_len), pad_id, np.int32)
-  for row, example in enumerate(examples):
-    tokens = np.concatenate([[cls_id], example.tokens[:seq_len - 1]])
+  input_mask = np.zeros((n, seq_len), bool)
+  for row, tokens in enumerate(token_lists):
+    tokens = np.concatenate([[cls_id], tokens])[:seq_len] if cls_token else tokens[:seq_len]
     inputs[row, :tokens.size] = tokens
+    input_mask[row, :tokens.size] = True
   global_flags = np.zeros((n, seq_len), bool)
-  global_flags[:, 0] = True
-  return dict(inputs=inputs, input_mask=inputs != pad_id, global_flags=global_flags,
-              label=np.array([e.label for e in examples], np.int32),
-              weight=np.ones((n,), np.float32))
+  global_flags[:, 0] = cls_token and cls_global
+  return dict(inputs=inputs, input_mask=input_mask, global_flags=global_flags)
+
+
+def classification_arrays(examples: list[ClassificationExample], seq_len: int, cls_id: int,
+                          pad_id: int, cls_token: bool = True,
+                          cls_global: bool = True) -> dict[str, np.ndarray]:
+  """Fixed-size arrays: `inputs`, `input_mask`, `global_flags` `[n, seq_len]`; `label`, `weight` `[n]`."""
+  arrays = example_arrays([e.tokens for e in examples], seq_len, cls_id, pad_id, cls_token,
+                          cls_global)
+  return dict(arrays, label=np.array([e.label for e in examples], np.int32),
+              weight=np.ones((len(examples),), np.float32))
+
+
+def split_count(size: int, max_examples: int) -> int:
+  """Examples to generate of a split of `size`: at most `data.max_examples` (0: all)."""
+  return min(size, max_examples) if max_examples else size
+
+
+def lra_examples(data: ml_collections.ConfigDict, split: str,
+                 tokenizer) -> list[ClassificationExample]:
+  """The examples of `split` of a generated LRA corpus (data/lra/), tokenized."""
+  if data.corpus == 'listops':
+    section = listops.ListOpsConfig.build(data.listops, 'data.listops')
+    trees = listops.listops_split(section, split, split_count(section.split_size(split),
+                                                              data.max_examples))
+    return [ClassificationExample(tokenizer.encode(tree.text), tree.label) for tree in trees]
+  section = text_classification.TextConfig.build(data.lra_text, 'data.lra_text')
+  documents = text_classification.text_split(
+      section, split, split_count(section.split_size(split), data.max_examples))
+  return [ClassificationExample(tokenizer.encode(doc.data), doc.label) for doc in documents]
 
 
 def load_arrays(config: ml_collections.ConfigDict, split: str, tokenizer) -> dict[str, np.ndarray]:
   """The arrays of `split` for `config` (its `data` section), at most `data.max_examples`."""
   data = config.data
-  texts = load_texts(data, split, config.seed)
-  if data.max_examples:
-    texts = texts[:data.max_examples]
-  examples = [ClassificationExample(tokenizer.encode(whole_characters(text))[:data.seq_len - 1],
-                                    label) for text, label in texts]
-  return classification_arrays(examples, data.seq_len, tokenizer.bos_id, tokenizer.pad_id)
+  if data.corpus in LRA_CORPORA:
+    examples = lra_examples(data, split, tokenizer)
+  else:
+    texts = load_texts(data, split, config.seed)
+    if data.max_examples:
+      texts = texts[:data.max_examples]
+    examples = [ClassificationExample(tokenizer.encode(whole_characters(text))[:data.seq_len - 1],
+                                      label) for text, label in texts]
+  return classification_arrays(examples, data.seq_len, tokenizer.bos_id, tokenizer.pad_id,
+                               data.cls_token, data.cls_global)

@@ -14,9 +14,15 @@ copy of the one dataset a run reads, kept in `tfds_cache_dir` (`data/tfds_mirror
 
 import dataclasses
 
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
+from longformer_jax.data.lra.document_matching import RetrievalConfig
+from longformer_jax.data.lra.listops import ListOpsConfig
+from longformer_jax.data.lra.text_classification import TextConfig
 
-TOKENIZERS = ('byte', 'sentencepiece', 'hf')
+TOKENIZERS = ('byte', 'sentencepiece', 'hf', 'listops')
+# The Long Range Arena's generators (data/lra/): each corpus reads its own section, and only it.
+LRA_SECTIONS = {'listops': 'listops', 'lra_text': 'lra_text', 'lra_retrieval': 'lra_retrieval'}
 PASSKEY_LENGTHS = ('uniform', 'log_uniform')
 PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths',
                 'passkey_curriculum_steps')
@@ -30,7 +36,7 @@ class DataConfig(Section):
   # A gs:// tfds_data_dir is read from a copy of the run's one dataset made here (local disk,
   # `~` expanded; data/tfds_mirror.py): <tfds_cache_dir>/BUCKET/DIR/<name>/<config>/<version>.
   tfds_cache_dir: str = '~/.cache/longformer_jax/tfds'
-  tokenizer: str = 'byte'            # byte | sentencepiece | hf
+  tokenizer: str = 'byte'            # byte | sentencepiece | hf | listops (ListOps' fixed vocabulary)
   sentencepiece_model: str = ''      # path to a .model file
   tokenizer_file: str = ''           # hf: path to a Hugging Face tokenizer.json
   skip_undecodable: bool = False     # skip (with a warning) documents the tokenizer rejects
@@ -41,6 +47,12 @@ class DataConfig(Section):
   seq_len: int = 512                 # tasks: tokens per example
   max_examples: int = 0              # tasks, image, HIBERT: examples per split (0: all)
   tfds_config: str = ''              # tasks: builder config of the tfds data set
+  cls_token: bool = True             # classification, retrieval: examples start with [CLS] (the
+                                     # global token, and what model.pooling='cls' reads); False:
+                                     # the content alone from position 0 (an image's raster)
+  cls_global: bool = True            # classification, retrieval: [CLS] is a global token (its
+                                     # global_flags bit: attends to and is seen by every token in
+                                     # Longformer, BigBird, ETC); False: no global token
   question_len: int = 64             # qa: question tokens kept
   max_answer_len: int = 32           # qa: longest predicted span
   target_len: int = 128              # seq2seq: target tokens, EOS included
@@ -52,6 +64,10 @@ class DataConfig(Section):
   # Length curriculum (data/curriculum_streams.py): the first N training steps (units of
   # phase 0's step) read documents of one chunk at most, then the passkey_* lengths. 0: off.
   passkey_curriculum_steps: int = 0
+  # The Long Range Arena's generated tasks (docs/lra.md): corpus listops | lra_text | lra_retrieval.
+  listops: ListOpsConfig = ListOpsConfig()
+  lra_text: TextConfig = TextConfig()
+  lra_retrieval: RetrievalConfig = RetrievalConfig()
 
   def validate(self, env) -> None:
     del env
@@ -75,6 +91,14 @@ class DataConfig(Section):
                  'passkey_max_length', 'passkey lengths must be >= 0 (0: the default)')
     self.require(self.passkey_curriculum_steps >= 0, 'passkey_curriculum_steps',
                  'must be >= 0 (0: off)')
+    self.require((self.corpus == 'listops') == (self.tokenizer == 'listops'), 'tokenizer',
+                 "must be 'listops' exactly when data.corpus is 'listops' (its fixed vocabulary)")
+    for corpus, name in LRA_SECTIONS.items():
+      changed = getattr(self, name).changed()
+      if self.corpus != corpus and changed:
+        key, value = next(iter(changed.items()))
+        raise ConfigError(f'data.{name}.{key}', f'{value!r} is read only by corpus={corpus!r} '
+                          f'(corpus is {self.corpus!r})')
     if self.corpus != 'passkey':
       for name in PASSKEY_KEYS:
         self.require(getattr(self, name) == getattr(self.defaults(), name), name,

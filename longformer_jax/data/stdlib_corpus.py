@@ -63,6 +63,11 @@ def _all_nonempty_sources() -> tuple[str, ...]:
   return tuple(sorted(paths))
 
 
+def list_all_sources() -> tuple[str, ...]:
+  """Relative POSIX paths of every non-empty stdlib `.py` file, sorted (all splits)."""
+  return _all_nonempty_sources()
+
+
 def check_split(split: str, corpus: str = 'stdlib') -> None:
   """Raises `ConfigError` unless `split` is one of `SPLITS` (for any corpus
   split by `split_of`)."""

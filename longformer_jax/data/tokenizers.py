@@ -3,19 +3,21 @@
 import ml_collections
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.data.data_config import TOKENIZERS
 from longformer_jax.data.byte_tokenizer import ByteTokenizer
 from longformer_jax.data.hf_tokenizer import HfTokenizer
+from longformer_jax.data.lra.listops_tokenizer import ListOpsTokenizer
 from longformer_jax.data.sentencepiece_tokenizer import SentencePieceTokenizer
 from longformer_jax.data.tokenizer_interface import Tokenizer
 
-TOKENIZERS = ('byte', 'sentencepiece', 'hf')
 
 
 def make_tokenizer(data_config: ml_collections.ConfigDict, *, needs_bos: bool = True,
                    task: str = 'lm') -> Tokenizer:
   """The tokenizer named by `data_config.tokenizer` ('byte' |
   'sentencepiece', which loads `data_config.sentencepiece_model` | 'hf', which
-  loads the Hugging Face `tokenizer.json` at `data_config.tokenizer_file`).
+  loads the Hugging Face `tokenizer.json` at `data_config.tokenizer_file` | 'listops',
+  ListOps' fixed vocabulary, data/lra/listops_tokenizer.py).
 
   A tokenizer without a beginning-of-text token (T5's) is a `ConfigError`
   naming its file when `needs_bos` (the task's `needs_bos`, tasks/base.py; `task`
@@ -39,5 +41,7 @@ def _load(data_config: ml_collections.ConfigDict) -> Tokenizer:
     return SentencePieceTokenizer.load(data_config.sentencepiece_model)
   if name == 'hf':
     return HfTokenizer.load(data_config.tokenizer_file)
+  if name == 'listops':
+    return ListOpsTokenizer()
   raise ConfigError('data.tokenizer',
                     f'unknown tokenizer {name!r}; expected one of {TOKENIZERS}')

@@ -8,8 +8,10 @@ flagged in `ctx.global_flags` ([CLS] for classification, the question for QA)
 attend to all tokens and are attended by all.
 
 Heads (sec. 6.1 of the paper, as in BERT/RoBERTa):
-  * `SequenceClassifier`: the [CLS] (first) token's final state through a tanh
-    pooler, then a linear layer to `num_classes` logits.
+  * `SequenceClassifier`: the [CLS] (first) token's final state (`model.pooling='cls'`)
+    or the mean of the valid tokens' final states (`'mean'`, as the Long Range
+    Arena's Pathfinder models) through a tanh pooler, then a linear layer to
+    `num_classes` logits.
   * `SpanExtractor`: one linear layer to start and end logits per token.
 """
 
@@ -84,8 +86,27 @@ def embed_tokens(cfg, tokens: jax.Array, ctx: AttentionContext,
   return embed_inputs(cfg, embedding, tokens, ctx.positions, ctx.deterministic, dtype), embedding
 
 
+def pool_states(pooling: str, h: jax.Array, valid: jax.Array) -> jax.Array:
+  """`h [b, L, d]` -> `[b, d]`: the first token's state ('cls') or the mean over the tokens
+  where `valid [b, L]` ('mean'; a row with none gives 0)."""
+  if pooling == 'cls':
+    return h[:, 0]
+  weights = valid.astype(h.dtype)[..., None]
+  return jnp.sum(h * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1.0)
+
+
+def pooled_output(cfg, h: jax.Array, ctx: AttentionContext, dtype) -> jax.Array:
+  """`h [b, L, d_model]` -> `[b, d_model]`: `cfg.pooling` of the final states through BERT's
+  tanh layer (scope `pooler` of the calling module) and dropout. Call it inside a compact
+  `__call__`."""
+  pooled = projection(cfg.d_model, kernel_axes=('embed', 'mlp'), name='pooler', dtype=dtype,
+                      use_bias=True, bias_axes=('mlp',))(pool_states(cfg.pooling, h, ctx.valid))
+  return nn.Dropout(cfg.dropout_rate)(jnp.tanh(pooled), deterministic=ctx.deterministic)
+
+
 class SequenceClassifier(nn.Module):
-  """`(tokens [b, L], ctx) -> (logits [b, num_classes] float32, aux)`; token 0 is [CLS].
+  """`(tokens [b, L], ctx) -> (logits [b, num_classes] float32, aux)`; token 0 is [CLS] when
+  `config.pooling` is 'cls'.
 
   `config.num_classes` sets the output size.
   """
@@ -97,9 +118,7 @@ class SequenceClassifier(nn.Module):
     dtype = compute_dtype(cfg.dtype)
     x, _ = embed_tokens(cfg, tokens, ctx, dtype)
     h, aux = Encoder(cfg, dtype, name='encoder')(x, ctx)
-    pooled = projection(cfg.d_model, kernel_axes=('embed', 'mlp'), name='pooler', dtype=dtype,
-                        use_bias=True, bias_axes=('mlp',))(h[:, 0])
-    pooled = nn.Dropout(cfg.dropout_rate)(jnp.tanh(pooled), deterministic=ctx.deterministic)
+    pooled = pooled_output(cfg, h, ctx, dtype)
     logits = projection(cfg.num_classes, kernel_axes=('mlp', None), name='classifier',
                         dtype=dtype, use_bias=True, bias_axes=(None,))(pooled)
     return logits.astype(jnp.float32), aux

@@ -34,6 +34,7 @@ from longformer_jax.models.stack_registry import STACK_TYPES
 from longformer_jax.parallel.remat import REMAT_POLICIES
 
 COMPUTE_DTYPES = ('float32', 'bfloat16')
+POOLINGS = ('cls', 'mean')     # model.pooling: what an encoder's task head reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,8 @@ class ModelConfig(FeedForwardConfig, NormConfig, Section):
   block: str = 'pre_ln'            # models/block_registry.py
   stack: str = 'standard'          # models/stack_registry.py
   num_classes: int = 0             # classification task: output classes
+  pooling: str = 'cls'             # classification, retrieval: what the head reads: 'cls' (the
+                                   # first token's final state) | 'mean' (of the valid tokens')
   decoder_layers: int = 0          # seq2seq task (LED): decoder layers
   aux_loss_weights: dict = dataclasses.field(default_factory=dict)  # aux loss name -> weight
   layer_schedule: dict = dataclasses.field(default_factory=dict)    # see models/layer_schedule.py
@@ -113,6 +116,7 @@ class ModelConfig(FeedForwardConfig, NormConfig, Section):
     self.require(self.dtype in COMPUTE_DTYPES, 'dtype', f'must be one of {COMPUTE_DTYPES}')
     self.require(self.mem_len >= 0, 'mem_len', 'must be >= 0')
     self.require(self.num_classes >= 0, 'num_classes', 'must be >= 0')
+    self.require(self.pooling in POOLINGS, 'pooling', f'must be one of {POOLINGS}')
     self.require(self.decoder_layers >= 0, 'decoder_layers', 'must be >= 0')
     self.require(self.attention_backend in attention_backend.BACKENDS, 'attention_backend',
                  f'is not an attention backend; choose one of {attention_backend.BACKENDS}')

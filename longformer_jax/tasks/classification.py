@@ -1,9 +1,11 @@
-"""Task `classification` (Longformer, sec. 6.1): one label per example from [CLS]'s final state.
+"""Task `classification` (Longformer, sec. 6.1; the Long Range Arena's ListOps and Text): one label
+per example from the pooled final states.
 
-Data: `data/classification_tasks.py`, `[CLS] + tokens` cut to `data.seq_len`.
-Model: `models/encoder.SequenceClassifier` (`model.num_classes >= 2`). Sums
-over the batch's real examples (`weight`): `loss_sum` (cross-entropy, nats)
-over `count` examples, `correct`, `aux_objective`; metrics: `loss`,
+Data: `data/classification_tasks.py`, `[CLS] + tokens` cut to `data.seq_len`
+(the tokens alone with `data.cls_token=False`). Model:
+`models/encoder.SequenceClassifier` (`model.num_classes >= 2`, `model.pooling`).
+Sums over the batch's real examples (`weight`): `loss_sum` (cross-entropy,
+nats) over `count` examples, `correct`, `aux_objective`; metrics: `loss`,
 `accuracy`, `examples`. Fine-tunes a Hugging Face Longformer
 (`train.init_from_hf`).
 """
@@ -15,15 +17,18 @@ import optax
 
 from longformer_jax.config.errors import require
 from longformer_jax.data import classification_tasks
+from longformer_jax.data.lra import listops
 from longformer_jax.models.encoder import SequenceClassifier, encoder_context
 from longformer_jax.tasks.base import ExampleTask
 from longformer_jax.train.lm_objective import weighted_aux_losses
 
+# Classes of the corpora that have more than two.
+CORPUS_CLASSES = {'listops': listops.NUM_CLASSES}
 
-def classification_sums(model, params, batch: dict, rngs: dict, deterministic: bool) -> dict:
-  """Sums of `batch` (`inputs [b, L]`, `input_mask`, `global_flags`, `label [b]`, `weight [b]`)."""
-  ctx = encoder_context(batch['input_mask'], batch['global_flags'], deterministic)
-  logits, aux = model.apply({'params': params}, batch['inputs'], ctx, rngs=rngs)
+
+def label_sums(model, logits, aux, batch: dict) -> dict:
+  """The sums of a batch of `logits [b, classes]` against `batch['label'] [b]`, over the rows
+  whose `batch['weight'] [b]` is 1: `loss_sum`, `count`, `aux_objective`, `correct`."""
   weight = batch['weight']
   nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
   correct = (jnp.argmax(logits, axis=-1) == batch['label']).astype(jnp.float32)
@@ -32,19 +37,40 @@ def classification_sums(model, params, batch: dict, rngs: dict, deterministic: b
           'aux_objective': aux_objective, 'correct': jnp.sum(correct * weight)}
 
 
+def classification_sums(model, params, batch: dict, rngs: dict, deterministic: bool) -> dict:
+  """Sums of `batch` (`inputs [b, L]`, `input_mask`, `global_flags`, `label [b]`, `weight [b]`)."""
+  ctx = encoder_context(batch['input_mask'], batch['global_flags'], deterministic)
+  logits, aux = model.apply({'params': params}, batch['inputs'], ctx, rngs=rngs)
+  return label_sums(model, logits, aux, batch)
+
+
 class ClassificationTask(ExampleTask):
   name = 'classification'
   hf_checkpoint = 'encoder'
   data_module = classification_tasks
   model_class = SequenceClassifier
-  data_keys = ('seq_len', 'max_examples', 'tfds_config')
+  data_keys = ('seq_len', 'max_examples', 'tfds_config', 'cls_token', 'cls_global', 'listops',
+               'lra_text')
   train_keys = ('eval_max_examples', 'init_from_hf')
-  model_keys = ('num_classes',)
+  model_keys = ('num_classes', 'pooling')
   columns = (('accuracy', 'accuracy'),)
 
+  def check_data(self, data) -> None:
+    if data.corpus == 'listops':
+      # A tree cut short has no value: the longest must fit whole.
+      longest = data.listops.max_length - 1 + int(data.cls_token)
+      require(data.seq_len >= longest, 'data.seq_len',
+              f'{data.seq_len} cuts ListOps trees short: the longest has '
+              f'{data.listops.max_length - 1} tokens (data.listops.max_length - 1), '
+              f'{longest} with [CLS]')
+
   def check_model(self, data, model: dict) -> None:
-    require(model['num_classes'] >= 2, 'model.num_classes',
-            f"{model['num_classes']} must be >= 2 for task 'classification'")
+    classes = CORPUS_CLASSES.get(data.corpus, 2)
+    require(model['num_classes'] >= classes, 'model.num_classes',
+            f"{model['num_classes']} must be >= {classes} for task {self.name!r} on corpus "
+            f'{data.corpus!r}')
+    require(data.cls_token or model['pooling'] != 'cls', 'model.pooling',
+            "'cls' reads the [CLS] token, which data.cls_token=False leaves out; use 'mean'")
 
   def hf_settings(self, data: dict, model: dict, settings: dict) -> None:
     """A fine-tuning config of an imported checkpoint (convert/workdir_cli.py): a classifier

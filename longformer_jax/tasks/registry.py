@@ -2,13 +2,14 @@
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import closest_name
-from longformer_jax.tasks import (classification, extractive, image, lm, qa, sentence_mask,
-                                  seq2seq)
+from longformer_jax.tasks import (classification, extractive, image, lm, qa, retrieval,
+                                  sentence_mask, seq2seq)
 from longformer_jax.tasks.base import Task
 
 TASKS = {module.TASK.name: module.TASK for module in (
     lm,
     classification,
+    retrieval,
     qa,
     seq2seq,
     image,
