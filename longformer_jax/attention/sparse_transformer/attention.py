@@ -1,6 +1,7 @@
 """Sparse Transformer attention (Child et al., 2019): strided and fixed factorized patterns.
 
-Causal, within the chunk (stateless), rotary positions as in attention/vanilla/attention.py. Both
+Within the chunk (stateless), rotary positions as in attention/vanilla/attention.py; causal
+(a language model) or bidirectional (an encoder), as the shared `model.causal`. Both
 patterns are a union of two components, written as rules on the positions
 `i` (query) and `j` (key) relative to the chunk's first token, with stride
 (block length) `l` and summary length `c`:
@@ -12,6 +13,15 @@ patterns are a union of two components, written as rules on the positions
 
 (The paper writes A(1) of the strided pattern as t = max(0, i - l) .. i; we
 follow its released code, `matrix_band_part(ones, l - 1, 0)`: l positions.)
+Bidirectional (`model.causal=False`: the encoders of models/encoder.py; the Long
+Range Arena benchmark ran the Sparse Transformer as an encoder), the same rules mirrored:
+
+  strided_local    |i - j| < l                    l - 1 positions on either side, self included
+  strided_summary  (i - j) % l == 0               every l-th position, both directions
+  fixed_local      j // l == i // l               the query's whole block
+  fixed_summary    j % l >= l - c                 the last c positions of every block, before
+                                                  and after
+
 Document boundaries and padding are masked on top (a key of another document
 or a padded key is never attended).
 
@@ -38,20 +48,24 @@ parts scan over query steps of Q = 128 slots (the largest divisor of l up to
 cache, the backward pass recomputes them):
 
   strided_local    step [t, t + Q) sees keys [t - l, t + Q): Q + l keys for l useful
+                   (bidirectional: [t - l, t + Q + l), Q + 2 l keys for 2 l - 1)
   fixed_local      sub-block s of its block sees the block's first (s + 1) Q
                    keys, one scan per s: (l + Q) / 2 keys per query, ~l / 2 useful
+                   (bidirectional: every step sees its whole block, one scan, l keys)
   fixed_summary    the last c slots of every block, gathered once (n c / l keys);
                    the blocks are cut into SUMMARY_GROUPS runs, and a run's
                    queries see the summary prefix up to the run's last block,
                    so the keys after a query are computed within its run only
+                   (bidirectional: every query sees all n c / l, one run)
   strided_summary  query (I, a) sees slot a of every block: per head and
                    column a a small dense `[blocks, blocks]` attention,
-                   materialised (n * n / l scores in all)
+                   materialised (n * n / l scores in all; both directions alike)
 
 With l ~ sqrt(n) the summaries are O(n * sqrt(n)), as in the paper; the
-local parts are O(n * l). With `model.attention_backend` resolving to splash
-(TPU under `auto`), the same rules run as one splash kernel with a mask on
-slots (attention/sparse_transformer/splash.py; docs/kernels.md).
+local parts are O(n * l), in both forms. With `model.attention_backend` resolving to
+splash (TPU under `auto`) or pallas_gpu, the same rules (causal or bidirectional) run
+as one kernel with a mask on slots (attention/sparse_transformer/splash.py;
+docs/kernels.md).
 """
 
 import dataclasses
