@@ -162,7 +162,7 @@ def test_layer_pallas_gpu_equals_xla(kind):
 def test_pallas_gpu_backend_rules():
   from longformer_jax.attention.core import attention_backend as backends
   from longformer_jax.config.errors import ConfigError
-  pattern = sparse_splash.kernel_pattern(None, type('S', (), dict(
+  pattern = sparse_splash.kernel_pattern(type('M', (), dict(causal=True))(), type('S', (), dict(
       pattern='strided', stride=8, summary_len=1, integration='merged'))())
   for platform in ('gpu', 'cpu'):
     assert backends.resolve_backend('pallas_gpu', pattern, dtype='bfloat16', head_dim=64,

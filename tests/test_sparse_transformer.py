@@ -7,7 +7,6 @@ softmax in numpy float64. Inputs have a document boundary and padding, and
 lengths that are and are not multiples of the stride.
 """
 
-import dataclasses
 import functools
 
 import flax.linen as nn
@@ -184,8 +183,9 @@ def largest_intermediate(fn, *args) -> int:
   return walk(jax.make_jaxpr(fn)(*args).jaxpr)
 
 
+@pytest.mark.parametrize('causal', [True, False], ids=['causal', 'bidirectional'])
 @pytest.mark.parametrize('pattern', ['strided', 'fixed'])
-def test_forward_and_backward_never_build_an_n_by_n_array(pattern):
+def test_forward_and_backward_never_build_an_n_by_n_array(pattern, causal):
   n, stride = 1024, 32
   positions = jnp.arange(n, dtype=jnp.int32)[None]
   q = jnp.ones((1, n, 1, 8))
@@ -193,10 +193,12 @@ def test_forward_and_backward_never_build_an_n_by_n_array(pattern):
   def loss(q, k, v):
     return jnp.sum(sparse_transformer_attention(q, k, v, positions, jnp.zeros_like(positions),
                                                 jnp.ones((1, n), bool), pattern=pattern,
-                                                stride=stride))
+                                                stride=stride, causal=causal))
   largest = largest_intermediate(jax.grad(loss, argnums=(0, 1, 2)), q, q, q)
-  # Local keys (two blocks strided, one fixed) plus the summary keys (one or c per block).
-  keys_per_query = (2 if pattern == 'strided' else 1) * stride + n // stride
+  # Local keys (strided: two blocks causal, three bidirectional; fixed: one) plus the
+  # summary keys (one or c per block).
+  local_blocks = (2 if causal else 3) if pattern == 'strided' else 1
+  keys_per_query = local_blocks * stride + n // stride
   assert largest <= n * keys_per_query < n * n // 4, largest
 
 
@@ -237,7 +239,6 @@ def test_interleaved_layers_follow_the_layer_schedule():
     ('model.sparse_transformer.summary_len', dict(pattern='fixed', stride=4, summary_len=5), {}),
     ('model.sparse_transformer.summary_len', dict(summary_len=0), {}),
     ('model.sparse_transformer.strides', dict(strides=4), {}),
-    ('model.causal', {}, dict(causal=False)),
 ])
 def test_bad_settings_name_their_key(key, section, shared):
   with pytest.raises(ConfigError) as error:
@@ -249,14 +250,6 @@ def test_a_bad_scheduled_pattern_names_the_section_key():
   with pytest.raises(ConfigError, match=r'model\.sparse_transformer\.pattern: \'dilated\''):
     tiny_config(attention='sparse_transformer',
                 layer_schedule={'sparse_transformer': {'pattern': 'strided_local,dilated'}})
-
-
-def test_an_encoder_made_bidirectional_after_the_check_is_refused():
-  """models/encoder.py sets causal=False on a checked config: building the layer refuses it."""
-  cfg = dataclasses.replace(tiny_model_config(attention='sparse_transformer'), causal=False)
-  with pytest.raises(ConfigError) as error:
-    attention_layer(cfg, jnp.float32)
-  assert error.value.key == 'model.causal'
 
 
 def test_old_flat_names_move_to_the_section():

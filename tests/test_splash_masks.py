@@ -226,7 +226,7 @@ def test_pattern_rules_per_head(pattern, integration, heads, expected):
 
 def test_sparse_transformer_resolves_to_splash_on_tpu_and_pallas_on_gpu():
   section = type('Section', (), dict(pattern='strided'))()
-  pattern = sparse_splash.kernel_pattern(None, section)
+  pattern = sparse_splash.kernel_pattern(type('Model', (), dict(causal=True))(), section)
   resolve = lambda requested, platform: attention_backend.resolve_backend(
       requested, pattern, dtype='bfloat16', head_dim=64, platform=platform)
   assert resolve('auto', 'tpu') == 'splash'

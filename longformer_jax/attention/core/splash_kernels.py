@@ -128,41 +128,47 @@ def dilated_window_rules(window: int, head_dilations: tuple, causal: bool) -> tu
 
 @dataclasses.dataclass(frozen=True)
 class Strided:
-  """Sparse Transformer strided components (Child et al. 2019), stride l, causal.
+  """Sparse Transformer strided components (Child et al. 2019), stride l.
 
-  `local`: 0 <= i - j < l (the previous l slots, self included);
-  `summary`: j <= i and (i - j) % l == 0, written i % l == j % l (non-negative operands).
+  Causal: `local` 0 <= i - j < l (the previous l slots, self included);
+  `summary` j <= i and (i - j) % l == 0, written i % l == j % l (non-negative operands).
+  Bidirectional (`causal=False`, the same rules mirrored): `local` |i - j| < l;
+  `summary` (i - j) % l == 0.
   """
   stride: int
   component: str              # 'local' | 'summary'
+  causal: bool = True
 
   def allows(self, q_ids, kv_ids):
-    causal = kv_ids <= q_ids
     if self.component == 'local':
-      return causal & (kv_ids > q_ids - self.stride)
-    if self.component == 'summary':
-      return causal & (q_ids % self.stride == kv_ids % self.stride)
-    raise ValueError(f'unknown strided component {self.component!r}')
+      allowed = (kv_ids > q_ids - self.stride) & (kv_ids < q_ids + self.stride)
+    elif self.component == 'summary':
+      allowed = q_ids % self.stride == kv_ids % self.stride
+    else:
+      raise ValueError(f'unknown strided component {self.component!r}')
+    return allowed & (kv_ids <= q_ids) if self.causal else allowed
 
 
 @dataclasses.dataclass(frozen=True)
 class Fixed:
-  """Sparse Transformer fixed components, block length l, summary length c, causal.
+  """Sparse Transformer fixed components, block length l, summary length c.
 
-  `local`: j <= i and j // l == i // l (the query's own block);
-  `summary`: j <= i and j % l >= l - c (the last c slots of every block).
+  `local`: j // l == i // l (the query's own block); `summary`: j % l >= l - c (the last
+  c slots of every block); causal adds j <= i, bidirectional (`causal=False`) does not.
   """
   stride: int
   component: str              # 'local' | 'summary'
   summary_len: int = 1
+  causal: bool = True
 
   def allows(self, q_ids, kv_ids):
-    causal = kv_ids <= q_ids
     if self.component == 'local':
-      return causal & (q_ids // self.stride == kv_ids // self.stride)
-    if self.component == 'summary':
-      return causal & (kv_ids % self.stride >= self.stride - self.summary_len)
-    raise ValueError(f'unknown fixed component {self.component!r}')
+      allowed = q_ids // self.stride == kv_ids // self.stride
+    elif self.component == 'summary':
+      allowed = (q_ids >= 0) & (kv_ids % self.stride >= self.stride - self.summary_len)
+    else:
+      raise ValueError(f'unknown fixed component {self.component!r}')
+    return allowed & (kv_ids <= q_ids) if self.causal else allowed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Sparse Transformer attention (Child et al., 2019): strided and fixed factorized patterns.
 
-Causal, within the chunk (stateless), rotary positions as in attention/vanilla/attention.py. Both
+Within the chunk (stateless), rotary positions as in attention/vanilla/attention.py; causal
+(a language model) or bidirectional (an encoder), as the shared `model.causal`. Both
 patterns are a union of two components, written as rules on the positions
 `i` (query) and `j` (key) relative to the chunk's first token, with stride
 (block length) `l` and summary length `c`:
@@ -12,6 +13,15 @@ patterns are a union of two components, written as rules on the positions
 
 (The paper writes A(1) of the strided pattern as t = max(0, i - l) .. i; we
 follow its released code, `matrix_band_part(ones, l - 1, 0)`: l positions.)
+Bidirectional (`model.causal=False`: the encoders of models/encoder.py; the Long
+Range Arena benchmark ran the Sparse Transformer as an encoder), the same rules mirrored:
+
+  strided_local    |i - j| < l                    l - 1 positions on either side, self included
+  strided_summary  (i - j) % l == 0               every l-th position, both directions
+  fixed_local      j // l == i // l               the query's whole block
+  fixed_summary    j % l >= l - c                 the last c positions of every block, before
+                                                  and after
+
 Document boundaries and padding are masked on top (a key of another document
 or a padded key is never attended).
 
@@ -38,20 +48,24 @@ parts scan over query steps of Q = 128 slots (the largest divisor of l up to
 cache, the backward pass recomputes them):
 
   strided_local    step [t, t + Q) sees keys [t - l, t + Q): Q + l keys for l useful
+                   (bidirectional: [t - l, t + Q + l), Q + 2 l keys for 2 l - 1)
   fixed_local      sub-block s of its block sees the block's first (s + 1) Q
                    keys, one scan per s: (l + Q) / 2 keys per query, ~l / 2 useful
+                   (bidirectional: every step sees its whole block, one scan, l keys)
   fixed_summary    the last c slots of every block, gathered once (n c / l keys);
                    the blocks are cut into SUMMARY_GROUPS runs, and a run's
                    queries see the summary prefix up to the run's last block,
                    so the keys after a query are computed within its run only
+                   (bidirectional: every query sees all n c / l, one run)
   strided_summary  query (I, a) sees slot a of every block: per head and
                    column a a small dense `[blocks, blocks]` attention,
-                   materialised (n * n / l scores in all)
+                   materialised (n * n / l scores in all; both directions alike)
 
 With l ~ sqrt(n) the summaries are O(n * sqrt(n)), as in the paper; the
-local parts are O(n * l). With `model.attention_backend` resolving to splash
-(TPU under `auto`), the same rules run as one splash kernel with a mask on
-slots (attention/sparse_transformer/splash.py; docs/kernels.md).
+local parts are O(n * l), in both forms. With `model.attention_backend` resolving to
+splash (TPU under `auto`) or pallas_gpu, the same rules (causal or bidirectional) run
+as one kernel with a mask on slots (attention/sparse_transformer/splash.py;
+docs/kernels.md).
 """
 
 import dataclasses
@@ -69,7 +83,6 @@ from longformer_jax.attention.sparse_transformer import splash as sparse_splash
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
-from longformer_jax.config.errors import ConfigError
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
   from longformer_jax.models.resolved_model import ResolvedModel
@@ -79,13 +92,12 @@ UNIONS = {'strided': ('strided_local', 'strided_summary'),
           'fixed': ('fixed_local', 'fixed_summary')}
 PATTERNS = tuple(UNIONS) + COMPONENTS
 INTEGRATIONS = ('merged', 'multihead')
-SUMMARY_GROUPS = 8              # fixed summary: runs of blocks sharing one summary prefix
-CAUSAL_ONLY = 'sparse_transformer is causal only (its patterns look back); set it True'
+SUMMARY_GROUPS = 8              # fixed summary (causal): runs of blocks sharing one summary prefix
 
 
 @dataclasses.dataclass(frozen=True)
 class SparseTransformerConfig(Section):
-  """`config.model.sparse_transformer`; needs the shared `model.causal = True`."""
+  """`config.model.sparse_transformer`; causal or bidirectional is the shared `model.causal`."""
   pattern: str = 'strided'        # strided | fixed (unions), or one component (PATTERNS)
   stride: int = 16                # l: block length and stride (the paper: l ~ sqrt(chunk))
   summary_len: int = 1            # c: fixed pattern's summary positions per block, 1 <= c <= l
@@ -105,32 +117,35 @@ class SparseTransformerConfig(Section):
     if env is not None:
       self.require(self.integration != 'multihead' or env.model.num_heads >= 2, 'integration',
                    f"'multihead' needs at least 2 heads (model.num_heads={env.model.num_heads})")
-      if not env.model.causal:
-        raise ConfigError('model.causal', f'False: {CAUSAL_ONLY}')
 
 
 def component_allows(component: str, q_rel: jax.Array, k_rel: jax.Array, stride: int,
-                     summary_len: int) -> jax.Array:
-  """The component's rule on relative positions (broadcasting int arrays) -> bool."""
+                     summary_len: int, causal: bool = True) -> jax.Array:
+  """The component's rule on relative positions (broadcasting int arrays) -> bool.
+
+  Causal: the rules of the module docstring; bidirectional: the same without
+  `j <= i` (the local stride window two-sided: |i - j| < l).
+  """
   distance = q_rel - k_rel
-  causal = distance >= 0
   if component == 'strided_local':
-    return causal & (distance < stride)
-  if component == 'strided_summary':
-    return causal & (distance % stride == 0)
-  if component == 'fixed_local':
-    return causal & (q_rel // stride == k_rel // stride)
-  if component == 'fixed_summary':
-    return causal & (k_rel % stride >= stride - summary_len)
-  raise ValueError(f'unknown component {component!r}')
+    allowed = (distance < stride) & (distance > -stride)
+  elif component == 'strided_summary':
+    allowed = distance % stride == 0          # floor modulo: also for keys after the query
+  elif component == 'fixed_local':
+    allowed = q_rel // stride == k_rel // stride
+  elif component == 'fixed_summary':
+    allowed = k_rel % stride >= stride - summary_len
+  else:
+    raise ValueError(f'unknown component {component!r}')
+  return allowed & (distance >= 0) if causal else allowed
 
 
 def pattern_allows(pattern: str, q_rel: jax.Array, k_rel: jax.Array, stride: int,
-                   summary_len: int) -> jax.Array:
+                   summary_len: int, causal: bool = True) -> jax.Array:
   """The union of the pattern's components (the dense-mask rule of a merged head)."""
   allowed = jnp.zeros(jnp.broadcast_shapes(q_rel.shape, k_rel.shape), bool)
   for component in UNIONS.get(pattern, (pattern,)):
-    allowed |= component_allows(component, q_rel, k_rel, stride, summary_len)
+    allowed |= component_allows(component, q_rel, k_rel, stride, summary_len, causal)
   return allowed
 
 
@@ -139,15 +154,15 @@ def query_len(stride: int) -> int:
   return max(d for d in range(1, min(stride, 128) + 1) if stride % d == 0)
 
 
-def _facts(context: block_sparse.BlockedContext, front: int = 0) -> tuple:
-  """`(rel, segments, valid)` `[b, front + padded]`, the first `front` slots invalid."""
-  pad = lambda x, value: jnp.pad(x, ((0, 0), (front, 0)), constant_values=value)
+def _facts(context: block_sparse.BlockedContext, front: int = 0, back: int = 0) -> tuple:
+  """`(rel, segments, valid)` `[b, front + padded + back]`, the added slots invalid."""
+  pad = lambda x, value: jnp.pad(x, ((0, 0), (front, back)), constant_values=value)
   return pad(context.rel, -1), pad(context.segments, -1), pad(context.valid, False)
 
 
-def _front_pad(x: jax.Array, front: int) -> jax.Array:
-  """Pads axis 2 of heads-major `[b, h, L, d]` with `front` zero slots before."""
-  return jnp.pad(x, ((0, 0), (0, 0), (front, 0), (0, 0)))
+def _pad_slots(x: jax.Array, front: int, back: int = 0) -> jax.Array:
+  """Pads axis 2 of heads-major `[b, h, L, d]` with `front` zero slots before, `back` after."""
+  return jnp.pad(x, ((0, 0), (0, 0), (front, back), (0, 0)))
 
 
 def _scan_part(spans, q_steps, q_facts, starts, kvs, facts):
@@ -157,23 +172,26 @@ def _scan_part(spans, q_steps, q_facts, starts, kvs, facts):
   return out, lse
 
 
-def strided_local_part(q, k, v, context, stride: int, allows):
-  """Query step [t, t + Q) sees keys [t - stride, t + Q): Q + stride keys, stride useful."""
+def strided_local_part(q, k, v, context, stride: int, allows, causal: bool = True):
+  """Query step [t, t + Q) sees keys [t - stride, t + Q): Q + stride keys, stride useful;
+  bidirectional, keys [t - stride, t + Q + stride): Q + 2 stride keys, 2 stride - 1 useful."""
   q_len = query_len(stride)
   steps = q.shape[1] // q_len
-  kv = tuple(_front_pad(block_scan.heads_major(x), stride) for x in (k, v))
-  span = block_scan.Span(kv=0, facts=0, length=q_len + stride, allows=allows)
+  back = 0 if causal else stride
+  kv = tuple(_pad_slots(block_scan.heads_major(x), stride, back) for x in (k, v))
+  span = block_scan.Span(kv=0, facts=0, length=q_len + stride + back, allows=allows)
   starts = (np.arange(steps) * q_len)[:, None]
   out, lse = _scan_part([span], block_scan.q_steps_of(q, q_len),
                         tuple(block_scan.steps_of(a, q_len) for a in context[:2]), starts, (kv,),
-                        (_facts(context, stride),))
+                        (_facts(context, stride, back),))
   return block_scan.from_q_steps(out), block_scan.from_lse_steps(lse)
 
 
-def fixed_local_part(q, k, v, context, stride: int, allows):
+def fixed_local_part(q, k, v, context, stride: int, allows, causal: bool = True):
   """Sub-block s of Q queries in block I sees the block's first (s + 1) * Q keys.
 
   One scan per s (over the blocks): (1 + stride / Q) / 2 keys per query instead of stride.
+  Bidirectional: every query step sees its whole block, one scan (stride keys per query).
   """
   q_len = query_len(stride)
   per_block = stride // q_len
@@ -181,6 +199,11 @@ def fixed_local_part(q, k, v, context, stride: int, allows):
   kv = tuple(block_scan.heads_major(x) for x in (k, v))
   q_steps = block_scan.q_steps_of(q, q_len)                           # [blocks * per_block, ...]
   q_facts = tuple(block_scan.steps_of(a, q_len) for a in context[:2])
+  if not causal:
+    starts = (np.arange(num_blocks * per_block) // per_block * stride)[:, None]
+    span = block_scan.Span(kv=0, facts=0, length=stride, allows=allows)
+    out, lse = _scan_part([span], q_steps, q_facts, starts, (kv,), (tuple(context),))
+    return block_scan.from_q_steps(out), block_scan.from_lse_steps(lse)
   pick = lambda x, s: x.reshape(num_blocks, per_block, *x.shape[1:])[:, s]
   starts = (np.arange(num_blocks) * stride)[:, None]
   parts = [_scan_part([block_scan.Span(kv=0, facts=0, length=(s + 1) * q_len, allows=allows)],
@@ -195,13 +218,15 @@ def fixed_local_part(q, k, v, context, stride: int, allows):
 
 
 def fixed_summary_part(q, k, v, context, stride: int, summary_len: int, allows,
-                       own_block: bool, groups: int = SUMMARY_GROUPS):
+                       own_block: bool, groups: int = SUMMARY_GROUPS, causal: bool = True):
   """Every query sees the last `summary_len` slots of the blocks up to its own.
 
   The summary keys are gathered once (`[b, blocks * c]`); the blocks are cut
   into `groups` runs, and the queries of a run see the summary prefix up to
   the run's last block (its own block too if `own_block`), so the keys
-  after a query are computed only within its run.
+  after a query are computed only within its run. Bidirectional: every query
+  sees every block's summary keys (one run; `allows` drops the query's own
+  block when the local part has it).
   """
   q_len = query_len(stride)
   per_block = stride // q_len
@@ -212,12 +237,15 @@ def fixed_summary_part(q, k, v, context, stride: int, summary_len: int, allows,
   facts = tuple(last(a) for a in context)
   q_steps = block_scan.q_steps_of(q, q_len)
   q_facts = tuple(block_scan.steps_of(a, q_len) for a in context[:2])
-  run = -(-num_blocks // groups)
+  run = -(-num_blocks // groups) if causal else num_blocks
   outs, lses = [], []
   for first in range(0, num_blocks, run):
     end = min(first + run, num_blocks)
     steps = slice(first * per_block, end * per_block)
-    length = summary_len * (end if own_block else end - 1)
+    if causal:
+      length = summary_len * (end if own_block else end - 1)
+    else:
+      length = summary_len * num_blocks
     if length == 0:
       outs.append(jnp.zeros_like(q_steps[steps]))
       lses.append(jnp.full(q_steps[steps].shape[:-1], -jnp.inf, jnp.float32))
@@ -249,24 +277,26 @@ def strided_summary_part(q, k, v, context, stride: int, allows):
 
 
 def component_part(component: str, q, k, v, context, stride: int, summary_len: int, allows,
-                   earlier):
+                   earlier, causal: bool = True):
   """`(out [b, padded, h, d], lse [b, padded, h])` over every key the component can allow."""
   if component == 'strided_local':
-    return strided_local_part(q, k, v, context, stride, allows)
+    return strided_local_part(q, k, v, context, stride, allows, causal)
   if component == 'fixed_local':
-    return fixed_local_part(q, k, v, context, stride, allows)
+    return fixed_local_part(q, k, v, context, stride, allows, causal)
   if component == 'strided_summary':
     return strided_summary_part(q, k, v, context, stride, allows)
   return fixed_summary_part(q, k, v, context, stride, summary_len, allows,
-                            own_block='fixed_local' not in earlier)
+                            own_block='fixed_local' not in earlier, causal=causal)
 
 
-def union_output(components, q, k, v, context, stride: int, summary_len: int) -> jax.Array:
+def union_output(components, q, k, v, context, stride: int, summary_len: int,
+                 causal: bool = True) -> jax.Array:
   """One softmax over the union of `components`: each later part drops earlier parts' keys,
   and the parts merge exactly through their log-sum-exps.
 
   Args:
     q, k, v: `[batch, padded, heads, head_dim]`, padded to whole blocks of `stride`.
+    causal: the rules of the module docstring (False: bidirectional).
   Returns:
     `[batch, padded, heads, head_dim]`.
   """
@@ -275,11 +305,12 @@ def union_output(components, q, k, v, context, stride: int, summary_len: int) ->
     earlier = components[:index]
 
     def allows(q_rel, k_rel, component=component, earlier=earlier):
-      allowed = component_allows(component, q_rel, k_rel, stride, summary_len)
+      allowed = component_allows(component, q_rel, k_rel, stride, summary_len, causal)
       for other in earlier:
-        allowed &= ~component_allows(other, q_rel, k_rel, stride, summary_len)
+        allowed &= ~component_allows(other, q_rel, k_rel, stride, summary_len, causal)
       return allowed
-    out, lse = component_part(component, q, k, v, context, stride, summary_len, allows, earlier)
+    out, lse = component_part(component, q, k, v, context, stride, summary_len, allows, earlier,
+                              causal)
     outs.append(out)
     lses.append(lse)
   return partial_softmax.merge_parts(outs, lses).astype(v.dtype)
@@ -288,13 +319,14 @@ def union_output(components, q, k, v, context, stride: int, summary_len: int) ->
 def sparse_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                                  segment_ids: jax.Array, valid: jax.Array, *, pattern: str,
                                  stride: int, summary_len: int = 1,
-                                 integration: str = 'merged') -> jax.Array:
+                                 integration: str = 'merged', causal: bool = True) -> jax.Array:
   """Blocked factorized attention, scanned over query blocks.
 
   Args:
     q, k, v: `[batch, n, heads, head_dim]`, q already scaled by 1/sqrt(head_dim).
     positions, segment_ids, valid: `[batch, n]`; positions consecutive along the chunk.
     pattern: one of PATTERNS; integration: 'merged' or 'multihead' (unions only).
+    causal: the causal rules (module docstring); False: the bidirectional ones.
   Returns:
     `[batch, n, heads, head_dim]`.
   """
@@ -308,10 +340,10 @@ def sparse_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, posit
     heads = (slice(0, split), slice(split, None))
     out = jnp.concatenate(
         [union_output((component,), q[:, :, h], k[:, :, h], v[:, :, h], context, stride,
-                      summary_len)
+                      summary_len, causal)
          for component, h in zip(components, heads)], axis=-2)
   else:
-    out = union_output(components, q, k, v, context, stride, summary_len)
+    out = union_output(components, q, k, v, context, stride, summary_len, causal)
   return out[:, :n]
 
 
@@ -319,7 +351,7 @@ class SparseTransformerAttention(nn.Module):
   """`__call__(x [b, c, d_model], state {}, ctx) -> (y [b, c, d_model], {}, {})`.
 
   Fields: `config` (`SparseTransformerConfig`, the layer's `model.sparse_transformer`), `shared`
-  (`SharedSettings`: heads, `attention_backend`; `causal` must be True), `dtype`.
+  (`SharedSettings`: heads, `attention_backend`, `causal`), `dtype`.
   """
   Config = SparseTransformerConfig
   reads_mem_len = False           # stateless: attends within the chunk
@@ -327,13 +359,6 @@ class SparseTransformerAttention(nn.Module):
   shared: SharedSettings
   config: SparseTransformerConfig = SparseTransformerConfig()
   dtype: jnp.dtype = jnp.float32
-
-  def __post_init__(self):
-    """Refuses a bidirectional layer: models/encoder.py makes any model bidirectional after
-    the config was checked."""
-    if not self.shared.causal:
-      raise ConfigError('model.causal', f'False: {CAUSAL_ONLY}')
-    super().__post_init__()
 
   @staticmethod
   def kernel_pattern(model, section) -> backends.KernelPattern:
@@ -356,11 +381,11 @@ class SparseTransformerAttention(nn.Module):
       out = sparse_splash.sparse_transformer_splash(
           q, k, v, ctx.segment_ids, ctx.valid, pattern=config.pattern, stride=config.stride,
           summary_len=config.summary_len, integration=config.integration,
-          kernel=masked_kernel(backend)).astype(self.dtype)
+          causal=shared.causal, kernel=masked_kernel(backend)).astype(self.dtype)
     else:
       out = sparse_transformer_attention(q, k, v, ctx.positions, ctx.segment_ids, ctx.valid,
                                          pattern=config.pattern, stride=config.stride,
                                          summary_len=config.summary_len,
-                                         integration=config.integration)
+                                         integration=config.integration, causal=shared.causal)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return projections.project_output(out, shared.d_model, self.dtype), state, {}
