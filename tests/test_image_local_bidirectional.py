@@ -77,13 +77,13 @@ def reference_mask(cfg, segments, valid):
 
 # (section, n): 1D at a length that is not a multiple of the query block and at one
 # that is, memory not a multiple of it; 2D one image of 2 x 2 blocks with one-pixel
-# flanges, and two images of 1 x 3 blocks whose flanges leave the image (fh = 2 > rows).
+# flanges, and two images of 2 x 3 blocks whose flanges leave the image (fh = 2: all rows).
 CASES = [
     (section(layout='1d', query_len=3, memory_len=2), 20),
     (section(layout='1d', query_len=4, memory_len=5), 32),
     (section(layout='2d', image_height=6, image_width=8, block_height=2, block_width=2,
              flange_height=1, flange_width=1), 48),
-    (section(layout='2d', image_height=4, image_width=6, block_height=1, block_width=3,
+    (section(layout='2d', image_height=4, image_width=6, block_height=2, block_width=3,
              flange_height=2, flange_width=1), 48),
 ]
 
@@ -128,8 +128,8 @@ def test_query_order_is_the_raster_stream_walked_block_by_block():
   cfg = CASES[3][0]
   order = image_local.bidirectional_query_order(48, cfg, causal=False)
   walked = [image * 24 + (block_row + r) * 6 + block_col + c
-            for image in range(2) for block_row in range(4) for block_col in (0, 3)
-            for r in range(1) for c in range(3)]
+            for image in range(2) for block_row in (0, 2) for block_col in (0, 3)
+            for r in range(2) for c in range(3)]
   np.testing.assert_array_equal(order, walked)
   assert image_local.bidirectional_query_order(48, cfg, causal=True) is None
   assert image_local.bidirectional_query_order(48, CASES[0][0], causal=False) is None
