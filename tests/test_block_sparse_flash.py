@@ -145,11 +145,16 @@ def layer(kind):
       'image_local_1d': lambda b: ImageLocalAttention(
           config=ImageLocalConfig(query_len=8, memory_len=8),
           shared=shared_settings(attention_backend=b, **common)),
+      'image_local_1d_bidirectional': lambda b: ImageLocalAttention(
+          config=ImageLocalConfig(query_len=8, memory_len=8),
+          shared=shared_settings(causal=False, attention_backend=b, **common)),
   }[kind]
 
 
 @pytest.mark.parametrize('kind', ['vanilla', 'longformer_dilated', 'sparse_fixed_multihead',
-                                  'bigbird', 'image_local_1d'])
+                                  'bigbird', 'image_local_1d',
+                                  pytest.param('image_local_1d_bidirectional',
+                                               marks=pytest.mark.slow)])
 def test_layer_pallas_gpu_equals_xla(kind):
   """The whole layer with 'pallas_gpu' and 'xla' (same parameters): outputs and gradients
   w.r.t. parameters and inputs, documents mid-chunk and padding (chunk 40 or 96)."""

@@ -8,7 +8,8 @@ above, left and right) and "generated before" as a comparison of stream
 indices. Attention is a float64 softmax; the fast path's outputs, and its
 gradients against a differentiable dense-mask version, are held to it, with
 a document boundary, padding and lengths that are and are not multiples of
-the query block.
+the query block. These are the causal (generation) forms; the bidirectional
+ones are in test_image_local_bidirectional.py.
 """
 
 import flax.linen as nn
@@ -168,19 +169,35 @@ def test_block_raster_order_round_trips_and_walks_blocks():
       image_local.from_block_raster(image_local.to_block_raster(batch, 2, 3), 4, 6, 2, 3), batch)
 
 
-def test_forward_and_backward_never_build_an_n_by_n_array():
+# n = 1024 (a 32 x 32 image in 2D); the memory block of every case is far below n.
+NO_N_BY_N_CASES = [
+    pytest.param(section(query_len=32, memory_len=32), True, id='1d-causal'),
+    pytest.param(section(query_len=32, memory_len=32), False, id='1d-bidirectional'),
+    pytest.param(section(layout='2d', image_height=32, image_width=32, block_height=8,
+                         block_width=8, flange_height=4, flange_width=4), True, id='2d-causal'),
+    pytest.param(section(layout='2d', image_height=32, image_width=32, block_height=8,
+                         block_width=8, flange_height=4, flange_width=4), False,
+                 id='2d-bidirectional'),
+]
+
+
+@pytest.mark.parametrize('cfg,causal', NO_N_BY_N_CASES)
+def test_forward_and_backward_never_build_an_n_by_n_array(cfg, causal):
+  """The jaxpr of forward + backward (sub-programs included) holds no array larger than
+  n x (keys of a memory block): the logits of the gathered blocks."""
   from tests.test_sparse_transformer import largest_intermediate
   n = 1024
-  cfg = section(query_len=32, memory_len=32)
-  slots, query_len = image_local.key_slots(n, cfg)
+  slots, query_len = image_local.key_slots(n, cfg, causal)
+  order = image_local.bidirectional_query_order(n, cfg, causal)
   positions = jnp.arange(n, dtype=jnp.int32)[None]
   q = jnp.ones((1, n, 1, 8))
 
   def loss(q, k, v):
     return jnp.sum(image_local.gathered_local_attention(
-        q, k, v, positions, jnp.zeros_like(positions), jnp.ones((1, n), bool), slots, query_len))
+        q, k, v, positions, jnp.zeros_like(positions), jnp.ones((1, n), bool), slots, query_len,
+        causal=causal, query_order=order))
   largest = largest_intermediate(jax.grad(loss, argnums=(0, 1, 2)), q, q, q)
-  assert largest <= n * (cfg.query_len + cfg.memory_len) * 8 < n * n, largest
+  assert largest <= n * slots.shape[1] < n * n // 3, largest
 
 
 @pytest.mark.parametrize('values,chunk,key,match', [
@@ -195,12 +212,6 @@ def test_bad_settings_name_their_key(values, chunk, key, match):
   with pytest.raises(ConfigError, match=match) as error:
     resolve_model({'attention': 'image_local', 'image_local': values}, chunk_lens=(chunk,))
   assert error.value.key == key
-
-
-def test_bidirectional_is_refused():
-  with pytest.raises(ConfigError) as error:
-    resolve_model({'attention': 'image_local', 'causal': False}, chunk_lens=(64,))
-  assert error.value.key == 'model.causal'
 
 
 def test_benchmark_cases_agree_and_count_pairs():

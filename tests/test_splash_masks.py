@@ -1,4 +1,5 @@
-"""Splash masks beyond a window: Sparse Transformer and Image Transformer local 1D.
+"""Splash masks beyond a window: Sparse Transformer and Image Transformer local 1D (causal
+and bidirectional).
 
 The splash kernel (`attention/core/splash_kernels.py`, Pallas interpret mode on
 CPU) with the rules of `attention/sparse_transformer/splash.py` and
@@ -54,6 +55,9 @@ def rule_loop(name: str, i: int, j: int, stride: int = STRIDE, summary: int = SU
   if name == 'image_1d':               # own query block and memory_len before it, causal
     block_start = (i // query_len) * query_len
     return block_start - memory_len <= j <= i
+  if name == 'image_1d_bidirectional':  # own query block and memory_len before and after it
+    block_start = (i // query_len) * query_len
+    return block_start - memory_len <= j < block_start + query_len + memory_len
   if name.startswith('window'):        # window_<left>_<right>
     left, right = (int(x) for x in name.split('_')[1:])
     return -left <= j - i <= right
@@ -77,6 +81,9 @@ def rule_np(name: str, i: np.ndarray, j: np.ndarray, stride: int = STRIDE,
             | rule_np(f'{name}_summary', i, j, stride, summary))
   if name == 'image_1d':
     return (d >= 0) & (j >= np.floor_divide(i, query_len) * query_len - memory_len)
+  if name == 'image_1d_bidirectional':
+    block_start = np.floor_divide(i, query_len) * query_len
+    return (j >= block_start - memory_len) & (j < block_start + query_len + memory_len)
   if name.startswith('window'):
     left, right = (int(x) for x in name.split('_')[1:])
     return (-d >= -left) & (-d <= right)
@@ -179,6 +186,12 @@ def test_image_local_1d_equals_dense_reference():
   compare(fn, ['image_1d'] * 2, chunk=200, query_len=24, memory_len=40)
 
 
+def test_image_local_1d_bidirectional_equals_dense_reference():
+  fn = lambda q, k, v, seg, valid: image_local_1d_splash(q, k, v, seg, valid, query_len=24,
+                                                         memory_len=40, causal=False)
+  compare(fn, ['image_1d_bidirectional'] * 2, chunk=200, query_len=24, memory_len=40)
+
+
 MASK_CASES = {
     'strided_local': sk.Strided(STRIDE, 'local'),
     'strided_summary': sk.Strided(STRIDE, 'summary'),
@@ -187,6 +200,7 @@ MASK_CASES = {
     'strided': sk.Union((sk.Strided(STRIDE, 'local'), sk.Strided(STRIDE, 'summary'))),
     'fixed': sk.Union((sk.Fixed(STRIDE, 'local'), sk.Fixed(STRIDE, 'summary', SUMMARY))),
     'image_1d': sk.BlockLocal(24, 40),
+    'image_1d_bidirectional': sk.BlockLocal(24, 40, causal=False),
     'window_5_0': sk.Window(5, 0),
     'window_3_7': sk.Window(3, 7),
 }
@@ -197,7 +211,7 @@ def test_mask_objects_equal_the_rules(name):
   """The splash mask object (as the kernel's mask-info sees it) and its in-kernel rule on
   jnp arrays equal the rule written as Python loops, at n = 80."""
   n = 80
-  args = dict(query_len=24, memory_len=40) if name == 'image_1d' else {}
+  args = dict(query_len=24, memory_len=40) if name.startswith('image_1d') else {}
   expected = np.array([[rule_loop(name, i, j, **args) for j in range(n)] for i in range(n)])
   mask = sk.head_mask(n, MASK_CASES[name])
   np.testing.assert_array_equal(mask[0:n, 0:n], expected)
@@ -287,7 +301,8 @@ def test_image_local_1d_splash_equals_the_modules_gathered_xla():
   np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
-def test_image_local_1d_layer_splash_equals_xla():
+@pytest.mark.parametrize('causal', [True, False])
+def test_image_local_1d_layer_splash_equals_xla(causal):
   """The whole layer with `attention_backend='splash'` and 'xla': output and gradients."""
   from tests.test_attention_backends import assert_trees_close, layer_outputs_and_grads
   from longformer_jax.attention.image_local.attention import ImageLocalAttention, ImageLocalConfig
@@ -295,7 +310,7 @@ def test_image_local_1d_layer_splash_equals_xla():
   config = ImageLocalConfig(query_len=8, memory_len=8)
   results = layer_outputs_and_grads(lambda backend: ImageLocalAttention(
       config=config, shared=shared_settings(num_heads=2, head_dim=16, d_model=32,
-                                            attention_backend=backend)))
+                                            attention_backend=backend, causal=causal)))
   assert_trees_close(results['splash'], results['xla'], atol=2e-5)
 
 

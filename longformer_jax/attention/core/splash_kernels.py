@@ -174,13 +174,18 @@ class Fixed:
 @dataclasses.dataclass(frozen=True)
 class BlockLocal:
   """Image Transformer local 1D: query block of `query_len` slots sees its own block and
-  the `memory_len` slots before it, causally: j <= i and j >= (i // lq) * lq - lm."""
+  the `memory_len` slots before it, causally: j <= i and j >= (i // lq) * lq - lm.
+  Bidirectional (`causal=False`): its own block and the `memory_len` slots before and
+  after it, all of them: (i // lq) * lq - lm <= j < (i // lq) * lq + lq + lm."""
   query_len: int
   memory_len: int
+  causal: bool = True
 
   def allows(self, q_ids, kv_ids):
     first = (q_ids // self.query_len) * self.query_len - self.memory_len
-    return (kv_ids <= q_ids) & (kv_ids >= first)
+    if self.causal:
+      return (kv_ids <= q_ids) & (kv_ids >= first)
+    return (kv_ids >= first) & (kv_ids < first + 2 * self.memory_len + self.query_len)
 
 
 @dataclasses.dataclass(frozen=True)
