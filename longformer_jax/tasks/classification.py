@@ -20,10 +20,10 @@ from longformer_jax.tasks.base import ExampleTask
 from longformer_jax.train.lm_objective import weighted_aux_losses
 
 
-def classification_sums(model, params, batch: dict, rngs: dict, deterministic: bool) -> dict:
+def classification_sums(model, variables, batch: dict, rngs: dict, deterministic: bool) -> dict:
   """Sums of `batch` (`inputs [b, L]`, `input_mask`, `global_flags`, `label [b]`, `weight [b]`)."""
   ctx = encoder_context(batch['input_mask'], batch['global_flags'], deterministic)
-  logits, aux = model.apply({'params': params}, batch['inputs'], ctx, rngs=rngs)
+  logits, aux = variables.apply(model, batch['inputs'], ctx, rngs=rngs)
   weight = batch['weight']
   nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
   correct = (jnp.argmax(logits, axis=-1) == batch['label']).astype(jnp.float32)
