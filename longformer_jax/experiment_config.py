@@ -130,9 +130,11 @@ def _check_model_for_task(task, model: dict) -> None:
   scheduled = str(dict(model.get('layer_schedule') or {}).get('attention', ''))
   attentions = {model['attention']} | {name.strip() for name in scheduled.split(',')}
   if not task.carries_model_state and 'routing' in attentions:
-    keepers = ' or '.join(repr(n) for n in readers('carries_model_state'))
+    keepers = readers('carries_model_state')
+    who = (f"task {keepers[0]!r} does" if len(keepers) == 1 else
+           f"tasks {', '.join(repr(n) for n in keepers)} do")
     raise ConfigError('model.attention', f"routing keeps its centroids as model state, which "
-                      f"only task {keepers} carries (task is {task.name!r})")
+                      f"task {task.name!r} does not carry ({who})")
 
 
 def validate_config(config: ml_collections.ConfigDict,

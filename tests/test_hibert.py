@@ -29,6 +29,7 @@ from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.hibert import HibertEncoder
 from longformer_jax.tasks import hibert_masking, sentence_mask
 from longformer_jax.tasks.registry import task_for
+from longformer_jax.train.model_variables import ModelVariables
 
 # Tiny programs: compile fast rather than run fast (as tests/test_contract_attention.py).
 FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
@@ -159,7 +160,8 @@ def test_masking_depends_on_the_key_and_example_not_the_batch():
 def test_sentence_mask_loss_reaches_only_the_picked_sentences(corpus):
   config = tiny_config('sentence_mask', corpus)
   model, params, batch = init_model(config)
-  sums_fn = jit(lambda p, b: task_for(config.task).sums_fn(config, model)(p, b, {}, True))
+  task_sums = task_for(config.task).sums_fn(config, model)
+  sums_fn = jit(lambda p, b: task_sums(ModelVariables(p), b, {}, True))
   base = sums_fn(params, batch)
   tokens = batch['sentences']
   picked = hibert_masking.mask_sentences(
@@ -193,7 +195,7 @@ def test_extractive_loss_is_the_numpy_bce_over_real_sentences(corpus):
   config = tiny_config('extractive', corpus)
   model, params, batch = init_model(config)
   batch = dict(batch, weight=jnp.asarray([1, 1, 0, 1, 1, 1, 0, 1], jnp.float32))
-  sums = task_for(config.task).sums_fn(config, model)(params, batch, {}, True)
+  sums = task_for(config.task).sums_fn(config, model)(ModelVariables(params), batch, {}, True)
   tokens = batch['sentences']
   logits, _ = model.apply({'params': params}, tokens, tokens != ByteTokenizer.pad_id,
                           batch['sentence_mask'], True)

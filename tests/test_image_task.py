@@ -28,6 +28,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import image_data
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.tasks.image import TASK as IMAGE
+from longformer_jax.train.model_variables import ModelVariables
 
 TINY_MODEL = {'num_layers': 2, 'd_model': 32, 'num_heads': 2, 'head_dim': 16, 'd_ff': 64,
               'dropout_rate': 0.0}
@@ -172,7 +173,7 @@ def tiny_model():
   batch = {name: jnp.asarray(value) for name, value in arrays.items()}
   _, model = IMAGE.model(config, 0)
   params = model.init(jax.random.PRNGKey(0), *IMAGE.init_arguments(batch))
-  sums_fn = jax.jit(lambda p, b: IMAGE.sums_fn(config, model)(p, b, {}, True))
+  sums_fn = jax.jit(lambda p, b: IMAGE.sums_fn(config, model)(ModelVariables(p), b, {}, True))
   return model, params['params'], batch, sums_fn
 
 

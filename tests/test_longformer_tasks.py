@@ -30,6 +30,7 @@ from longformer_jax.tasks import qa
 from longformer_jax.tasks.registry import task_for
 from longformer_jax.train import steps
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
+from longformer_jax.train.model_variables import ModelVariables
 from longformer_jax.train.train_state import TrainState
 from tests.tiny_models import tiny_config
 
@@ -91,7 +92,7 @@ def fit(config, num_steps: int):
   step_fn = jax.jit(functools.partial(
       steps.task_train_step, sums_fn=sums_fn, optimizer=optimizer,
       learning_rate_fn=learning_rate_schedule(config.optimizer, num_steps)))
-  eval_fn = jax.jit(lambda p, b: sums_fn(p, b, {}, True))
+  eval_fn = jax.jit(lambda p, b: sums_fn(ModelVariables(p), b, {}, True))
 
   def evaluate(params):
     totals = None

@@ -239,10 +239,15 @@ def test_reversible_stack_is_refused_with_the_key():
   assert error.value.key == 'model.stack' and 'model state' in str(error.value)
 
 
-def test_tasks_other_than_lm_are_refused_with_the_key():
+def test_example_tasks_take_routing_and_a_task_that_cannot_carry_it_is_refused():
   from longformer_jax.experiment_config import resolve_config
-  with pytest.raises(ConfigError) as error:
-    resolve_config({'task': 'classification',
-                    'model': {'attention': 'routing', 'num_classes': 2,
-                              'aux_loss_weights': {'commitment_loss': 0.1}}})
-  assert error.value.key == 'model.attention' and "only task 'lm'" in str(error.value)
+  weights = {'commitment_loss': 0.1}
+  resolved = resolve_config({'task': 'classification', 'model': {
+      'attention': 'routing', 'num_classes': 2, 'aux_loss_weights': weights}})
+  assert resolved['model']['attention'] == 'routing'
+  with pytest.raises(ConfigError) as error:     # its report decodes with the parameters alone
+    resolve_config({'task': 'seq2seq', 'model': {
+        'attention': 'routing', 'decoder_layers': 1, 'aux_loss_weights': weights}})
+  assert error.value.key == 'model.attention'
+  assert "task 'seq2seq' does not carry" in str(error.value)
+  assert "'lm', 'classification'" in str(error.value)

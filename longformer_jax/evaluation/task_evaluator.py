@@ -17,24 +17,29 @@ from jax.sharding import NamedSharding
 
 from longformer_jax.data.task_batches import eval_batches
 from longformer_jax.parallel import sharding
+from longformer_jax.train.model_variables import ModelVariables
 
 
 class TaskEvaluator:
   """Scores a whole split with one compiled step of the task's sums."""
 
   def __init__(self, metrics_fn, sums_fn, arrays: dict, *, batch_size: int, max_examples: int,
-               shardings: dict, param_shardings, mesh: jax.sharding.Mesh):
+               shardings: dict, param_shardings, mesh: jax.sharding.Mesh,
+               model_state_shardings=None):
     """Compiles the eval step.
 
     Args:
       metrics_fn: `totals -> metrics` of the task (its `metrics`, tasks/).
-      sums_fn: `(params, batch, rngs, deterministic) -> sums` of the task.
+      sums_fn: `(variables, batch, rngs, deterministic) -> sums` of the task, `variables`
+        a `ModelVariables` (train/model_variables.py) that reads the model state.
       arrays: the split, `{name: [num_examples, ...]}`.
       batch_size: global rows per evaluation batch.
       max_examples: score the first this many examples (0: all).
       shardings: `{name: NamedSharding}` of a batch.
       param_shardings: shardings of the parameters.
       mesh: the device mesh.
+      model_state_shardings: shardings of the model state (`TrainState.model_state`);
+        None: replicated.
     """
     self.metrics_fn = metrics_fn
     self.arrays = arrays
@@ -43,20 +48,25 @@ class TaskEvaluator:
     self.shardings = shardings
     rows = batch_size // jax.process_count()
     self.rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
-    self._step = jax.jit(lambda params, batch: sums_fn(params, batch, {}, True),
-                         in_shardings=(param_shardings, shardings),
-                         out_shardings=sharding.replicated(mesh))
+    if model_state_shardings is None:
+      model_state_shardings = sharding.replicated(mesh)
+    self._step = jax.jit(
+        lambda params, model_state, batch: sums_fn(ModelVariables(params, model_state), batch,
+                                                   {}, True),
+        in_shardings=(param_shardings, model_state_shardings, shardings),
+        out_shardings=sharding.replicated(mesh))
 
   def batches(self):
     """The global batches of the split (this process's rows of each, placed on the mesh)."""
     for batch in eval_batches(self.arrays, self.batch_size, self.max_examples):
       yield to_global({name: value[self.rows] for name, value in batch.items()}, self.shardings)
 
-  def evaluate(self, params) -> dict:
-    """The task's metrics over the split."""
+  def evaluate(self, params, model_state=None) -> dict:
+    """The task's metrics over the split; `model_state`: the run's non-gradient model state
+    (`TrainState.model_state`), read, if the model has any."""
     totals = None
     for batch in self.batches():
-      sums = self._step(params, batch)
+      sums = self._step(params, model_state or {}, batch)
       totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
     totals = jax.tree_util.tree_map(lambda x: float(np.asarray(x)), totals)
     return self.metrics_fn(totals)

@@ -12,7 +12,8 @@ What each task reports is the task's (tasks/): its `metrics` of the summed
 split, `report_extras`, its table `columns` and `report_files`; eval.py
 passes the task object. The task, model and data settings are the run's own
 (`config.json`); the split is `eval.split` and the step `eval.step` (-1: the
-latest).
+latest). The checkpoint's model state (`TrainState.model_state`, e.g. the Routing
+Transformer's centroids) is restored with the parameters and read by the sums.
 """
 
 import json
@@ -75,8 +76,9 @@ def evaluate_task_run(config: ml_collections.ConfigDict, workdir: str, task) -> 
       task.metrics, task.sums_fn(config, model), arrays, batch_size=batch_size,
       max_examples=0, shardings=batch_shardings(global_batch_example(arrays, batch_size), mesh,
                                                 rules),
-      param_shardings=state_shardings.params, mesh=mesh)
-  metrics = evaluator.evaluate(state.params)
+      param_shardings=state_shardings.params, mesh=mesh,
+      model_state_shardings=state_shardings.model_state)
+  metrics = evaluator.evaluate(state.params, state.model_state)
   metrics.update(task.report_extras(config, config.eval.split, model, state.params,
                                     evaluator.batches(), tokenizer))
   result = dict(checkpoint_step=int(state.step), split=config.eval.split, task=task.name,

@@ -18,16 +18,24 @@ and generation ask it; none of them switches on the task's name.
   training  `training_task(config, param_import)`: the loop's `TrainingTask`;
             `check_init(config)` and `initialise(config, state, mesh, rules)`
             start from a checkpoint (HIBERT's `model.hibert.init_from`)
-  sums      `sums_fn(config, model) -> (params, batch, rngs, deterministic) -> sums`
+  sums      `sums_fn(config, model) -> (variables, batch, rngs, deterministic) -> sums`
             (float32 scalars: `loss_sum` over `count`, `aux_objective`, ...)
-            and `metrics(totals)`: floats with `loss`, `examples` and `columns`
+            and `metrics(totals)`: floats with `loss`, `examples` and `columns`.
+            `variables` is a `ModelVariables` (train/model_variables.py): the sums
+            apply the model with `variables.apply(model, *args, rngs=rngs)` (never
+            `model.apply({'params': ...})`) and read parameters, if they need them, as
+            `variables.params`; in training that apply updates the model state
+            (`model_state`), which the train step reads back from `variables`
   reports   `columns` ((metric, column name) of eval.py's table),
             `training_extras` and `report_extras` (metrics beyond the sums,
             e.g. ROUGE, in the loop's validation and in eval.py) and
             `report_files` (files beside metrics.json, e.g. image samples)
 
 `ExampleTask` is the base of the fixed-size-example tasks (every task but
-lm): independent examples, no memory, one loss per example batch.
+lm): independent examples, no memory, one loss per example batch. It carries
+model state (the Routing Transformer's centroids) when its model has it; a task
+whose other hooks apply the model with the parameters alone (a report that
+decodes, samples or ranks) sets `carries_model_state = False`.
 """
 
 import jax
@@ -123,6 +131,7 @@ class ExampleTask(Task):
   global tokens the task needs, the loop's `ExampleTraining` (tasks/example_training.py)."""
   data_module = None
   model_class = None
+  carries_model_state = True     # the sums apply the model through `ModelVariables`
   train_keys = ('eval_max_examples',)
 
   def load_arrays(self, config: ml_collections.ConfigDict, split: str, tokenizer) -> dict:

@@ -37,10 +37,11 @@ def label_sums(model, logits, aux, batch: dict) -> dict:
           'aux_objective': aux_objective, 'correct': jnp.sum(correct * weight)}
 
 
-def classification_sums(model, params, batch: dict, rngs: dict, deterministic: bool) -> dict:
-  """Sums of `batch` (`inputs [b, L]`, `input_mask`, `global_flags`, `label [b]`, `weight [b]`)."""
+def classification_sums(model, variables, batch: dict, rngs: dict, deterministic: bool) -> dict:
+  """Sums of `batch` (`inputs [b, L]`, `input_mask`, `global_flags`, `label [b]`, `weight [b]`);
+  `variables`: the `train/model_variables.ModelVariables` the model is applied with."""
   ctx = encoder_context(batch['input_mask'], batch['global_flags'], deterministic)
-  logits, aux = model.apply({'params': params}, batch['inputs'], ctx, rngs=rngs)
+  logits, aux = variables.apply(model, batch['inputs'], ctx, rngs=rngs)
   return label_sums(model, logits, aux, batch)
 
 

@@ -5,6 +5,9 @@ Examples are fixed-size and independent: the train state has no memory
 whose data position is the step alone. Validation scores the whole valid
 split (at most `train.eval_max_examples`) with the task's sums and
 `metrics` (tasks/); the extractive task adds ROUGE of its top sentences.
+A model's non-gradient state (`TrainState.model_state`: the Routing
+Transformer's centroids) is updated by every train step and read by
+validation (train/model_variables.py).
 What differs between the tasks (data, model, sums, initialisation) is asked
 of the task object (tasks/base.py).
 """
@@ -77,7 +80,8 @@ class ExampleTraining:
     self.evaluator = TaskEvaluator(
         task.metrics, sums_fn, valid_arrays, batch_size=config.data.eval_batch_size,
         max_examples=config.train.eval_max_examples, shardings=self.shardings,
-        param_shardings=state_shardings.params, mesh=self.mesh)
+        param_shardings=state_shardings.params, mesh=self.mesh,
+        model_state_shardings=state_shardings.model_state)
     self._model = model
     self._optimizer = optimizer
     self._compiled_step = None
@@ -131,7 +135,7 @@ class ExampleTraining:
     return metrics
 
   def evaluate(self, state) -> dict:
-    metrics = self.evaluator.evaluate(state.params)
+    metrics = self.evaluator.evaluate(state.params, state.model_state)
     metrics.update(self.task.training_extras(self.config, 'valid', self._model, state.params,
                                              self.evaluator.batches()))
     return metrics

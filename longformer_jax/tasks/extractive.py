@@ -24,6 +24,7 @@ class ExtractiveTask(HibertTask):
   name = 'extractive'
   labelled = True
   model_class = HibertExtractor
+  carries_model_state = False    # its ROUGE extras rank with the parameters alone
   hibert_keys = SHARED_KEYS + ('summary_sentences', 'init_from')
   columns = (('rouge1', 'ROUGE-1'), ('rouge2', 'ROUGE-2'), ('rougeL', 'ROUGE-L'),
              ('label_accuracy', 'label accuracy'))

@@ -58,13 +58,13 @@ def oracle_labels(documents, max_sentences: int) -> np.ndarray:
   return labels
 
 
-def extractive_sums(model, params, batch: dict, rngs: dict, deterministic: bool, *,
+def extractive_sums(model, variables, batch: dict, rngs: dict, deterministic: bool, *,
                     pad_id: int) -> dict:
   """Sums over the batch's real documents: `loss_sum` (BCE, nats) over `count` real sentences,
   `correct` (label hits), `examples`, `aux_objective`."""
   tokens = batch['sentences']
-  logits, aux = model.apply({'params': params}, tokens, tokens != pad_id, batch['sentence_mask'],
-                            deterministic, rngs=rngs)
+  logits, aux = variables.apply(model, tokens, tokens != pad_id, batch['sentence_mask'],
+                                deterministic, rngs=rngs)
   labels = batch['labels']
   mask = batch['sentence_mask'].astype(jnp.float32) * batch['weight'][:, None]
   bce = optax.sigmoid_binary_cross_entropy(logits, labels)

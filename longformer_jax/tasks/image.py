@@ -29,12 +29,12 @@ from longformer_jax.tasks.base import ExampleTask, token_sums
 SAMPLES_FILE = 'samples.png'
 
 
-def image_sums(model, params, batch: dict, rngs: dict, deterministic: bool, *,
+def image_sums(model, variables, batch: dict, rngs: dict, deterministic: bool, *,
                levels: int) -> dict:
   """Sums over the batch's real images (`weight`): `loss_sum` (nats) over `count` positions,
   `correct` (argmax hits), `examples`, `aux_objective`."""
-  logits, aux = model.apply({'params': params}, batch['inputs'],
-                            image_context(batch['inputs'], deterministic), rngs=rngs)
+  logits, aux = variables.apply(model, batch['inputs'],
+                                image_context(batch['inputs'], deterministic), rngs=rngs)
   logits = logits[..., :levels]                         # intensities only
   mask = jnp.broadcast_to(batch['weight'][:, None], batch['targets'].shape)
   return token_sums(model, logits, aux, batch['targets'], mask, batch['weight'])
@@ -44,6 +44,7 @@ class ImageTask(ExampleTask):
   name = 'image'
   model_kind = 'decoder'
   data_module = image_data
+  carries_model_state = False    # report_files samples with the parameters alone
   data_keys = ('max_examples',)
   eval_keys = ('image_samples',)
   columns = (('bits_per_dim', 'bits/dim'), ('intensity_accuracy', 'intensity accuracy'))

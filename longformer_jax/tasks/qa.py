@@ -55,12 +55,12 @@ def span_f1(pred_start, pred_end, gold_start, gold_end) -> jax.Array:
   return jnp.where(overlap > 0, 2 * precision * recall / jnp.maximum(precision + recall, 1e-9), 0.0)
 
 
-def qa_sums(model, params, batch: dict, rngs: dict, deterministic: bool,
+def qa_sums(model, variables, batch: dict, rngs: dict, deterministic: bool,
             max_answer_len: int = 30) -> dict:
   """Sums of `batch` (`inputs [b, L]`, `input_mask`, `global_flags`, `answer_mask [b, L]`,
   `answer_start [b]`, `answer_end [b]`, `weight [b]`)."""
   ctx = encoder_context(batch['input_mask'], batch['global_flags'], deterministic)
-  start_logits, end_logits, aux = model.apply({'params': params}, batch['inputs'], ctx, rngs=rngs)
+  start_logits, end_logits, aux = variables.apply(model, batch['inputs'], ctx, rngs=rngs)
   allowed = batch['answer_mask']
   masked = lambda logits: jnp.where(allowed, logits, NEG_INF)
   nll = 0.5 * (optax.softmax_cross_entropy_with_integer_labels(masked(start_logits),

@@ -21,10 +21,11 @@ def pair_context(input_mask, global_flags, deterministic: bool):
                          global_flags.reshape(batch * pair, length), deterministic)
 
 
-def retrieval_sums(model, params, batch: dict, rngs: dict, deterministic: bool) -> dict:
-  """Sums of `batch` (`inputs [b, 2, L]`, `input_mask`, `global_flags`, `label [b]`, `weight [b]`)."""
+def retrieval_sums(model, variables, batch: dict, rngs: dict, deterministic: bool) -> dict:
+  """Sums of `batch` (`inputs [b, 2, L]`, `input_mask`, `global_flags`, `label [b]`, `weight [b]`);
+  `variables`: the `train/model_variables.ModelVariables` the model is applied with."""
   ctx = pair_context(batch['input_mask'], batch['global_flags'], deterministic)
-  logits, aux = model.apply({'params': params}, batch['inputs'], ctx, rngs=rngs)
+  logits, aux = variables.apply(model, batch['inputs'], ctx, rngs=rngs)
   return label_sums(model, logits, aux, batch)
 
 

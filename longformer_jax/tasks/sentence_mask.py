@@ -30,7 +30,7 @@ def masking_key(rngs: dict):
   return jax.random.PRNGKey(EVAL_MASK_SEED)
 
 
-def sentence_mask_sums(model, params, batch: dict, rngs: dict, deterministic: bool, *,
+def sentence_mask_sums(model, variables, batch: dict, rngs: dict, deterministic: bool, *,
                        pad_id: int, mask_id: int) -> dict:
   """Sums over the masked sentences of the batch's real documents: `loss_sum` (nats) over
   `count` target tokens, `correct`, `examples`, `masked_sentences`, `aux_objective`."""
@@ -45,9 +45,9 @@ def sentence_mask_sums(model, params, batch: dict, rngs: dict, deterministic: bo
   gather = lambda x: jnp.take_along_axis(x, positions[:, :, None], axis=1)
   decoder_inputs, decoder_targets = gather(tokens), gather(targets)         # [b, P, T]
   target_mask = (decoder_targets != pad_id) & masked['slot_valid'][:, :, None]
-  logits, aux = model.apply({'params': params}, masked['tokens'], masked['token_mask'],
-                            batch['sentence_mask'], positions, decoder_inputs, target_mask,
-                            deterministic, rngs=rngs)
+  logits, aux = variables.apply(model, masked['tokens'], masked['token_mask'],
+                                batch['sentence_mask'], positions, decoder_inputs, target_mask,
+                                deterministic, rngs=rngs)
   weight = batch['weight']
   mask = target_mask.astype(jnp.float32) * weight[:, None, None]
   sums = token_sums(model, logits, aux, decoder_targets, mask, weight)

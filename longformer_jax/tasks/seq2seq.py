@@ -25,13 +25,13 @@ from longformer_jax.tasks.base import ExampleTask, token_metrics, token_sums
 HF_TARGET_LEN = 128     # an imported checkpoint's config: targets of at most this many tokens
 
 
-def seq2seq_sums(model, params, batch: dict, rngs: dict, deterministic: bool) -> dict:
+def seq2seq_sums(model, variables, batch: dict, rngs: dict, deterministic: bool) -> dict:
   """Sums of `batch` (`inputs [b, L]`, `input_mask`, `global_flags`, `decoder_inputs [b, T]`,
   `decoder_targets [b, T]`, `decoder_mask [b, T]`, `weight [b]`)."""
   source_ctx = encoder_context(batch['input_mask'], batch['global_flags'], deterministic)
   target_ctx = decoder_context(batch['decoder_mask'], deterministic)
-  logits, aux = model.apply({'params': params}, batch['inputs'], source_ctx,
-                            batch['decoder_inputs'], target_ctx, rngs=rngs)
+  logits, aux = variables.apply(model, batch['inputs'], source_ctx,
+                                batch['decoder_inputs'], target_ctx, rngs=rngs)
   mask = batch['decoder_mask'].astype(jnp.float32) * batch['weight'][:, None]
   return token_sums(model, logits, aux, batch['decoder_targets'], mask, batch['weight'])
 
@@ -42,6 +42,7 @@ class Seq2seqTask(ExampleTask):
   hf_checkpoint = 'encoder_decoder'
   data_module = seq2seq_tasks
   model_class = EncoderDecoder
+  carries_model_state = False    # report_extras decodes with the parameters alone
   data_keys = ('seq_len', 'max_examples', 'tfds_config', 'target_len')
   train_keys = ('eval_max_examples', 'init_from_hf')
   model_keys = ('decoder_layers', 'logits_bias')

@@ -1,6 +1,9 @@
 """The train state of a fixed-size-example task (tasks/base.ExampleTask): shapes, shardings, init.
 
-Examples are independent, so the state has no memory (`memory=()`).
+Examples are independent, so the state has no memory (`memory=()`); a model with
+non-gradient state (the Flax collection `model_state`: the Routing Transformer's
+centroids) keeps it in `TrainState.model_state`, created with the parameters and
+in its shardings (replicated: its leaves name no logical axes); `{}` for the others.
 `global_batch_example` gives zeros shaped like a global batch (for shapes
 only); `abstract_task_state` the state's shapes and shardings and its jitted
 initialiser.
@@ -11,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longformer_jax.attention.context import MODEL_STATE
 from longformer_jax.parallel import sharding
 from longformer_jax.train.train_state import TrainState
 
@@ -32,9 +36,11 @@ def abstract_task_state(model, init_arguments, optimizer, seed: int, example_bat
 
   def create_boxed(key):
     init_key, state_key = jax.random.split(key)
-    params = model.init({'params': init_key}, *init_arguments(dummy))['params']
+    variables = model.init({'params': init_key}, *init_arguments(dummy))
+    params = variables['params']
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=optimizer.init(params), memory=(), rng=state_key)
+                      opt_state=optimizer.init(params), memory=(), rng=state_key,
+                      model_state=variables.get(MODEL_STATE, {}))
 
   boxed = jax.eval_shape(create_boxed, jax.random.PRNGKey(seed))
   shardings = sharding.logical_shardings(boxed, mesh, rules)

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from longformer_jax.train.lm_objective import AUX_PREFIX, lm_sums, lm_sums_with_state
+from longformer_jax.train.model_variables import ModelVariables
 from longformer_jax.train.train_state import TrainState
 
 
@@ -121,24 +122,28 @@ def eval_step(params, memory, batch: dict, model_state=None, *, model: nn.Module
                  deterministic=True, token_bytes=token_bytes)
 
 
-
 def task_train_step(state: TrainState, batch: dict, *, sums_fn, optimizer, learning_rate_fn):
   """One update of a fixed-size-example task: mean task loss plus weighted auxiliary losses.
 
-  `sums_fn(params, batch, rngs, deterministic)` is the task's sums
-  (tasks/: the task's `sums_fn`). Returns `(new_state, sums + grad_norm,
-  learning_rate)`, float32 scalars.
+  `sums_fn(variables, batch, rngs, deterministic)` is the task's sums (tasks/: the
+  task's `sums_fn`), given the parameters and the model state as a `ModelVariables`
+  that updates the state (train/model_variables.py): the updated model state (the
+  Routing Transformer's centroids; `{}` for most models) goes into the new state.
+  Returns `(new_state, sums + grad_norm, learning_rate)`, float32 scalars.
   """
   rng = jax.random.fold_in(state.rng, state.step)
 
   def objective(params):
-    sums = sums_fn(params, batch, {'dropout': rng}, False)
-    return sums['loss_sum'] / jnp.maximum(sums['count'], 1.0) + sums['aux_objective'], sums
+    variables = ModelVariables(params, state.model_state, updates_state=True)
+    sums = sums_fn(variables, batch, {'dropout': rng}, False)
+    loss = sums['loss_sum'] / jnp.maximum(sums['count'], 1.0) + sums['aux_objective']
+    return loss, (sums, variables.model_state)
 
-  grads, sums = jax.grad(objective, has_aux=True)(state.params)
+  grads, (sums, model_state) = jax.grad(objective, has_aux=True)(state.params)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(sums)
   metrics.update(grad_norm=optax.global_norm(grads),
                  learning_rate=jnp.asarray(learning_rate_fn(state.step), jnp.float32))
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                       model_state=model_state), metrics
