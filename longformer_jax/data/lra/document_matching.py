@@ -89,7 +89,9 @@ def cited_document(rng: np.random.Generator, files: list, config: RetrievalConfi
   line = LINK_PREFIX + name.encode() + b'\n'
   length = int(rng.integers(config.min_bytes, config.max_bytes + 1))
   group = files[int(rng.integers(len(files)))]
-  _, text = python_sources.excerpt(rng, group, length - len(line))
+  text = LINK_PREFIX
+  while LINK_PREFIX in text:     # an excerpt never cites anything of its own
+    _, text = python_sources.excerpt(rng, group, length - len(line))
   starts = python_sources.line_starts(text)
   offset = int(starts[rng.integers(starts.size)])
   return text[:offset] + line + text[offset:], offset

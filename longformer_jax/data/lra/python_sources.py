@@ -55,9 +55,16 @@ class SourceFiles:
   paths: tuple[str, ...]
   contents: tuple[bytes, ...]
 
-  @property
-  def sizes(self) -> np.ndarray:
-    return np.array([len(data) for data in self.contents], np.int64)
+  @functools.cached_property
+  def probabilities(self) -> np.ndarray:
+    """`[files]`: each file's share of the bytes (files are drawn by size)."""
+    sizes = np.array([len(data) for data in self.contents], np.float64)
+    return sizes / sizes.sum()
+
+  @functools.cached_property
+  def line_starts(self) -> tuple[np.ndarray, ...]:
+    """Each file's `line_starts`."""
+    return tuple(line_starts(data) for data in self.contents)
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,14 +94,15 @@ def excerpt(rng: np.random.Generator, files: SourceFiles, length: int,
   """`(file index, length bytes)`: an excerpt of a file (not `exclude`) that starts at a line
   start drawn uniformly among those leaving `length` bytes; files are drawn by size, so every
   byte of the group is about as likely."""
-  sizes = files.sizes.astype(np.float64)
+  cumulative = np.cumsum(files.probabilities)
   while True:
-    index = int(rng.choice(len(sizes), p=sizes / sizes.sum()))
+    index = min(int(np.searchsorted(cumulative, rng.random(), side='right')),
+                len(cumulative) - 1)
     if index == exclude:
       continue
     data = files.contents[index]
-    starts = line_starts(data)
-    starts = starts[starts + length <= len(data)]
+    starts = files.line_starts[index]
+    starts = starts[:np.searchsorted(starts, len(data) - length, side='right')]
     if starts.size:
       begin = int(starts[rng.integers(starts.size)])
       return index, data[begin:begin + length]
