@@ -280,7 +280,7 @@ def _drawer(keys: np.ndarray, stage: int, attempts: np.ndarray):
 
 
 def _target_scenes(config: PathfinderConfig, keys: np.ndarray):
-  """Every example's two target paths and its couple: float64 `[n, 2 x dashes_per_path, 4]`
+  """Every example's two target paths and its couple: float32 `[n, 2 x dashes_per_path, 4]`
   (slot 2k + p: dash k of path p, (x0, y0, x1, y1) in scene units) and int64 `[n]`.
 
   Examples grow in rounds, `LANES` at a time (a queue); a round grows an example's paths
@@ -320,7 +320,7 @@ def _target_scenes(config: PathfinderConfig, keys: np.ndarray):
 
 
 def _distractors(config: PathfinderConfig, keys: np.ndarray, targets: np.ndarray) -> np.ndarray:
-  """float64 `[n, distractor_paths x distractor_length, 4]`: the distractor paths that fit
+  """float32 `[n, distractor_paths x distractor_length, 4]`: the distractor paths that fit
   beside `targets` and the distractors before them (up to `DISTRACTOR_TRIES` spots each),
   NaN where a path did not fit."""
   count, first = keys.size, targets.shape[1]

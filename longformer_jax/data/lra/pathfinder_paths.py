@@ -29,7 +29,7 @@ import numpy as np
 
 TURN_CANDIDATES = 10     # turns weighed per dash
 SEED_TRIES = 8           # random spots tried for a seed dash before the path fails
-DTYPE = np.float32         # the coordinates' type (float32: half the memory traffic)
+DTYPE = np.float32       # the coordinates' type (float32: half the memory traffic)
 FAR = 1e6                # the coordinates of an empty dash slot (never near anything)
 # A scene's couples: (positive pair, negative pair) of marked ends sharing one end; a pair is
 # (one path's seed end, a far end). Ends: 0 = path A's seed end, 1 = A's far end, 2 = B's
@@ -55,7 +55,7 @@ class PathGeometry:
 def grow_targets(geometry: PathGeometry, draw: Draw, segments: np.ndarray, start: np.ndarray):
   """Grows two target paths per lane, one dash each in turn, from step `start[i]` on.
 
-  `segments` float64 `[lanes, 2 x dashes, 4]` (slot 2k + p: dash k of path p; dashes >= 2;
+  `segments` `DTYPE` `[lanes, 2 x dashes, 4]` (slot 2k + p: dash k of path p; dashes >= 2;
   the slots from `start[i]` on are `FAR`) is filled in place. Step 0 seeds path A
   `seed_distance` inside the box, step 1 path B with its seed end `seed_distance` from A's;
   the last two steps are drawn together (the module docstring). Returns int64 `[lanes]`, the
@@ -237,11 +237,11 @@ def _place_last_pair(geometry: PathGeometry, draw: Draw, step: int, rows: np.nda
                                        <= geometry.tolerance, shape)
                        for positive, negative in COUPLES], axis=-1)            # [l, K, K, 4]
   weights = weights_a[:, :, None] * weights_b[:, None, :] * balanced.any(axis=-1)
-  # The two new dashes must keep clear of each other: tested where their pivots are close.
-  reach = 2 * (geometry.margin + geometry.dash_length) + geometry.clearance
-  pivot_gap = segments[rows, step - 2, 2:] - segments[rows, step - 1, 2:]
-  close = np.flatnonzero(np.sum(pivot_gap * pivot_gap, axis=1)
-                         <= (reach + 2 * geometry.margin) ** 2)
+  # The two new dashes must keep clear of each other. Each lies within 2 margin + dash_length
+  # of its path's tip (the last dash's end), so only lanes with close tips are tested.
+  reach = 2 * (2 * geometry.margin + geometry.dash_length) + geometry.clearance
+  tip_gap = segments[rows, step - 2, 2:] - segments[rows, step - 1, 2:]
+  close = np.flatnonzero(np.sum(tip_gap * tip_gap, axis=1) <= reach * reach)
   weights[close] *= _clear(dashes_a[close, :, None], dashes_b[close, None, :], geometry)
   pair, placed = _weighted_choice(weights.reshape(rows.size, -1), draw(step, 0, 1, rows))
   lanes = np.arange(rows.size)
