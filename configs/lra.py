@@ -117,7 +117,7 @@ def variants(task: str, scale: str) -> dict:
                        'sparse_transformer': {'pattern': 'fixed', 'stride': block * 2,
                                               'summary_len': 2}},
       'reformer': {'attention': 'lsh',
-                   'lsh': {'num_hashes': 2, 'num_buckets': 8, 'chunk_len': block * 2}},
+                   'lsh': {'num_hashes': 2, 'num_buckets': 8, 'chunk_len': 32 if scale == 'mini' else 64}},
       'performer': {'attention': 'performer', 'performer': {'num_features': 128}},
       'performer_relu': {'attention': 'performer',
                          'performer': {'num_features': 128, 'kernel': 'relu'}},

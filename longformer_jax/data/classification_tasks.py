@@ -32,10 +32,10 @@ import numpy as np
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import stdlib_corpus, tfds_tasks
-from longformer_jax.data.lra import listops, text_classification
+from longformer_jax.data.lra import listops, pathfinder, text_classification
 from longformer_jax.data.task_text import stable_hash, whole_characters
 
-LRA_CORPORA = ('listops', 'lra_text')
+LRA_CORPORA = ('listops', 'pathfinder', 'lra_text')
 CORPORA = ('stdlib', 'synthetic', 'imdb_reviews') + LRA_CORPORA
 _TOP_LEVEL_CLASS = re.compile(rb'^class \w', re.MULTILINE)
 
@@ -126,6 +126,13 @@ def lra_examples(data: ml_collections.ConfigDict, split: str,
     trees = listops.listops_split(section, split, split_count(section.split_size(split),
                                                               data.max_examples))
     return [ClassificationExample(tokenizer.encode(tree.text), tree.label) for tree in trees]
+  if data.corpus == 'pathfinder':
+    section = pathfinder.PathfinderConfig.build(data.pathfinder, 'data.pathfinder')
+    images = pathfinder.pathfinder_split(section, split, split_count(section.split_size(split),
+                                                                     data.max_examples))
+    # Raster order: pixel (row, column) is token row * resolution + column.
+    return [ClassificationExample(tokenizer.encode(image.tobytes()), int(label))
+            for image, label in zip(images.images, images.labels)]
   section = text_classification.TextConfig.build(data.lra_text, 'data.lra_text')
   documents = text_classification.text_split(
       section, split, split_count(section.split_size(split), data.max_examples))

@@ -18,11 +18,13 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
 from longformer_jax.data.lra.document_matching import RetrievalConfig
 from longformer_jax.data.lra.listops import ListOpsConfig
+from longformer_jax.data.lra.pathfinder import PathfinderConfig
 from longformer_jax.data.lra.text_classification import TextConfig
 
 TOKENIZERS = ('byte', 'sentencepiece', 'hf', 'listops')
 # The Long Range Arena's generators (data/lra/): each corpus reads its own section, and only it.
-LRA_SECTIONS = {'listops': 'listops', 'lra_text': 'lra_text', 'lra_retrieval': 'lra_retrieval'}
+LRA_SECTIONS = {'listops': 'listops', 'pathfinder': 'pathfinder', 'lra_text': 'lra_text',
+                'lra_retrieval': 'lra_retrieval'}
 PASSKEY_LENGTHS = ('uniform', 'log_uniform')
 PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths',
                 'passkey_curriculum_steps')
@@ -64,8 +66,10 @@ class DataConfig(Section):
   # Length curriculum (data/curriculum_streams.py): the first N training steps (units of
   # phase 0's step) read documents of one chunk at most, then the passkey_* lengths. 0: off.
   passkey_curriculum_steps: int = 0
-  # The Long Range Arena's generated tasks (docs/lra.md): corpus listops | lra_text | lra_retrieval.
+  # The Long Range Arena's generated tasks (docs/lra.md): corpus listops | pathfinder | lra_text
+  # | lra_retrieval.
   listops: ListOpsConfig = ListOpsConfig()
+  pathfinder: PathfinderConfig = PathfinderConfig()
   lra_text: TextConfig = TextConfig()
   lra_retrieval: RetrievalConfig = RetrievalConfig()
 

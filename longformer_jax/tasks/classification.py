@@ -51,7 +51,7 @@ class ClassificationTask(ExampleTask):
   data_module = classification_tasks
   model_class = SequenceClassifier
   data_keys = ('seq_len', 'max_examples', 'tfds_config', 'cls_token', 'cls_global', 'listops',
-               'lra_text')
+               'pathfinder', 'lra_text')
   train_keys = ('eval_max_examples', 'init_from_hf')
   model_keys = ('num_classes', 'pooling')
   columns = (('accuracy', 'accuracy'),)
@@ -64,6 +64,11 @@ class ClassificationTask(ExampleTask):
               f'{data.seq_len} cuts ListOps trees short: the longest has '
               f'{data.listops.max_length - 1} tokens (data.listops.max_length - 1), '
               f'{longest} with [CLS]')
+    if data.corpus == 'pathfinder':
+      pixels = data.pathfinder.resolution ** 2 + int(data.cls_token)
+      require(data.seq_len >= pixels, 'data.seq_len',
+              f'{data.seq_len} cuts Pathfinder images short: they have {pixels} tokens '
+              f'(data.pathfinder.resolution ** 2{" + [CLS]" if data.cls_token else ""})')
 
   def check_model(self, data, model: dict) -> None:
     classes = CORPUS_CLASSES.get(data.corpus, 2)

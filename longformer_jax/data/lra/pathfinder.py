@@ -129,7 +129,7 @@ class PathfinderConfig(Section):
     """The least centreline distance between two dashes that are not neighbours in a path."""
     return self.margin + self.dash_thickness
 
-  def examples(self, split: str) -> int:
+  def split_size(self, split: str) -> int:
     return getattr(self, f'{split}_examples')
 
 
@@ -168,7 +168,7 @@ def pathfinder_split(config: PathfinderConfig, split: str, count: int | None = N
   that includes it."""
   if split not in SPLITS:
     raise ValueError(f'split {split!r} is not one of {SPLITS}')
-  count = config.examples(split) - start if count is None else count
+  count = config.split_size(split) - start if count is None else count
   if count < 0 or start < 0:
     raise ValueError(f'count ({count}) and start ({start}) must be >= 0')
   blocks = [_examples(config, split, np.arange(begin, min(begin + BLOCK, start + count)))
