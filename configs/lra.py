@@ -94,16 +94,20 @@ TRAIN = {
 }
 
 
+ROUTING_WINDOW = 64
+
+
 def window(scale: str) -> int:
   """The one-sided local window w (2w + 1 keys) of the window variants at `scale`."""
   return 16 if scale == 'mini' else 128
 
 
-def variants(task: str, scale: str) -> dict:
-  """`{variant: model settings}` for `task` at `scale` (the encoder's attention)."""
+def variants(task: str, scale: str, length: int = 0) -> dict:
+  """`{variant: model settings}` for `task` at `scale` (the encoder's attention) on sequences
+  of `length` tokens (0: the task's)."""
   w = window(scale)
   block = 16 if scale == 'mini' else 64
-  length = LENGTH[scale][task]
+  length = length or LENGTH[scale][task]
   out = {
       'vanilla': {'attention': 'vanilla'},
       'local': {'attention': 'longformer', 'longformer': {'window': w}},
@@ -121,12 +125,15 @@ def variants(task: str, scale: str) -> dict:
       'performer': {'attention': 'performer', 'performer': {'num_features': 128}},
       'performer_relu': {'attention': 'performer',
                          'performer': {'num_features': 128, 'kernel': 'relu'}},
+      # k = n / 64 clusters of 64 keys on average (the paper's k ~ sqrt(n) at n = 4,096),
+      # one local head (window w) beside one routing head.
       'routing': {'attention': 'routing',
-                  'routing': {'num_clusters': 4, 'window': -(-length // 4),
-                              'local_heads': 1, 'local_window': w},
+                  'routing': {'num_clusters': max(length // ROUTING_WINDOW, 1),
+                              'window': ROUTING_WINDOW, 'local_heads': 1, 'local_window': w},
                   'aux_loss_weights': {'commitment_loss': 1e-3}},
       'etc': {'attention': 'etc', 'etc': {'radius': w, 'max_global': 1}},
-      'blockbert': {'attention': 'blockbert', 'blockbert': {'permutations': '0,1;1,0'}},
+      # 4 blocks: one head within its block, the other with the next (a cyclic shift).
+      'blockbert': {'attention': 'blockbert', 'blockbert': {'permutations': '0,1,2,3;1,2,3,0'}},
       'bp_transformer': {'attention': 'bp_transformer', 'bp_transformer': {'k': 4}},
   }
   if task == 'pathfinder':
@@ -158,7 +165,9 @@ def data_section(task: str, variant: str, scale: str, budget: dict) -> dict:
   return data
 
 
-def get_config(arg: str = 'listops,vanilla') -> dict:
+def get_config(arg: str = 'listops,vanilla', length: int = 0) -> dict:
+  """The run of `arg` = 'TASK,VARIANT[,SCALE]'; `length` (benchmarks/lra_cost.py) sizes the
+  variants' length-dependent settings for sequences of that many tokens."""
   parts = [part.strip() for part in arg.split(',') if part.strip()]
   require(len(parts) in (2, 3), '--config',
           f'lra.py:{arg}: expected TASK,VARIANT[,SCALE], e.g. lra.py:listops,bigbird,mini')
@@ -167,7 +176,7 @@ def get_config(arg: str = 'listops,vanilla') -> dict:
   require(task in TASKS, '--config', f'lra.py:{arg}: unknown task {task!r}; use one of {TASKS}')
   require(scale in SCALES, '--config',
           f'lra.py:{arg}: unknown scale {scale!r}; use one of {SCALES}')
-  choices = variants(task, scale)
+  choices = variants(task, scale, length)
   require(variant in choices, '--config', f'lra.py:{arg}: unknown variant {variant!r} for '
           f'{task}; use one of {tuple(choices)}')
   budget = TRAIN[scale][task]

@@ -118,6 +118,11 @@ class ExampleTraining:
     self._compiled_step = self._train_step.lower(state, self._next_batch).compile()
     return state
 
+  @property
+  def compiled_train_step(self):
+    """The train step compiled by `enter_segment` (its `memory_analysis()` is the step's plan)."""
+    return self._compiled_step
+
   def _load_batch(self) -> dict:
     return to_global(self.batches.next_batch(), self.shardings)
 

@@ -1,0 +1,100 @@
+r"""The shortcut rows of the LRA table: what each task's score means beside the simplest rules.
+
+  python -m benchmarks.lra_shortcuts --scale=mini [--train_examples=20000]
+
+Fits each baseline of longformer_jax/evaluation/lra_baselines.py on the first
+`--train_examples` generated training examples of `configs/lra.py:TASK,vanilla,SCALE`'s data
+and scores it on the same 2,000 generated test examples the models are tested on:
+
+  listops      majority, first_token_rule
+  pathfinder   majority, pixel_statistics
+  text         majority, length_only
+  retrieval    majority, length_only
+
+(`first_256_bytes`, the trained model that reads only the first 256 bytes, comes from
+benchmarks/lra_table.py.) Rows go into benchmarks/results/lra/accuracy.json with seed 0.
+"""
+
+import argparse
+import sys
+
+import numpy as np
+
+from benchmarks.lra_results import merge_rows
+from configs import lra
+from longformer_jax.data.lra import document_matching, listops, pathfinder, text_classification
+from longformer_jax.evaluation import lra_baselines
+
+
+def task_data(task: str, scale: str, split: str, count: int):
+  """`(examples, labels)` of `split` as configs/lra.py's runs of `task` generate them."""
+  data = lra.get_config(f'{task},vanilla,{scale}')['data']
+  if task == 'listops':
+    section = listops.ListOpsConfig.build(data.get('listops'), 'data.listops')
+    trees = listops.listops_split(section, split, count)
+    return trees, np.array([t.label for t in trees])
+  if task == 'pathfinder':
+    section = pathfinder.PathfinderConfig.build(data.get('pathfinder'), 'data.pathfinder')
+    images = pathfinder.pathfinder_split(section, split, count)
+    return images.images, images.labels
+  if task == 'text':
+    section = text_classification.TextConfig.build(data.get('lra_text'), 'data.lra_text')
+    documents = text_classification.text_split(section, split, count)
+    return documents, np.array([d.label for d in documents])
+  section = document_matching.RetrievalConfig.build(data.get('lra_retrieval'),
+                                                    'data.lra_retrieval')
+  pairs = document_matching.retrieval_split(section, split, count)
+  return pairs, np.array([p.label for p in pairs])
+
+
+def lengths(task: str, examples) -> np.ndarray:
+  if task == 'text':
+    return np.array([[len(d.data)] for d in examples])
+  return np.array([[len(p.first), len(p.second)] for p in examples])
+
+
+def shortcut_rows(task: str, scale: str, train_count: int, test_count: int) -> list[dict]:
+  """The baseline rows of `task`."""
+  train, train_y = task_data(task, scale, 'train', train_count)
+  test, test_y = task_data(task, scale, 'test', test_count)
+  classes = 10 if task == 'listops' else 2
+  scores = {'majority': lra_baselines.majority(train_y, test_y)}
+  if task == 'listops':
+    scores['first_token_rule'], _ = lra_baselines.first_token_rule(
+        [t.symbols[0] for t in train], train_y, [t.symbols[0] for t in test], test_y)
+  elif task == 'pathfinder':
+    predicted = lra_baselines.softmax_regression(
+        lra_baselines.pixel_statistics_features(train), train_y,
+        lra_baselines.pixel_statistics_features(test), classes)
+    scores['pixel_statistics'] = lra_baselines.accuracy(predicted, test_y)
+  else:
+    predicted = lra_baselines.softmax_regression(
+        lra_baselines.length_features(lengths(task, train)), train_y,
+        lra_baselines.length_features(lengths(task, test)), classes)
+    scores['length_only'] = lra_baselines.accuracy(predicted, test_y)
+  return [{'task': task, 'variant': name, 'scale': scale, 'seed': 0,
+           'accuracy': round(score, 4), 'train_examples': len(train_y),
+           'test_examples': len(test_y),
+           'command': f'python -m benchmarks.lra_shortcuts --scale={scale} '
+                      f'--train_examples={train_count}'}
+          for name, score in scores.items()]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--scale', default='mini', choices=lra.SCALES)
+  parser.add_argument('--tasks', default=','.join(lra.TASKS))
+  parser.add_argument('--train_examples', type=int, default=20_000)
+  parser.add_argument('--test_examples', type=int, default=2_000)
+  parser.add_argument('--results', default='benchmarks/results/lra/accuracy.json')
+  args = parser.parse_args(argv)
+  for task in [t.strip() for t in args.tasks.split(',') if t.strip()]:
+    rows = shortcut_rows(task, args.scale, args.train_examples, args.test_examples)
+    merge_rows(args.results, rows, ('task', 'variant', 'scale', 'seed'))
+    for row in rows:
+      print(f"{row['task']:11s} {row['variant']:17s} {row['accuracy']:.4f}", flush=True)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

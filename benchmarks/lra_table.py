@@ -1,0 +1,110 @@
+r"""The Long Range Arena table: train and test every (task, variant, seed), one JSON row each.
+
+  python -m benchmarks.lra_table --scale=mini --tasks=listops,pathfinder \
+      --variants=vanilla,bigbird --seeds=0,1 --root=workdirs/lra
+
+Each run is what a user runs, in its own processes:
+
+  python train.py --config=configs/lra.py:TASK,VARIANT,SCALE --workdir=ROOT/SCALE/TASK/VARIANT/seedN \
+      --config.seed=N
+  python eval.py  --config=configs/lra.py:TASK,VARIANT,SCALE --workdir=... --config.eval.split=test
+
+and its row (task, variant, scale, seed, test accuracy, steps, wall times, the float32 2048^3
+matmul rate measured before and after training) goes into `--results`
+(benchmarks/results/lra/accuracy.json), replacing an older row of the same run; the file is
+rewritten whole through a temporary file, so an interrupted table loses nothing written.
+The variant `first_256_bytes` (Text, Retrieval) is the vanilla model reading only each
+document's first 256 bytes (`data.seq_len` 257 with [CLS]): the shortcut beside the scores.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from benchmarks import matmul_rate
+from benchmarks.lra_results import merge_rows
+from configs import lra
+
+PREFIX_VARIANT = 'first_256_bytes'
+PREFIX_TASKS = ('text', 'retrieval')
+
+
+def run_command(arguments: list[str], log_path: str) -> float:
+  """Runs a script of the repository, its output appended to `log_path`; returns its seconds.
+  A failing run raises `RuntimeError` naming the log."""
+  start = time.perf_counter()
+  with open(log_path, 'a') as log:
+    log.write(f'$ {" ".join(arguments)}\n')
+    log.flush()
+    status = subprocess.call([sys.executable] + arguments, stdout=log, stderr=subprocess.STDOUT)
+  if status:
+    raise RuntimeError(f'{arguments[0]} exited with {status}; see {log_path}')
+  return time.perf_counter() - start
+
+
+def gflops() -> float:
+  return matmul_rate.measure().median_flops_per_s / 1e9
+
+
+def run_one(task: str, variant: str, scale: str, seed: int, root: str) -> dict:
+  """Trains and tests one run; returns its row."""
+  model_variant = 'vanilla' if variant == PREFIX_VARIANT else variant
+  config = f'--config=configs/lra.py:{task},{model_variant},{scale}'
+  workdir = os.path.join(root, scale, task, variant, f'seed{seed}')
+  os.makedirs(workdir, exist_ok=True)
+  extra = ['--config.data.seq_len=257'] if variant == PREFIX_VARIANT else []
+  log_path = os.path.join(workdir, 'table.log')
+  rate_before = gflops()
+  train_seconds = run_command(['train.py', config, f'--workdir={workdir}',
+                               f'--config.seed={seed}'] + extra, log_path)
+  rate_after = gflops()
+  eval_seconds = run_command(['eval.py', config, f'--workdir={workdir}', f'--config.seed={seed}',
+                              '--config.eval.split=test'] + extra, log_path)
+  with open(os.path.join(workdir, 'eval', 'metrics.json')) as f:
+    metrics = json.load(f)
+  return {'task': task, 'variant': variant, 'scale': scale, 'seed': seed,
+          'accuracy': metrics['accuracy'], 'test_examples': int(metrics['examples']),
+          'steps': metrics['checkpoint_step'], 'train_seconds': round(train_seconds, 1),
+          'eval_seconds': round(eval_seconds, 1),
+          'matmul_gflops': [round(rate_before, 1), round(rate_after, 1)],
+          'command': f'python train.py {config} --workdir=W --config.seed={seed}'
+                     + ''.join(f' {e}' for e in extra)}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--scale', default='mini', choices=lra.SCALES)
+  parser.add_argument('--tasks', default=','.join(lra.TASKS))
+  parser.add_argument('--variants', default='',
+                      help='comma-separated; empty: every variant of each task')
+  parser.add_argument('--seeds', default='0')
+  parser.add_argument('--root', default='workdirs/lra')
+  parser.add_argument('--results', default='benchmarks/results/lra/accuracy.json')
+  args = parser.parse_args(argv)
+  seeds = [int(s) for s in args.seeds.split(',') if s.strip()]
+  failures = 0
+  for task in [t.strip() for t in args.tasks.split(',') if t.strip()]:
+    known = tuple(lra.variants(task, args.scale)) + (
+        (PREFIX_VARIANT,) if task in PREFIX_TASKS else ())
+    wanted = [v.strip() for v in args.variants.split(',') if v.strip()] or list(known)
+    for variant in wanted:
+      if variant not in known:
+        print(f'skip {task},{variant}: not a variant of {task}', flush=True)
+        continue
+      for seed in seeds:
+        try:
+          row = run_one(task, variant, args.scale, seed, args.root)
+        except RuntimeError as error:
+          failures += 1
+          print(f'{task},{variant},seed {seed}: {error}', flush=True)
+          continue
+        merge_rows(args.results, [row], ('task', 'variant', 'scale', 'seed'))
+        print(json.dumps(row), flush=True)
+  return 1 if failures else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
