@@ -18,8 +18,9 @@ Reads the latest checkpoint of a language-model run (`model.attention` 'performe
    Performer then sees only its chunk, as its stateless form).
 2. Per layer, on the first validation batch (every row at the start of a
    document, so the chunk holds every key a query may see), the model's own
-   causal attention weights over the queries that see at least 128 keys: Performer, phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')
-   with the layer's features W; vanilla, softmax. Their mean entropy (nats), the
+   causal attention weights over the queries that see at least 128 keys:
+   Performer, phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j') with the layer's
+   features W; vanilla, softmax. Their mean entropy (nats), the
    mean weight on the query's own key and on the keys at distances < 8 and < 64.
    Performer runs also give exact softmax attention exp(q_i . k_j / sqrt(d))
    normalised on the same rotated q and k: the mean total variation distance
@@ -205,8 +206,8 @@ def attention_table(captured) -> str:
       extra = '- | - | - | - | -'
     else:
       d = q.shape[-1]
-      square = lambda a: float(np.mean(np.sum(np.square(np.asarray(a, np.float64)), -1))  # noqa: E731
-                               / math.sqrt(d))
+      def square(a):
+        return float(np.mean(np.sum(np.square(np.asarray(a, np.float64)), -1)) / math.sqrt(d))
       softmax = attention_shape(exact, allowed)
       extra = (f"{total_variation(own, exact, allowed):.3f} | {softmax['entropy']:.2f} | "
                f"{softmax['within_8']:.3f} | {square(q):.1f} | {square(k):.1f}")

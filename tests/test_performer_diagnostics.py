@@ -85,7 +85,8 @@ def test_log_normalisers_equal_sums_over_earlier_and_own_keys():
       z = [math.fsum(np.exp(log_phi(k1[b, j, h], w)[f]) for j in earlier) for f in range(M)]
       for i in range(N):
         a = np.exp(log_phi(q2[b, i, h], w))
-        np.testing.assert_allclose(log_carry[b, i, h], math.log(math.fsum(a * z)), rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(log_carry[b, i, h], math.log(math.fsum(a * z)), rtol=1e-5,
+                                   atol=2e-5)
         own = math.fsum(math.fsum(a * np.exp(log_phi(k2[b, j, h], w)))
                         for j in range(N) if sees(second, b, i, j))
         np.testing.assert_allclose(log_chunk[b, i, h], math.log(own), rtol=1e-5, atol=2e-5)
