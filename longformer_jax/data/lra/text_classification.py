@@ -11,12 +11,14 @@ label alone:
              library modules), else 0
 
 The length is drawn uniformly in [`min_bytes`, `max_bytes`] (LRA's 1K-4K
-bytes), the cut uniformly among the line starts of the middle third, the two
-groups of X uniformly, and the label by a fair coin, all independently. So:
+bytes), the cut uniformly among the line starts of the middle third that
+leave X at least `min_first_bytes` (256) long, the two groups of X uniformly,
+and the label by a fair coin, all independently. So:
 
   * the first bytes (everything before the cut: at least a third of the
-    document) come from X alone, whose group is independent of the label;
-    a reader of any prefix shorter than the cut is at chance;
+    document and at least 256 bytes) come from X alone, whose group is
+    independent of the label; a reader of any prefix shorter than the cut
+    is at chance;
   * the length is independent of the label;
   * every document is a splice of two files, so a discontinuity is no clue;
   * what decides the label is the relation of the kind of code before the cut
@@ -42,6 +44,7 @@ class TextConfig(Section):
   """`data.lra_text`: document lengths and split sizes (LRA's Text shapes by default)."""
   min_bytes: int = 1024
   max_bytes: int = 4096
+  min_first_bytes: int = 256         # the cut leaves excerpt X at least this long
   train_examples: int = 25_000       # IMDb's training set size, as LRA's Text
   valid_examples: int = 2_000
   test_examples: int = 2_000
@@ -51,6 +54,9 @@ class TextConfig(Section):
     del env
     self.require(self.min_bytes >= 48, 'min_bytes', 'must be >= 48 (two excerpts of lines)')
     self.require(self.max_bytes >= self.min_bytes, 'max_bytes', 'must be >= min_bytes')
+    self.require(0 <= self.min_first_bytes < 2 * self.min_bytes // 3 - 16, 'min_first_bytes',
+                 f'must be >= 0 and leave room before two thirds of the shortest document '
+                 f'(min_bytes={self.min_bytes})')
     for name in ('train_examples', 'valid_examples', 'test_examples'):
       self.require(getattr(self, name) >= 0, name, 'must be >= 0')
 
@@ -80,10 +86,11 @@ def example(config: TextConfig, split: str, index: int) -> TextExample:
   first_files = python_sources.source_files(split, first_group, config.max_bytes)
   second_files = python_sources.source_files(split, second_group, config.max_bytes)
   first_index, first = python_sources.excerpt(rng, first_files, length)
-  # The cut: a line start of X in the middle third of the document.
+  # The cut: a line start of X in the middle third of the document, past min_first_bytes.
+  low = max(length // 3, config.min_first_bytes)
   starts = python_sources.line_starts(first)
-  middle = starts[(starts >= length // 3) & (starts <= 2 * length // 3)]
-  cut = int(middle[rng.integers(middle.size)]) if middle.size else length // 2
+  middle = starts[(starts >= low) & (starts <= 2 * length // 3)]
+  cut = int(middle[rng.integers(middle.size)]) if middle.size else (low + 2 * length // 3) // 2
   exclude = first_index if second_group == first_group else -1
   second_index, second = python_sources.excerpt(rng, second_files, length - cut, exclude)
   return TextExample(first[:cut] + second, label, cut, (first_group, second_group),
