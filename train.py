@@ -23,7 +23,8 @@ Exit status: 0 when training stopped at `train.num_steps` or
 `train.stop_after_steps`; 143 (128 + SIGTERM) when SIGTERM (preemption,
 `kill`) stopped it after saving a checkpoint, so a scheduler can tell a
 preempted run (start it again to resume) from a finished one; 2 for a bad
-setting (one line on stderr).
+setting (one line on stderr); 73 when another live run holds the workdir's
+lease (`checkpoint/workdir_lease.py`: one line naming it, nothing written).
 """
 
 import json
@@ -38,6 +39,8 @@ import jax
 import ml_collections
 
 from longformer_jax import command_line
+from longformer_jax.checkpoint import workdir_lease
+from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig
 from longformer_jax.convert import hf_init
 from longformer_jax.experiment_config import validate_config
 from longformer_jax.parallel import distributed
@@ -60,8 +63,11 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   distributed.initialize(ParallelConfig.build(parallel.to_dict() if parallel else None, 'parallel'))
   validate_config(config, jax.device_count())
   check_workdir(workdir)
-  training = task_for(config.task).training_task(config, param_import=hf_init)
-  return loop.run(training, config, workdir)
+  # The one writer of the workdir from here on (a live holder: one line, exit status 73).
+  with workdir_lease.held(workdir, CheckpointConfig.build(config.checkpoint.to_dict(),
+                                                          'checkpoint')) as lease:
+    training = task_for(config.task).training_task(config, param_import=hf_init)
+    return loop.run(training, config, workdir, lease)
 
 
 def finish(result: dict) -> None:

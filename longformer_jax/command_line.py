@@ -78,12 +78,13 @@ def user_errors() -> tuple:
 
 
 def report_and_exit(error: BaseException, debug: bool) -> None:
-  """Prints `error` on one line (the traceback first with `--debug`) and exits with status 2."""
+  """Prints `error` on one line (the traceback first with `--debug`) and exits with the
+  error's `exit_status` (e.g. 73 for a workdir another run holds), else status 2."""
   if debug:
     traceback.print_exception(error)
   message = str(error).strip().replace('\n', ' ')
   print(f'error: {message}', file=sys.stderr)
-  sys.exit(USAGE_ERROR_STATUS)
+  sys.exit(getattr(error, 'exit_status', USAGE_ERROR_STATUS))
 
 
 def run(main: Callable[[list], None]) -> None:

@@ -180,8 +180,11 @@ def restore_or_create(task: TrainingTask, checkpointer: Checkpointer, config, wo
   return state
 
 
-def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
+def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lease=None):
   """Trains (or resumes) until `train.num_steps` or `train.stop_after_steps`.
+
+  `lease` (`checkpoint/workdir_lease.py`), when given, is checked at every step: a lease
+  another run took over stops this one (`LeaseLostError`) before it writes again.
 
   Returns:
     `(final state, last logged train metrics)`, the metrics with `step`,
@@ -190,6 +193,7 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
   """
   train = config.train
   is_chief = jax.process_index() == 0
+  check_lease = lease.check if lease is not None else lambda: None
   checkpointer = Checkpointer(workdir, train.keep_checkpoints,
                               async_save=train.async_checkpointing)
   logger = progress = None
@@ -223,6 +227,7 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
         task.mesh, task.rules, config.parallel):
       step = start_step
       while step < end_step:
+        check_lease()
         if step == start_step or task.starts_segment(step):
           if pending is not None:
             checked(pending)
@@ -247,6 +252,7 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
           last_valid = validate(step)
         if step % train.checkpoint_every == 0 or preemption.requested:
           checked(pending)            # never save a state that went non-finite
+          check_lease()               # nor into a workdir another run took over
           checkpointer.save(step, state, task.data_state())
           logger.flush()              # the lines up to this checkpoint, durable with it
           throughput.restart()
@@ -255,6 +261,7 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
           preempted = True
           break
 
+      check_lease()
       checkpointer.save(step, state, task.data_state())
       if step == train.num_steps and train.eval_every:
         if last_valid[0] != step:
