@@ -25,7 +25,8 @@ anything there, and holds it until it ends:
     without saving, so the two never interleave. A renewal that fails for another reason
     (storage unreachable) is logged once and tried again at the next period.
   * The lease is released (deleted, if still this run's) when the run ends, also on an
-    error; a killed run leaves it behind for the next run to take over.
+    error, except a storage failure (no waiting on a storage that failed); a killed run
+    leaves it behind too, for the next run to take over.
 """
 
 import contextlib
@@ -46,6 +47,7 @@ import numpy as np
 from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig
 from longformer_jax.config.errors import UserError
 from longformer_jax.storage import conditional_writes, paths
+from longformer_jax.storage.storage_errors import is_storage_failure, reporting
 
 LEASE_FILE = 'lease.json'
 WORKDIR_IN_USE_STATUS = 73      # sysexits' EX_CANTCREAT: the workdir cannot be written now
@@ -228,6 +230,10 @@ class WorkdirLease:
           _log.warning('Could not renew the lease %s (%s: %s); retrying every %g s.',
                        self.path, type(error).__name__, error, self._settings.lease_renew_s)
 
+  def stop_renewing(self) -> None:
+    """Stops the renewals without waiting and leaves the lease file as it is."""
+    self._stop.set()
+
   def release(self) -> None:
     """Stops renewing and deletes the lease if it is still this run's."""
     self._stop.set()
@@ -259,7 +265,8 @@ def held(workdir: str, settings: CheckpointConfig):
   lease, failure = None, None
   if jax.process_index() == 0:
     try:
-      lease = WorkdirLease.acquire(workdir, settings)
+      with reporting('taking the lease on', workdir):
+        lease = WorkdirLease.acquire(workdir, settings)
     except Exception as error:  # pylint: disable=broad-except
       failure = error             # raised below, after the others heard of it
   if jax.process_count() > 1:
@@ -273,11 +280,23 @@ def held(workdir: str, settings: CheckpointConfig):
     yield _NoLease()
     return
   lease.start_renewing()
+  stopping = None
   try:
     yield lease
+  except BaseException as error:
+    stopping = error
+    raise
   finally:
-    try:
-      lease.release()
-    except Exception as error:  # pylint: disable=broad-except
-      _log.warning('Could not release the lease %s (%s: %s); the next run takes it over.',
-                   lease.path, type(error).__name__, error)
+    if stopping is not None and is_storage_failure(stopping):
+      lease.stop_renewing()       # no waiting on a failed storage: the next run takes it over
+    else:
+      release_logging_failures(lease)
+
+
+def release_logging_failures(lease: WorkdirLease) -> None:
+  """Releases `lease`; a failure is one warning line (the lease goes stale in time)."""
+  try:
+    lease.release()
+  except Exception as error:  # pylint: disable=broad-except
+    _log.warning('Could not release the lease %s (%s: %s); the next run takes it over.',
+                 lease.path, type(error).__name__, error)

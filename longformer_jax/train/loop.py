@@ -27,6 +27,7 @@ from longformer_jax.checkpoint import resume_checks
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.models.saved_config import migrate_saved_config
 from longformer_jax.parallel import sharding
+from longformer_jax.storage.storage_errors import cause, is_storage_failure, reporting
 from longformer_jax.train.metrics_logging import MetricsLogger, ProgressBar
 from longformer_jax.train.run_directory import write_config
 
@@ -167,17 +168,47 @@ class Throughput:
 
 def restore_or_create(task: TrainingTask, checkpointer: Checkpointer, config, workdir: str):
   """The state to start from: the newest intact checkpoint's, with its data position, or fresh."""
-  latest = checkpointer.latest_step()
+  with reporting('listing the checkpoints in', checkpointer.directory):
+    latest = checkpointer.latest_step()
   if latest is None:
     return task.fresh_state()
   # An old run's config.json (flat model keys) is compared in today's layout.
   resume_checks.check_resumable(workdir, config.to_dict(),
                                 migrate=lambda saved: migrate_saved_config(saved)[0])
-  state, data_state, step = checkpointer.restore_latest_intact(
-      task.abstract_state(latest), from_params=task.state_with_params)
+  abstract = task.abstract_state(latest)
+  with reporting('restoring the newest checkpoint in', checkpointer.directory):
+    state, data_state, step = checkpointer.restore_latest_intact(
+        abstract, from_params=task.state_with_params)
   task.restore_data(data_state, step)
   logging.info('Resumed from step %d in %s', step, checkpointer.directory)
   return state
+
+
+def clean_up(actions: list, stopping: 'BaseException | None') -> None:
+  """Runs every `(description, callable or None)` of `actions`, in order, whatever fails.
+
+  When an error is already stopping the run (`stopping`), that error is what the user
+  must see: a failure here is logged in one line and dropped. Otherwise the first failure
+  is raised once all have run (a storage failure as one `StorageError` line).
+  """
+  first = None
+  for description, action in actions:
+    if action is None:
+      continue
+    try:
+      action()
+    except Exception as error:  # pylint: disable=broad-except
+      if stopping is None:
+        first = first or (description, error)
+      else:
+        logging.warning('While stopping on the error below, %s failed too: %s',
+                        description, cause(error))
+  if first is not None:
+    description, error = first
+    if is_storage_failure(error):
+      with reporting(description):
+        raise error
+    raise error
 
 
 def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lease=None):
@@ -194,18 +225,22 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
   train = config.train
   is_chief = jax.process_index() == 0
   check_lease = lease.check if lease is not None else lambda: None
-  checkpointer = Checkpointer(workdir, train.keep_checkpoints,
-                              async_save=train.async_checkpointing)
+  with reporting('opening the checkpoints in', workdir):
+    checkpointer = Checkpointer(workdir, train.keep_checkpoints,
+                                async_save=train.async_checkpointing)
   logger = progress = None
+  stopping = None
   try:
     state = restore_or_create(task, checkpointer, config, workdir)
-    write_config(config, workdir)
+    with reporting('writing config.json in', workdir):
+      write_config(config, workdir)
     start_step = int(state.step)
     num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
     logging.info('Model: %s, %.2fM parameters, mesh %s', task.description, num_params / 1e6,
                  dict(task.mesh.shape))
     end_step = min(train.num_steps, train.stop_after_steps or train.num_steps)
-    logger = MetricsLogger(workdir, enabled=is_chief, resume_step=start_step)
+    with reporting('opening metrics.jsonl in', workdir):
+      logger = MetricsLogger(workdir, enabled=is_chief, resume_step=start_step)
     progress = ProgressBar(end_step, start_step, enabled=is_chief)
     throughput = Throughput()
     pending, last, last_valid, preempted = None, {}, (None, None), False
@@ -218,7 +253,8 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
 
     def validate(step: int) -> tuple:
       result = task.evaluate(state)
-      logger.write(step, result, 'valid')
+      with reporting('writing metrics in', workdir):
+        logger.write(step, result, 'valid')
       progress.note(f'valid step {step}: {one_line(result)}')
       throughput.restart()        # the window measures training only
       return step, result
@@ -244,7 +280,8 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
         if step % train.log_every == 0 or step == end_step:
           last = checked(pending)     # waits for the step: the window's steps are done
           last[RATE_NAMES[task.unit]] = throughput.rate()
-          logger.write(step, last, 'train')
+          with reporting('writing metrics in', workdir):
+            logger.write(step, last, 'train')
           progress.update(step, last['loss'], last[RATE_NAMES[task.unit]], task.unit,
                           last['bits_per_token'] if 'bits_per_token' in last else None)
           throughput.restart()
@@ -253,8 +290,10 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
         if step % train.checkpoint_every == 0 or preemption.requested:
           checked(pending)            # never save a state that went non-finite
           check_lease()               # nor into a workdir another run took over
-          checkpointer.save(step, state, task.data_state())
-          logger.flush()              # the lines up to this checkpoint, durable with it
+          with reporting(f'saving checkpoint {step} in', checkpointer.directory):
+            checkpointer.save(step, state, task.data_state())
+          with reporting('uploading metrics.jsonl to', workdir):
+            logger.flush()            # the lines up to this checkpoint, durable with it
           throughput.restart()
         if preemption.requested:
           logging.warning('SIGTERM at step %d: checkpoint saved, stopping.', step)
@@ -262,18 +301,23 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
           break
 
       check_lease()
-      checkpointer.save(step, state, task.data_state())
+      with reporting(f'saving checkpoint {step} in', checkpointer.directory):
+        checkpointer.save(step, state, task.data_state())
       if step == train.num_steps and train.eval_every:
         if last_valid[0] != step:
           last_valid = validate(step)
         last['final_valid'] = last_valid[1]
+  except BaseException as error:
+    stopping = error
+    raise
   finally:
     # Also on errors: let a checkpoint being written finish, so it stays intact.
-    checkpointer.wait()
-    checkpointer.close()
-    for closable in (progress, logger):
-      if closable is not None:
-        closable.close()
+    clean_up([(f'finishing the checkpoint being saved in {checkpointer.directory}',
+               checkpointer.wait),
+              (f'closing the checkpoints in {checkpointer.directory}', checkpointer.close),
+              ('closing the progress display', progress and progress.close),
+              (f'uploading metrics.jsonl and TensorBoard events to {workdir}',
+               logger and logger.close)], stopping)
   last['step'] = step
   last['preempted'] = preempted
   return state, last
