@@ -139,10 +139,15 @@ def test_renewal_and_a_lease_another_run_took_over(workdir):
     time.sleep(0.05)
   assert read_holder(workdir).renewed > first.renewed
   lease.check()
-  # Another run judged this one dead and replaced the lease.
-  data, version = conditional_writes.read(lease_path(workdir))
+  # Another run judged this one dead and replaced the lease (between two renewals).
   taker = Holder('tpu-host-9', 99, None, time.time(), time.time(), 'e' * 16)
-  conditional_writes.replace(lease_path(workdir), taker.encode(), version)
+  while True:
+    try:
+      conditional_writes.replace(lease_path(workdir), taker.encode(),
+                                 conditional_writes.read(lease_path(workdir))[1])
+      break
+    except conditional_writes.VersionChangedError:
+      assert time.monotonic() < deadline
   while time.monotonic() < deadline:
     try:
       lease.check()
