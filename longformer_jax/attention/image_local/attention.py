@@ -170,17 +170,9 @@ def local_2d_key_slots(height: int, width: int, block_height: int, block_width: 
                                      block_height, block_width)
   slot_of_raster = np.empty(height * width, np.int64)
   slot_of_raster[stream_of_raster] = np.arange(height * width)
-  rows_offsets = np.arange(-flange_height, block_height)
-  col_offsets = np.arange(-flange_width, block_width + flange_width)
-  out = []
-  for block_row in range(height // block_height):
-    for block_col in range(width // block_width):
-      rows = block_row * block_height + rows_offsets[:, None]
-      cols = block_col * block_width + col_offsets[None, :]
-      inside = (rows >= 0) & (cols >= 0) & (cols < width)
-      raster = np.clip(rows, 0, height - 1) * width + np.clip(cols, 0, width - 1)
-      out.append(np.where(inside, slot_of_raster[raster], -1).reshape(-1))
-  return np.stack(out)
+  raster = _memory_window_raster(height, width, block_height, block_width,
+                                 flange_height, 0, flange_width)
+  return np.where(raster >= 0, slot_of_raster[np.maximum(raster, 0)], -1)
 
 
 def bidirectional_2d_key_slots(height: int, width: int, block_height: int, block_width: int,
