@@ -37,10 +37,10 @@ from longformer_jax.evaluation.task_report import evaluate_task_run
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.parallel.mesh import make_mesh
+from longformer_jax.tasks.classification import label_sums
 from longformer_jax.tasks.registry import task_for
 from longformer_jax.train import steps
 from longformer_jax.train.example_state import abstract_task_state, global_batch_example
-from longformer_jax.train.lm_objective import weighted_aux_losses
 from longformer_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from longformer_jax.train.model_variables import ModelVariables
 from longformer_jax.train.train_state import TrainState
@@ -179,12 +179,7 @@ def sums_before_model_state(model, params, batch: dict, rngs: dict, deterministi
   model applied with its parameters alone."""
   ctx = encoder_context(batch['input_mask'], batch['global_flags'], deterministic)
   logits, aux = model.apply({'params': params}, batch['inputs'], ctx, rngs=rngs)
-  weight = batch['weight']
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
-  correct = (jnp.argmax(logits, axis=-1) == batch['label']).astype(jnp.float32)
-  aux_objective, _ = weighted_aux_losses(aux, model.config.aux_loss_weights)
-  return {'loss_sum': jnp.sum(nll * weight), 'count': jnp.sum(weight),
-          'aux_objective': aux_objective, 'correct': jnp.sum(correct * weight)}
+  return label_sums(model, logits, aux, batch)
 
 
 def step_before_model_state(state, batch, *, sums_fn, optimizer, learning_rate_fn):

@@ -146,6 +146,22 @@ def local_1d_key_slots(n: int, query_len: int, memory_len: int,
   return np.where((slots >= 0) & (slots < n), slots, -1)
 
 
+def _memory_window_raster(height: int, width: int, block_height: int, block_width: int,
+                          rows_above: int, rows_below: int, cols_around: int) -> np.ndarray:
+  """`[num_blocks, (rows_above + bh + rows_below) * (bw + 2 cols_around)]` raster positions of
+  each query block's memory window (blocks in block-raster order); -1 outside the image."""
+  row_offsets = np.arange(-rows_above, block_height + rows_below)
+  col_offsets = np.arange(-cols_around, block_width + cols_around)
+  out = []
+  for block_row in range(height // block_height):
+    for block_col in range(width // block_width):
+      rows = block_row * block_height + row_offsets[:, None]
+      cols = block_col * block_width + col_offsets[None, :]
+      inside = (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)
+      out.append(np.where(inside, rows * width + cols, -1).reshape(-1))
+  return np.stack(out)
+
+
 def local_2d_key_slots(height: int, width: int, block_height: int, block_width: int,
                        flange_height: int, flange_width: int) -> np.ndarray:
   """`[num_blocks, (bh + fh) * (bw + 2 fw)]` stream slots (block-raster order) of each
@@ -154,17 +170,9 @@ def local_2d_key_slots(height: int, width: int, block_height: int, block_width: 
                                      block_height, block_width)
   slot_of_raster = np.empty(height * width, np.int64)
   slot_of_raster[stream_of_raster] = np.arange(height * width)
-  rows_offsets = np.arange(-flange_height, block_height)
-  col_offsets = np.arange(-flange_width, block_width + flange_width)
-  out = []
-  for block_row in range(height // block_height):
-    for block_col in range(width // block_width):
-      rows = block_row * block_height + rows_offsets[:, None]
-      cols = block_col * block_width + col_offsets[None, :]
-      inside = (rows >= 0) & (cols >= 0) & (cols < width)
-      raster = np.clip(rows, 0, height - 1) * width + np.clip(cols, 0, width - 1)
-      out.append(np.where(inside, slot_of_raster[raster], -1).reshape(-1))
-  return np.stack(out)
+  raster = _memory_window_raster(height, width, block_height, block_width,
+                                 flange_height, 0, flange_width)
+  return np.where(raster >= 0, slot_of_raster[np.maximum(raster, 0)], -1)
 
 
 def bidirectional_2d_key_slots(height: int, width: int, block_height: int, block_width: int,
@@ -172,16 +180,8 @@ def bidirectional_2d_key_slots(height: int, width: int, block_height: int, block
   """`[num_blocks, (bh + 2 fh) * (bw + 2 fw)]` raster slots of each query block's bidirectional
   memory block (the block and its flange above, below, left and right), blocks in
   block-raster order; -1 outside the image."""
-  rows_offsets = np.arange(-flange_height, block_height + flange_height)
-  col_offsets = np.arange(-flange_width, block_width + flange_width)
-  out = []
-  for block_row in range(height // block_height):
-    for block_col in range(width // block_width):
-      rows = block_row * block_height + rows_offsets[:, None]
-      cols = block_col * block_width + col_offsets[None, :]
-      inside = (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)
-      out.append(np.where(inside, rows * width + cols, -1).reshape(-1))
-  return np.stack(out)
+  return _memory_window_raster(height, width, block_height, block_width,
+                               flange_height, flange_height, flange_width)
 
 
 def _per_image(table: np.ndarray, image: int, n: int) -> np.ndarray:
