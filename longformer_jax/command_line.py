@@ -7,7 +7,11 @@ parses the rest, applied to the file's sparse config and checked with it
 (`experiment_config.resolve_config`): an unknown key names the closest valid
 one. A bad setting, a missing file or a broken checkpoint ends the program
 with one line on stderr and exit status 2 (`--debug` shows the traceback);
-anything unexpected keeps its traceback.
+anything unexpected keeps its traceback. A storage failure (`StorageError`, status 75)
+ends the process at once after its line (`os._exit`): threads still waiting on the failed
+storage (Orbax's save threads, which are no daemons, and the operations
+`checkpoint/storage_bound.py` abandoned) would otherwise hold the exit for as long as
+their clients retry.
 """
 
 import os
@@ -23,6 +27,7 @@ from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
 from longformer_jax.config.overrides import load_config_file, with_overrides
 from longformer_jax.config.errors import ConfigError, UserError
 from longformer_jax.experiment_config import resolve_config
+from longformer_jax.storage.storage_errors import StorageError, exit_abandoning_threads
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'default.py')
@@ -84,7 +89,10 @@ def report_and_exit(error: BaseException, debug: bool) -> None:
     traceback.print_exception(error)
   message = str(error).strip().replace('\n', ' ')
   print(f'error: {message}', file=sys.stderr)
-  sys.exit(getattr(error, 'exit_status', USAGE_ERROR_STATUS))
+  status = getattr(error, 'exit_status', USAGE_ERROR_STATUS)
+  if isinstance(error, StorageError):
+    exit_abandoning_threads(status)
+  sys.exit(status)
 
 
 def run(main: Callable[[list], None]) -> None:

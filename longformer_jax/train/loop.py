@@ -24,7 +24,8 @@ import jax
 import ml_collections
 
 from longformer_jax.checkpoint import resume_checks
-from longformer_jax.checkpoint.checkpointer import Checkpointer
+from longformer_jax.checkpoint.run_checkpoints import RunCheckpoints
+from longformer_jax.checkpoint.storage_bound import StorageBound
 from longformer_jax.models.saved_config import migrate_saved_config
 from longformer_jax.parallel import sharding
 from longformer_jax.storage.storage_errors import cause, is_storage_failure, reporting
@@ -166,19 +167,19 @@ class Throughput:
     return self._units / max(self._clock() - self._start, 1e-9)
 
 
-def restore_or_create(task: TrainingTask, checkpointer: Checkpointer, config, workdir: str):
+def restore_or_create(task: TrainingTask, checkpointer: RunCheckpoints, config, workdir: str,
+                      bound: StorageBound):
   """The state to start from: the newest intact checkpoint's, with its data position, or fresh."""
-  with reporting('listing the checkpoints in', checkpointer.directory):
-    latest = checkpointer.latest_step()
+  latest = checkpointer.latest_step()
   if latest is None:
     return task.fresh_state()
   # An old run's config.json (flat model keys) is compared in today's layout.
-  resume_checks.check_resumable(workdir, config.to_dict(),
-                                migrate=lambda saved: migrate_saved_config(saved)[0])
+  bound.call('reading config.json in', workdir, lambda: resume_checks.check_resumable(
+      workdir, config.to_dict(), migrate=lambda saved: migrate_saved_config(saved)[0]),
+             retry=True)
   abstract = task.abstract_state(latest)
-  with reporting('restoring the newest checkpoint in', checkpointer.directory):
-    state, data_state, step = checkpointer.restore_latest_intact(
-        abstract, from_params=task.state_with_params)
+  state, data_state, step = checkpointer.restore_latest_intact(
+      abstract, from_params=task.state_with_params)
   task.restore_data(data_state, step)
   logging.info('Resumed from step %d in %s', step, checkpointer.directory)
   return state
@@ -216,6 +217,10 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
 
   `lease` (`checkpoint/workdir_lease.py`), when given, is checked at every step: a lease
   another run took over stops this one (`LeaseLostError`) before it writes again.
+  Every storage operation ends within `checkpoint.storage_timeout_s`
+  (`checkpoint/storage_bound.py`), a checkpoint's background writes too (checked at every
+  step); a storage failure ends the run with one `StorageError`, and nothing waits on the
+  storage after it (the save in flight is abandoned, never committed).
 
   Returns:
     `(final state, last logged train metrics)`, the metrics with `step`,
@@ -225,22 +230,22 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
   train = config.train
   is_chief = jax.process_index() == 0
   check_lease = lease.check if lease is not None else lambda: None
-  with reporting('opening the checkpoints in', workdir):
-    checkpointer = Checkpointer(workdir, train.keep_checkpoints,
-                                async_save=train.async_checkpointing)
+  bound = StorageBound(config.checkpoint.storage_timeout_s)
+  checkpointer = RunCheckpoints(workdir, train.keep_checkpoints, train.async_checkpointing,
+                                bound)
   logger = progress = None
   stopping = None
   try:
-    state = restore_or_create(task, checkpointer, config, workdir)
-    with reporting('writing config.json in', workdir):
-      write_config(config, workdir)
+    state = restore_or_create(task, checkpointer, config, workdir, bound)
+    bound.call('writing config.json in', workdir, lambda: write_config(config, workdir),
+               retry=True)
     start_step = int(state.step)
     num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
     logging.info('Model: %s, %.2fM parameters, mesh %s', task.description, num_params / 1e6,
                  dict(task.mesh.shape))
     end_step = min(train.num_steps, train.stop_after_steps or train.num_steps)
-    with reporting('opening metrics.jsonl in', workdir):
-      logger = MetricsLogger(workdir, enabled=is_chief, resume_step=start_step)
+    logger = bound.call('opening metrics.jsonl in', workdir, lambda: MetricsLogger(
+        workdir, enabled=is_chief, resume_step=start_step, bound=bound), retry=True)
     progress = ProgressBar(end_step, start_step, enabled=is_chief)
     throughput = Throughput()
     pending, last, last_valid, preempted = None, {}, (None, None), False
@@ -264,6 +269,7 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
       step = start_step
       while step < end_step:
         check_lease()
+        checkpointer.check()          # the save in flight: failed, or past its bound?
         if step == start_step or task.starts_segment(step):
           if pending is not None:
             checked(pending)
@@ -290,10 +296,8 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
         if step % train.checkpoint_every == 0 or preemption.requested:
           checked(pending)            # never save a state that went non-finite
           check_lease()               # nor into a workdir another run took over
-          with reporting(f'saving checkpoint {step} in', checkpointer.directory):
-            checkpointer.save(step, state, task.data_state())
-          with reporting('uploading metrics.jsonl to', workdir):
-            logger.flush()            # the lines up to this checkpoint, durable with it
+          checkpointer.save(step, state, task.data_state())
+          logger.flush()              # the lines up to this checkpoint, durable with it
           throughput.restart()
         if preemption.requested:
           logging.warning('SIGTERM at step %d: checkpoint saved, stopping.', step)
@@ -301,8 +305,7 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
           break
 
       check_lease()
-      with reporting(f'saving checkpoint {step} in', checkpointer.directory):
-        checkpointer.save(step, state, task.data_state())
+      checkpointer.save(step, state, task.data_state())
       if step == train.num_steps and train.eval_every:
         if last_valid[0] != step:
           last_valid = validate(step)
@@ -311,13 +314,18 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
     stopping = error
     raise
   finally:
-    # Also on errors: let a checkpoint being written finish, so it stays intact.
+    # On other errors too, let a checkpoint being written finish (within its bound). After a
+    # storage failure nothing waits on the storage again: the save in flight is abandoned
+    # (never committed, so never listed) and the metrics past the last checkpoint, which the
+    # resumed run logs again, are not uploaded.
+    storage_failed = stopping is not None and is_storage_failure(stopping)
     clean_up([(f'finishing the checkpoint being saved in {checkpointer.directory}',
-               checkpointer.wait),
-              (f'closing the checkpoints in {checkpointer.directory}', checkpointer.close),
+               None if storage_failed else checkpointer.wait),
+              (f'closing the checkpoints in {checkpointer.directory}',
+               None if storage_failed else checkpointer.close),
               ('closing the progress display', progress and progress.close),
               (f'uploading metrics.jsonl and TensorBoard events to {workdir}',
-               logger and logger.close)], stopping)
+               logger and (lambda: logger.close(upload=not storage_failed)))], stopping)
   last['step'] = step
   last['preempted'] = preempted
   return state, last
