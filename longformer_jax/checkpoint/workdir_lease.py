@@ -15,8 +15,8 @@ anything there, and holds it until it ends:
     only) or when it has not been renewed for `checkpoint.lease_stale_s` seconds (any
     host). The next run replaces it, only if it is still the version it judged (so of
     two runs taking over at once one wins), and says so in one warning line.
-  * Process 0 of the run holds it for all the run's processes (`held`): the others learn
-    from it whether the run may go on.
+  * Process 0 of the run holds it for all the run's processes (`checkpoint/run_lease.py`):
+    the others learn from it whether the run may go on.
   * While the run trains, a background thread renews it every `checkpoint.lease_renew_s`
     seconds. A thread, not the loop: the first compile, a long validation or a checkpoint
     save can each outlast any sensible stale time, and the lease says that the process
@@ -27,6 +27,7 @@ anything there, and holds it until it ends:
   * The lease is released (deleted, if still this run's) when the run ends, also on an
     error, except a storage failure (no waiting on a storage that failed); a killed run
     leaves it behind too, for the next run to take over.
+  * Taking and releasing it end within `checkpoint.storage_timeout_s` (run_lease.py).
 """
 
 import contextlib
@@ -40,14 +41,9 @@ import threading
 import time
 from typing import Callable
 
-import jax
-from jax.experimental import multihost_utils
-import numpy as np
-
 from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig
 from longformer_jax.config.errors import UserError
 from longformer_jax.storage import conditional_writes, paths
-from longformer_jax.storage.storage_errors import is_storage_failure, reporting
 
 LEASE_FILE = 'lease.json'
 WORKDIR_IN_USE_STATUS = 73      # sysexits' EX_CANTCREAT: the workdir cannot be written now
@@ -140,8 +136,30 @@ def _pid_exists(pid: int) -> bool:
   return True
 
 
+def in_use_error(workdir: str, holder: Holder, settings: CheckpointConfig,
+                 now: float) -> WorkdirInUseError:
+  """The refusal of a second writer on `workdir`, which the live `holder` holds."""
+  return WorkdirInUseError(
+      f'--workdir: {workdir} is in use by another run ({holder.describe(now)}); '
+      f'a second writer is refused. Stop that run, or wait until its lease goes '
+      f'{settings.lease_stale_s:g} s without renewal (checkpoint.lease_stale_s)')
+
+
+def live_holder(workdir: str, settings: CheckpointConfig,
+                clock: Callable[[], float] = time.time) -> 'Holder | None':
+  """The live run that holds `workdir`'s lease, or None (no lease, or a dead run's); only
+  reads. `WorkdirLease.acquire` decides; this lets a start refuse early
+  (checkpoint/early_refusal.py)."""
+  found = conditional_writes.read(os.fspath(paths.as_path(workdir) / LEASE_FILE))
+  if found is None:
+    return None
+  holder = Holder.decode(found[0])
+  return holder if dead_reason(holder, clock(), settings.lease_stale_s) is None else None
+
+
 class WorkdirLease:
-  """This process's lease on a workdir; `acquire` it, `release` it (or use `held`)."""
+  """This process's lease on a workdir; `acquire` it, `release` it (or use
+  `run_lease.held`)."""
 
   def __init__(self, path: str, holder: Holder, version: str, settings: CheckpointConfig,
                clock: Callable[[], float]):
@@ -177,10 +195,7 @@ class WorkdirLease:
       other = Holder.decode(data)
       reason = dead_reason(other, clock(), settings.lease_stale_s)
       if reason is None:
-        raise WorkdirInUseError(
-            f'--workdir: {workdir} is in use by another run ({other.describe(clock())}); '
-            f'a second writer is refused. Stop that run, or wait until its lease goes '
-            f'{settings.lease_stale_s:g} s without renewal (checkpoint.lease_stale_s)')
+        raise in_use_error(workdir, other, settings, clock())
       try:
         version = conditional_writes.replace(path, mine.encode(), version)
       except conditional_writes.VersionChangedError:
@@ -248,55 +263,3 @@ class WorkdirLease:
         self._lost = LeaseLostError(f'--workdir: the lease {self.path} was released')
     finally:
       self._lock.release()
-
-
-class _NoLease:
-  """What the processes other than 0 hold: process 0 checks for all."""
-
-  def check(self) -> None:
-    pass
-
-
-@contextlib.contextmanager
-def held(workdir: str, settings: CheckpointConfig):
-  """The run's lease on `workdir` for the body (process 0 holds it for every process),
-  renewed in the background and released at the end, also on an error. Yields an object
-  with `check()`; raises `WorkdirInUseError` in every process when it is refused."""
-  lease, failure = None, None
-  if jax.process_index() == 0:
-    try:
-      with reporting('taking the lease on', workdir):
-        lease = WorkdirLease.acquire(workdir, settings)
-    except Exception as error:  # pylint: disable=broad-except
-      failure = error             # raised below, after the others heard of it
-  if jax.process_count() > 1:
-    refused = int(multihost_utils.broadcast_one_to_all(np.int32(failure is not None)))
-    if refused and failure is None:
-      failure = WorkdirInUseError(f'--workdir: {workdir}: process 0 of this run could not '
-                                  f'take the workdir\'s lease (its error says why)')
-  if failure is not None:
-    raise failure
-  if lease is None:
-    yield _NoLease()
-    return
-  lease.start_renewing()
-  stopping = None
-  try:
-    yield lease
-  except BaseException as error:
-    stopping = error
-    raise
-  finally:
-    if stopping is not None and is_storage_failure(stopping):
-      lease.stop_renewing()       # no waiting on a failed storage: the next run takes it over
-    else:
-      release_logging_failures(lease)
-
-
-def release_logging_failures(lease: WorkdirLease) -> None:
-  """Releases `lease`; a failure is one warning line (the lease goes stale in time)."""
-  try:
-    lease.release()
-  except Exception as error:  # pylint: disable=broad-except
-    _log.warning('Could not release the lease %s (%s: %s); the next run takes it over.',
-                 lease.path, type(error).__name__, error)
