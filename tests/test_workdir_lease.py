@@ -244,6 +244,11 @@ def refuse_a_second_writer(workdir: str) -> None:
   assert lines[0].startswith(f'error: --workdir: {workdir} is in use by another run '
                              f'(host {socket.gethostname()}, pid {first.pid}, started ')
   assert read_holder(workdir).pid == first.pid
+  metrics = paths.as_path(workdir) / 'metrics.jsonl'
+  deadline = time.monotonic() + 300       # SIGTERM saves once the run trains (its handler)
+  while not (metrics.exists() and metrics.read_text()):
+    assert time.monotonic() < deadline and first.poll() is None, first.communicate()[1][-2000:]
+    time.sleep(0.2)
   first.send_signal(signal.SIGTERM)
   _, stderr = first.communicate(timeout=300)
   assert first.returncode == train_script.PREEMPTED_EXIT_STATUS, stderr[-3000:]
