@@ -47,6 +47,7 @@ import ml_collections
 from longformer_jax import command_line
 from longformer_jax.checkpoint import run_lease
 from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig
+from longformer_jax.checkpoint.storage_bound import StorageBound
 from longformer_jax.convert import hf_init
 from longformer_jax.experiment_config import validate_config
 from longformer_jax.parallel import distributed
@@ -68,10 +69,12 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   parallel = config.get('parallel')
   distributed.initialize(ParallelConfig.build(parallel.to_dict() if parallel else None, 'parallel'))
   validate_config(config, jax.device_count())
-  check_workdir(workdir)
+  # Every storage operation ends within checkpoint.storage_timeout_s (else exit status 75).
+  settings = CheckpointConfig.build(config.checkpoint.to_dict(), 'checkpoint')
+  StorageBound(settings.storage_timeout_s).call('checking --workdir', workdir,
+                                                lambda: check_workdir(workdir), retry=True)
   # The one writer of the workdir from here on (a live holder: one line, exit status 73).
-  with run_lease.held(workdir, CheckpointConfig.build(config.checkpoint.to_dict(),
-                                                      'checkpoint')) as lease:
+  with run_lease.held(workdir, settings) as lease:
     training = task_for(config.task).training_task(config, param_import=hf_init)
     return loop.run(training, config, workdir, lease)
 

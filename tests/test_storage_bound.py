@@ -277,3 +277,31 @@ exit_abandoning_threads(0)
   assert message == ('StorageTimeoutError: saving checkpoint 1 in gs://hang/run/checkpoints '
                      'did not finish within checkpoint.storage_timeout_s = 3 s'), out
   assert 3 <= float(seconds) < 6, out
+
+
+def test_a_storage_that_does_not_answer_at_the_start_ends_the_run_within_the_bound():
+  """The early look at the lease is the run's first storage operation: against a paused GCS
+  server it ends the run in one line with status 75 after the bound, before JAX loads."""
+  with tempfile.TemporaryFile() as server_log:
+    server, url = start_server(server_log)
+    try:
+      create_bucket(url, 'paused')
+      server.send_signal(signal.SIGSTOP)
+      env = dict(os.environ, STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
+                 GOOGLE_AUTH_TOKEN_FOR_TESTING='local-test-token', LONGFORMER_JAX_MALLOC='0')
+      started = time.monotonic()
+      done = subprocess.run([sys.executable, '-X', 'importtime', 'train.py',
+                             '--workdir=gs://paused/run', '--config.checkpoint.storage_timeout_s=2'],
+                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+      seconds = time.monotonic() - started
+    finally:
+      server.send_signal(signal.SIGCONT)
+      server.kill()
+      server.wait()
+  lines = done.stderr.splitlines()
+  assert done.returncode == 75, done.stderr[-2000:]
+  assert lines[-1] == ('error: reading the lease gs://paused/run/lease.json did not finish '
+                       'within checkpoint.storage_timeout_s = 2 s')
+  assert not [line for line in lines[:-1] if not line.startswith('import time:')], lines[-5:]
+  assert not [line for line in lines if line.rsplit('|', 1)[-1].strip() == 'jax']
+  assert seconds < 2 + 30, seconds
