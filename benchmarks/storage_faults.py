@@ -5,9 +5,9 @@ processes, as a table.
       [--outages=paused-during,killed-between]
 
 Every run is the tiny model of tests/test_storage_outages.py (configs/default.py with one
-layer of d_model 32, 60 steps, a checkpoint every 20), and every "after" column compares
-the run's last checkpoint (the checksums of all its arrays and its data position) with an
-uninterrupted local run's:
+layer of d_model 32, 60 steps, a checkpoint every 20, validation at 30 and 60), and every
+"after" column compares the run's last checkpoint (the checksums of all its arrays and its
+data position) with an uninterrupted local run's:
 
 - `outage`: a gs:// workdir on a local GCS server (tests/gcs_server.py, buckets in a
   folder) paused (SIGSTOP) or killed during the save of checkpoint 40 or between the

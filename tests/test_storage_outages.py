@@ -33,10 +33,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 15                 # the runs' checkpoint.storage_timeout_s
 GRACE_S = 30                   # the issue's bound: exit within the timeout + 30 s
 FIRST_SAVE, CUT_SAVE, END = 20, 40, 60
+VALIDATE = 30                  # a validation pass between two saves: the outage's window
 SMALL_RUN = ['--config=configs/default.py', '--config.model.num_layers=1',
              '--config.model.d_model=32', '--config.model.d_ff=64', '--config.model.num_heads=2',
              '--config.model.head_dim=16', '--config.data.chunk_len=64',
-             '--config.data.batch_size=8', '--config.train.eval_every=0',
+             '--config.data.batch_size=8', f'--config.train.eval_every={VALIDATE}',
              '--config.train.log_every=1', f'--config.train.checkpoint_every={FIRST_SAVE}',
              f'--config.checkpoint.storage_timeout_s={TIMEOUT_S}']
 
@@ -82,7 +83,9 @@ def local_reader(workdir: str):
 
 
 def logged_steps(read) -> list:
-  return [json.loads(line)['step'] for line in read('metrics.jsonl').splitlines()]
+  """The steps of the training lines of metrics.jsonl."""
+  lines = [json.loads(line) for line in read('metrics.jsonl').splitlines()]
+  return [line['step'] for line in lines if line['split'] == 'train']
 
 
 @pytest.fixture(scope='module')
@@ -141,10 +144,11 @@ class Storage:
 
 
 def outage_run(how: str, when: str, root: str, *flags) -> dict:
-  """train.py on `gs://outage/run` (steps 1-60, checkpoints every 20) with the server's
-  buckets in `root`; the server `how` ('paused', 'killed') `when` ('during a save': once
-  checkpoint 40's first object exists; 'between saves': once checkpoint 20 is committed),
-  brought back once the run ended, and the same command run again.
+  """train.py on `gs://outage/run` (steps 1-60, checkpoints every 20, validation at 30 and
+  60) with the server's buckets in `root`; the server `how` ('paused', 'killed') `when`
+  ('during a save': once checkpoint 40's first object exists; 'between saves': once
+  checkpoint 20 is committed, before 40 begins), brought back once the run ended, and the
+  same command run again.
 
   Returns `status`, `seconds` (from the outage to the exit), `lines` (stderr since the
   outage), `stderr` (the last 30 lines), `cut_committed` (whether checkpoint 40 got its
@@ -161,7 +165,7 @@ def outage_run(how: str, when: str, root: str, *flags) -> dict:
       commit = f'{step_dir}{FIRST_SAVE}/commit_success.txt'
       while commit not in storage.names('outage', f'{step_dir}{FIRST_SAVE}/'):
         assert time.monotonic() < deadline and run.process.poll() is None, run.stderr()[-30:]
-        time.sleep(0.05)
+        time.sleep(0.01)
       if when == 'during a save':
         while not storage.names('outage', f'{step_dir}{CUT_SAVE}/'):
           assert time.monotonic() < deadline and run.process.poll() is None, run.stderr()[-30:]
