@@ -153,18 +153,31 @@ def test_a_checkpoint_the_storage_cannot_read_now_is_not_taken_for_a_corrupt_one
                     resume_checks.CorruptCheckpointError)
 
 
-def test_orbax_copies_of_a_storage_failure_are_dropped_unless_debugging():
+def test_the_clients_copies_of_a_storage_failure_are_dropped_unless_debugging():
   def record(pathname: str, error: Exception) -> logging.LogRecord:
     try:
       raise error
     except Exception:  # pylint: disable=broad-except
       return logging.LogRecord('absl', logging.ERROR, pathname, 1, 'failed', (), sys.exc_info())
 
-  drop = quiet_logs._NoOrbaxStorageTracebacks()  # pylint: disable=protected-access
+  drop = quiet_logs._NoClientStorageTracebacks()  # pylint: disable=protected-access
   orbax_file = '/site-packages/orbax/checkpoint/_src/futures/future.py'
   assert not drop.filter(record(orbax_file, OSError(errno.ENOSPC, 'full')))
+  assert not drop.filter(record('/site-packages/gcsfs/retry.py', refused()))
   assert drop.filter(record(orbax_file, KeyError('a bug')))                 # shown
   assert drop.filter(record('/repo/longformer_jax/x.py', OSError(errno.ENOSPC, 'full')))
+
+
+def test_gcsfs_is_configured_whichever_storage_module_loads_first():
+  """paths.py turns gcsfs's experimental bucket-type lookups off before gcsfs loads (they
+  log two warnings per outage); the early refusal loads storage_errors first."""
+  for module in ('longformer_jax.checkpoint.early_refusal', 'longformer_jax.storage.storage_errors'):
+    done = subprocess.run([sys.executable, '-c', f'import {module}, fsspec; '
+                           'print(fsspec.get_filesystem_class("gs").__name__)'],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items()
+                               if k != 'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT'})
+    assert done.stdout.strip() == 'GCSFileSystem', (module, done.stdout, done.stderr[-2000:])
 
 
 def test_a_storage_failure_exits_at_once_whatever_threads_still_wait():

@@ -31,9 +31,10 @@ import re
 import sys
 
 import aiohttp
-from gcsfs import retry as gcsfs_retry
 
 from longformer_jax.config.errors import UserError
+# paths sets gcsfs's environment (no experimental bucket-type lookups) before gcsfs loads.
+from longformer_jax.storage.paths import gcsfs_retry
 
 STORAGE_FAILURE_STATUS = 75         # sysexits' EX_TEMPFAIL: try again later
 _MAX_CAUSE_CHARACTERS = 300
