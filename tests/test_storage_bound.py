@@ -312,6 +312,7 @@ def test_a_storage_that_does_not_answer_at_the_start_ends_the_run_within_the_bou
       server.kill()
       server.wait()
   lines = done.stderr.splitlines()
+  print(f'status {done.returncode} after {seconds:.1f} s: {lines[-1]}')
   assert done.returncode == 75, done.stderr[-2000:]
   assert lines[-1] == ('error: reading the lease gs://paused/run/lease.json did not finish '
                        'within checkpoint.storage_timeout_s = 2 s')

@@ -47,6 +47,17 @@ def test_a_storage_failure_is_one_line_naming_operation_path_and_cause():
       raise ConfigError('--workdir', 'bad')
   full = OSError(28, 'No space left on device')
   assert storage_errors.cause(full) == 'no space left on device (os error 28)'
+  # TensorStore's words (inside Orbax's errors) for a full tmpfs and for `ulimit -f`.
+  full = ValueError('RESOURCE_EXHAUSTED: Error opening "zarr" driver: Error writing "step/'
+                    '.zarray" in OCDBT database at local file "/d/ocdbt.process_0/": Failed to '
+                    'write 171 bytes to file 8: No space left on device [tensorstore_spec=\'{'
+                    '"file_io_concurrency":{"limit":128}}\'] [os_error_code=\'28\']')
+  assert storage_errors.cause(full) == 'no space left on device (os error 28)'
+  limited = ValueError('OUT_OF_RANGE: Error writing "a/0" in OCDBT database at local file "/d/":'
+                       ' Failed to write 338155 bytes to file 7: File too large '
+                       '[os_error_code=\'27\']')
+  assert storage_errors.cause(limited) == ('file too large (a file-size limit, e.g. ulimit -f) '
+                                           '(os error 27)')
 
 
 def test_cleanup_failures_never_replace_the_error_that_stopped_the_run(caplog):

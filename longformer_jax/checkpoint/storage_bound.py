@@ -5,7 +5,9 @@ A bucket that stops answering is not an error its clients give up on soon: gcsfs
 a request about six times with growing waits, TensorStore (Orbax's array writer) 32 times,
 and a server that accepts connections but never answers (a stopped process, a dead link)
 can hold a request for as long as the socket lives. `StorageBound.call` runs one operation
-in a daemon thread and waits for it at most `storage_timeout_s` seconds:
+in a daemon thread and waits for it at most `storage_timeout_s` seconds (`start` returns
+the running operation as a `Pending`, to wait for or `check` later: the background writes
+of a checkpoint save, checkpoint/run_checkpoints.py):
 
   * it returns the operation's result, or raises its error: a storage failure as one
     `StorageError` line (`storage/storage_errors.py`: operation, path, cause), any other
