@@ -21,7 +21,7 @@ from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 
 @dataclasses.dataclass(frozen=True)
 class SharedSettings:
-  """The shared settings of one layer (`config.model`; models/model_config.py documents them).
+  """The shared settings of one layer (`config.model`; models/model_settings.py documents them).
 
   Every field is required: `ModelConfig` holds the defaults, and `of` below is the one
   builder from a model config (tests build one from `ModelConfig`'s defaults with their

@@ -59,7 +59,7 @@ from longformer_jax.models.input_embedding import embed_inputs
 from longformer_jax.models.post_ln_block import ends_normalised
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 def decoder_layer_config(config: 'ResolvedModel') -> 'ResolvedModel':

@@ -45,7 +45,7 @@ from longformer_jax.layers.reversible import reversible_sequence
 from longformer_jax.models.layer_schedule import layer_config
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 HALVES = ('attention', 'feed_forward')  # F, G; parameter names start with their half's name
 

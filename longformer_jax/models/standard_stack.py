@@ -23,7 +23,7 @@ from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.parallel.remat import remat_policy
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 def layer_slice(stacked, i: int):

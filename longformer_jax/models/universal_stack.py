@@ -42,7 +42,7 @@ from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.models.block_registry import block_class
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)
