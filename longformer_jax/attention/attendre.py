@@ -102,7 +102,6 @@ from longformer_jax.memory import entries, fifo, key_value, policies
 from longformer_jax.memory.entries import MemoryEntries
 from longformer_jax.memory.sharded_retrieval import METHODS, top_k
 
-
 _INT32_MIN = jnp.iinfo(jnp.int32).min
 _INT32_MAX = jnp.iinfo(jnp.int32).max
 # Step orders: insert the chunk, then retrieve from the memory (the paper's

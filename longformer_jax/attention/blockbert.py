@@ -50,7 +50,6 @@ from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
 
-
 NO_BLOCK = -1      # a causal map's entry for a query block that has no key block
 
 

@@ -48,7 +48,6 @@ from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
 
-
 STRUCTURES = ('all', 'sentence')
 
 

@@ -56,7 +56,6 @@ from longformer_jax.config.section import Section
 from longformer_jax.memory import fifo, key_value
 from longformer_jax.memory.policies import policy_from_name
 
-
 KNN_GATES = ('learned', 'fixed', 'memory_only', 'joint')
 KNN_METHODS = ('exact', 'approx')
 FIFO = policy_from_name('fifo')

@@ -51,7 +51,6 @@ from longformer_jax.config.section import Section
 from longformer_jax.layers.capped_rotary import rotary_scores
 from longformer_jax.memory import fifo
 
-
 SINK_POSITION_MODES = ('cache', 'original')
 
 

@@ -68,7 +68,6 @@ from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
 
-
 LAYOUTS = ('1d', '2d')
 
 

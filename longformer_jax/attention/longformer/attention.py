@@ -60,7 +60,6 @@ from longformer_jax.parallel import sequence_settings
 from longformer_jax.attention.sequence_parallel import global_attention, window_attention
 from longformer_jax.attention.shared_settings import SharedSettings
 
-
 KERNEL_AXES = ('embed', 'heads', 'head_dim')
 
 

@@ -74,7 +74,6 @@ from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.positional import apply_rotary
 
-
 SELF_LOGIT = -1e5
 HASH_BLOCK = 128       # tokens hashed per lax.map step
 SINGLE_KEY_SORT_LIMIT = 2**31   # rounds * buckets * n below it: sort one int32 key

@@ -21,7 +21,6 @@ rotated by RoPE at their absolute stream positions (`rotary`), so carried
 keys and new queries share one frame.
 """
 
-
 import dataclasses
 import zlib
 

@@ -83,7 +83,6 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 
-
 COMPONENTS = ('strided_local', 'strided_summary', 'fixed_local', 'fixed_summary')
 UNIONS = {'strided': ('strided_local', 'strided_summary'),
           'fixed': ('fixed_local', 'fixed_summary')}

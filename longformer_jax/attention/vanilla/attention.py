@@ -26,7 +26,6 @@ unrotated, a learned bias per bucket and head read from the query and key
 positions, so cached keys get theirs too); attention/core/checkpoint_heads.py.
 """
 
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
