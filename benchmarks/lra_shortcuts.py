@@ -8,7 +8,8 @@ and scores it on the same 2,000 generated test examples the models are tested on
 
   listops      majority, first_token_rule
   pathfinder   majority, pixel_statistics
-  text         majority, length_only
+  text         majority, length_only, and known_cut_groups (a reference told each
+               document's seam, not a shortcut: see lra_baselines)
   retrieval    majority, length_only
 
 (`first_256_bytes`, the trained model that reads only the first 256 bytes, comes from
@@ -72,6 +73,12 @@ def shortcut_rows(task: str, scale: str, train_count: int, test_count: int) -> l
         lra_baselines.length_features(lengths(task, train)), train_y,
         lra_baselines.length_features(lengths(task, test)), classes)
     scores['length_only'] = lra_baselines.accuracy(predicted, test_y)
+  if task == 'text':
+    def halves(documents):
+      return [(d.data[:d.cut], d.data[d.cut:]) for d in documents]
+    groups = [[int(g == 'test') for g in d.groups] for d in train]
+    scores['known_cut_groups'] = lra_baselines.known_cut_groups(
+        halves(train), groups, halves(test), test_y)
   return [{'task': task, 'variant': name, 'scale': scale, 'seed': 0,
            'accuracy': round(score, 4), 'train_examples': len(train_y),
            'test_examples': len(test_y),

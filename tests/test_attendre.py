@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.attendre import AttendreAttention
-from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.registry import attention_layer, attention_state
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.memory import policies
@@ -111,7 +112,7 @@ def layer_step(config):
 
 def init_params(config, seed=1):
   module = attention_layer(config, jnp.float32)
-  state = AttendreAttention.init_state(config, B)
+  state = attention_state(config, B)
   x, positions, segments, valid = stream(C)
   ctx = context(positions, segments, valid, np.ones(B, bool))
   return jax.jit(module.init)(jax.random.PRNGKey(seed), jnp.asarray(x), state, ctx)['params']
@@ -157,7 +158,7 @@ def test_big_memories_after_flush_equal_full_bidirectional_attention(cap):
                         policy='lra_max', rope_max_distance=cap)
   params = init_params(config)
   x, positions, segments, valid = stream(total)
-  y, _ = run_stream(layer_step(config), params, AttendreAttention.init_state(config, B), x,
+  y, _ = run_stream(layer_step(config), params, attention_state(config, B), x,
                     positions, segments, valid, chunk=C, finish='flush', delay=total)
   expected = reference_outputs(params, x.astype(np.float64), positions, segments, valid,
                                chunk=C, n=total, m=total, causal=False, cap=cap)
@@ -171,7 +172,7 @@ def test_no_q_memory_equals_causal_memory_attention(top_k, cap):
                         rope_max_distance=cap)
   params = init_params(config)
   x, positions, segments, valid = stream(total)
-  y, _ = run_stream(layer_step(config), params, AttendreAttention.init_state(config, B), x,
+  y, _ = run_stream(layer_step(config), params, attention_state(config, B), x,
                     positions, segments, valid, chunk=C, finish='none', delay=0)
   expected = reference_outputs(params, x.astype(np.float64), positions, segments, valid,
                                chunk=C, n=0, m=m, causal=True, cap=cap, top_k=top_k)
@@ -183,7 +184,7 @@ def test_delayed_queries_see_later_keys_in_the_fifo_window():
   config = model_config(q_memory_size=n, memory_size=m, causal=False)
   params = init_params(config)
   x, positions, segments, valid = stream(total, num_valid=36)   # a padded tail
-  y, _ = run_stream(layer_step(config), params, AttendreAttention.init_state(config, B), x,
+  y, _ = run_stream(layer_step(config), params, attention_state(config, B), x,
                     positions, segments, valid, chunk=C, finish='flush', delay=n)
   expected = reference_outputs(params, x.astype(np.float64), positions, segments, valid,
                                chunk=C, n=n, m=m, causal=False)
@@ -197,7 +198,7 @@ def test_drain_and_flush_give_the_same_outputs(policy):
   config = model_config(q_memory_size=n, memory_size=12, causal=False, policy=policy)
   params = init_params(config)
   x, positions, segments, valid = stream(total, doc_len=20)
-  runs = [run_stream(layer_step(config), params, AttendreAttention.init_state(config, B), x,
+  runs = [run_stream(layer_step(config), params, attention_state(config, B), x,
                      positions, segments, valid, chunk=C, finish=finish, delay=n)
           for finish in ('flush', 'drain')]
   np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-5, atol=1e-6)
@@ -216,7 +217,7 @@ def test_layer_attends_exactly_to_the_entries_its_memory_holds(policy):
   p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))
   x, positions, segments, valid = stream(total, seed=3)
   step = layer_step(config)
-  state = AttendreAttention.init_state(config, B)
+  state = attention_state(config, B)
   held = []
   for start in range(0, total, C):
     memory = state.memory
@@ -268,7 +269,7 @@ def test_per_head_memories_keep_each_heads_own_most_attended_entries():
   k = np.einsum('btd,dhe->bthe', x, p['key']['kernel'])
   v = np.einsum('btd,dhe->bthe', x, p['value']['kernel'])
   step = layer_step(config)
-  state = AttendreAttention.init_state(config, B)
+  state = attention_state(config, B)
   held = {(b, h): [] for b in range(B) for h in range(H)}   # stream indices, oldest first
   for start in range(0, total, C):
     part = slice(start, start + C)
@@ -309,7 +310,7 @@ def test_per_head_fifo_equals_the_shared_fifo():
                                                                 per_head_scores=True)
   params = init_params(shared)
   x, positions, segments, valid = stream(40, seed=6)
-  outputs = [run_stream(layer_step(config), params, AttendreAttention.init_state(config, B),
+  outputs = [run_stream(layer_step(config), params, attention_state(config, B),
                         x, positions, segments, valid, chunk=C, finish='none', delay=0)[0]
              for config in (shared, per_head)]
   np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-6)
@@ -326,17 +327,17 @@ def test_document_outputs_do_not_depend_on_the_previous_document(n):
   segments = np.where(np.arange(48) < doc_a + gap, 0, 1)[None].repeat(B, 0).astype(np.int32)
   valid = np.ones((B, 48), bool)
   valid[:, doc_a:doc_a + gap] = False                 # drain padding between the documents
-  both, _ = run_stream(step, params, AttendreAttention.init_state(config, B), x, positions,
+  both, _ = run_stream(step, params, attention_state(config, B), x, positions,
                        segments, valid, chunk=C, finish='flush', delay=n)
   b_part = slice(doc_a + gap, doc_a + gap + doc_b)
-  alone, _ = run_stream(step, params, AttendreAttention.init_state(config, B), x[:, b_part],
+  alone, _ = run_stream(step, params, attention_state(config, B), x[:, b_part],
                         positions[:, b_part], segments[:, b_part], valid[:, b_part], chunk=C,
                         finish='flush', delay=n)
   np.testing.assert_allclose(both[:, b_part], alone, rtol=1e-5, atol=1e-6)
   # A has an influence while it is in the memory: the test is not vacuous.
   x_other = x.copy()
   x_other[:, :doc_a] += 1.0
-  other, _ = run_stream(step, params, AttendreAttention.init_state(config, B), x_other,
+  other, _ = run_stream(step, params, attention_state(config, B), x_other,
                         positions, segments, valid, chunk=C, finish='flush', delay=n)
   np.testing.assert_allclose(other[:, b_part], alone, rtol=1e-5, atol=1e-6)
   assert not np.allclose(other[:, :doc_a], both[:, :doc_a])
@@ -403,7 +404,8 @@ def test_good_settings_resolve_and_build_their_policy():
   assert policies.make_policy(scored.attendre) == policies.EvictionPolicy(
       'lfa', gamma=0.5, init_std_multiplier=2.0, admission='score', recent_window=3,
       per_head=True)
-  assert AttendreAttention.init_state(scored, B).memory.rows == B * H
+  assert AttendreAttention.init_state(
+      scored.attendre, SharedSettings.of(scored), B).memory.rows == B * H
   # The step order: today's by default (recorded results, old checkpoints), the paper's by name.
   assert attention_layer(config, jnp.float32).config.order == 'attend_first'
   paper = model_config(order='insert_first', policy='lra_max', admission='score')

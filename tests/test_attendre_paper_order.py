@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.attendre import AttendreAttention
-from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.registry import attention_layer, attention_state
 from longformer_jax.memory import policies
 from tests.test_attendre import (B, C, H, HD, context, init_params, layer_step, model_config,
                                  numpy_rotate, padding, stream)
@@ -113,7 +113,7 @@ def run_both(config, x, positions, segments, valid, *, flush=True, seed=1):
   tokens), comparing outputs, kept positions and scores after every step."""
   params = init_params(config, seed)
   step = layer_step(config)
-  state = AttendreAttention.init_state(config, B)
+  state = attention_state(config, B)
   reference = PaperLayer(params, config)
   n, m = config.attendre.q_memory_size, config.attendre.memory_size
   inputs = []
@@ -180,7 +180,7 @@ def test_paper_order_retrieves_at_most_memory_size_keys():
   config = model_config(order='insert_first', memory_size=3, policy='lra_max')
   params = init_params(config)
   x, positions, segments, valid = stream(C, seed=7)
-  y, state = layer_step(config)(params, jnp.asarray(x), AttendreAttention.init_state(config, B),
+  y, state = layer_step(config)(params, jnp.asarray(x), attention_state(config, B),
                                 context(positions, segments, valid, np.ones(B, bool)))
   y = np.asarray(y)
   np.testing.assert_array_equal(y[:, :C - 3], 0.0)
@@ -203,7 +203,7 @@ def test_paper_order_equals_todays_when_the_memory_holds_everything():
     module = attention_layer(config, jnp.float32)
 
     def loss(params):
-      state, total = AttendreAttention.init_state(config, B), 0.0
+      state, total = attention_state(config, B), 0.0
       for start in range(0, 3 * C, C):
         part = slice(start, start + C)
         ctx = context(positions[:, part], segments[:, part], valid[:, part],

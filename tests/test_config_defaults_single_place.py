@@ -309,7 +309,7 @@ def test_model_modules_take_the_resolved_model():
   `ResolvedModel` (as the string 'ResolvedModel': the model floor's modules import it only
   under `if TYPE_CHECKING:`, it imports them through the registries); no file of the floors
   whose modules are built from settings imports ml_collections (the attention variants'
-  `init_state` takes the layer's resolved model too), except `models/saved_config.py`,
+  `init_state` takes their section and the `SharedSettings`), except `models/saved_config.py`,
   which reads an old run's `config.json` before it resolves."""
   wrong = []
   for qualified, cls in flax_modules():

@@ -32,6 +32,7 @@ with test_contract_stacks.py.
 
 import dataclasses
 import functools
+import inspect
 
 import flax.linen as nn
 import jax
@@ -40,7 +41,8 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.registry import ATTENTION_VARIANTS, attention_layer
+from longformer_jax.attention.registry import ATTENTION_VARIANTS, attention_layer, section_of
+from longformer_jax.attention.shared_settings import SharedSettings
 from tests.tiny_models import tiny_model_config
 
 B, C, K = 2, 8, 2           # batch rows, chunk length, chunks per scan
@@ -220,8 +222,9 @@ def build_harness(make_module, init_state, adapt=lambda out: out) -> dict:
 def harness(name: str) -> dict:
   config = tiny_attention_config(name)
   cls = ATTENTION_VARIANTS[name]
+  section, shared = section_of(cls, config), SharedSettings.of(config)
   return build_harness(lambda dtype: attention_layer(config, dtype, name='attention'),
-                       lambda dtype: cls.init_state(config, B, dtype))
+                       lambda dtype: cls.init_state(section, shared, B, dtype))
 
 
 def reset_context(valid=None, new_segment: bool = False) -> AttentionContext:
@@ -328,7 +331,8 @@ def test_every_registered_variant_builds():
     assert callable(getattr(cls, 'init_state', None)), f'attention:{name} has no init_state'
     config = tiny_attention_config(name)      # a ConfigError here: add the variant to TINY
     assert isinstance(attention_layer(config, jnp.float32, name='attention'), cls), name
-    jax.eval_shape(lambda: cls.init_state(config, B, jnp.float32))
+    jax.eval_shape(lambda: cls.init_state(section_of(cls, config), SharedSettings.of(config), B,
+                                          jnp.float32))
 
 
 # The fields a variant's module may have: its section, the shared settings, its dtype (and
@@ -350,6 +354,20 @@ def test_a_variant_holds_its_section_and_the_shared_settings_only():
     if section is not None:
       want = section.build(getattr(tiny_attention_config(name), name).to_dict(), f'model.{name}')
       assert built.config == want, f'attention:{name} does not hold its section as configured'
+
+
+def test_init_state_takes_the_section_and_the_shared_settings():
+  # A variant's empty memory comes from what its module holds, not from the whole model
+  # config (docs/design.md, contract 1): `init_state(config, shared, batch_size, dtype)`,
+  # `config` its section (None for a variant without one), `shared` the SharedSettings.
+  for name, cls in sorted(ATTENTION_VARIANTS.items()):
+    parameters = inspect.signature(cls.init_state).parameters
+    assert list(parameters) == ['config', 'shared', 'batch_size', 'dtype'], \
+        f'attention:{name}.init_state{inspect.signature(cls.init_state)}'
+    section = getattr(cls, 'Config', None)
+    got = parameters['config'].annotation
+    assert got is section, f'attention:{name}.init_state: config is {got!r}, not {section!r}'
+    assert parameters['shared'].annotation is SharedSettings, f'attention:{name}.init_state'
 
 
 @pytest.mark.parametrize('name', VARIANTS)

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from longformer_jax.attention.registry import attention_class
+from longformer_jax.attention.registry import attention_state
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.attendre_delay import total_delay
 from longformer_jax.models.block_registry import BLOCK_TYPES
@@ -68,7 +68,7 @@ def entry_module(kind: str, name: str, config, dtype):
   if kind == 'block':
     module = BLOCK_TYPES[name](config, dtype, name='block')
     attention = layer_config(config, 0)
-    init = lambda d: attention_class(attention.attention).init_state(attention, B, d)
+    init = lambda d: attention_state(attention, B, d)
     return module, init, lambda out: (out[0], out[1][0], out[1][1])
   cls = STACK_TYPES[name]
   return cls(config, dtype, name='blocks'), (lambda d: cls.init_state(config, B, d)), None

@@ -70,11 +70,11 @@ def on_cudnn_path(monkeypatch):
 @pytest.mark.parametrize('global_tokens', [0, 2])
 def test_longformer_cudnn_window_path_equals_xla(on_cudnn_path, global_tokens):
   contexts = chunk_contexts(bool(global_tokens))
-  make = lambda backend: LongformerAttention(
-      config=LongformerConfig(window=WINDOW, head_dilations='1,1', global_tokens=global_tokens),
-      shared=shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=True,
-                             attention_backend=backend))
-  state = LongformerAttention.init_state(_config(global_tokens), B)
+  section = LongformerConfig(window=WINDOW, head_dilations='1,1', global_tokens=global_tokens)
+  shared = lambda backend: shared_settings(num_heads=H, head_dim=HD, d_model=D, causal=True,
+                                           attention_backend=backend)
+  make = lambda backend: LongformerAttention(config=section, shared=shared(backend))
+  state = LongformerAttention.init_state(section, shared('xla'), B)
   params, *want = two_chunk_run(make, state, contexts, 'xla')
   _, *got = two_chunk_run(make, state, contexts, 'cudnn', params)
   np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-4)
@@ -136,17 +136,6 @@ def test_streaming_window_without_sinks_cudnn_path_equals_xla(on_cudnn_path):
   np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-4)
   assert_trees_close(got[1], want[1], atol=1e-6)
   assert_trees_close(got[2], want[2], atol=2e-4)
-
-
-def _config(global_tokens):
-  """A resolved model config (every shared setting present) with `model.longformer` set."""
-  import ml_collections
-  from longformer_jax.models.model_config import resolve_model
-  return ml_collections.ConfigDict(resolve_model(dict(
-      attention='longformer', num_heads=H, head_dim=HD, d_model=D, causal=True,
-      longformer=dict(window=WINDOW, dilation=1, head_dilations='', block_size=0,
-                      global_tokens=global_tokens, global_projections=True, window_cache=True,
-                      rotary=True))))
 
 
 @pytest.mark.parametrize('causal, dilations, globals_, dtype, expected', [

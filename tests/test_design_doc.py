@@ -1,4 +1,5 @@
-"""docs/design.md's layout tree names every module of `longformer_jax/`, and nothing else.
+"""docs/design.md's layout tree names every module of `longformer_jax/`, and nothing else
+(`longformer_jax/__init__.py`, the public API, included; the subpackages' `__init__.py` not).
 
 The tree is the fenced block under "## Layout". A line whose first word ends
 in `/` opens a folder; a module is a line whose first word ends in `.py`,
@@ -43,8 +44,10 @@ def tree_modules(block: str) -> dict:
 
 
 def package_modules() -> set:
+  """Every module of the package; of the `__init__.py` files (one-line docstrings) only the
+  package's own, which holds the public API."""
   return {str(p.relative_to(ROOT)) for p in (ROOT / PACKAGE).rglob('*.py')
-          if p.name != '__init__.py'}
+          if p.name != '__init__.py' or p.parent == ROOT / PACKAGE}
 
 
 def test_tree_parser_reads_folders_modules_and_continuations():

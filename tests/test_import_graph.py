@@ -2,9 +2,13 @@
 
 Every module under `longformer_jax/` is parsed with `ast` (nothing is
 imported), and every import of a `longformer_jax` module is an edge, wherever
-it stands (a function-level import is still a dependency). Checked:
+it stands: a function-level import is still a dependency, and so is a type-only
+one (in the body of `if TYPE_CHECKING:`), which never runs but is an arrow all the
+same for a reader and for any tool that draws the imports. Checked:
 
-- no import cycles between modules;
+- no import cycles between modules, type-only imports included;
+- nothing under attention/, memory/ or layers/ names models/, not even for an annotation
+  (a variant's `init_state` takes its section and the `SharedSettings`);
 - the floors: each folder (and each top-level module) has a place in `FLOORS`,
   lowest first, and imports only from its own floor and those below. An
   upward import fails with its module and target, except the edges listed in
@@ -18,10 +22,10 @@ it stands (a function-level import is still a dependency). Checked:
 - no package module imports a root script (train.py, eval.py, ...), the floor
   above `convert/`, except the edges in `SCRIPT_IMPORTS` (which only shrinks).
 
-One kind of import is no edge: an import in the body of `if TYPE_CHECKING:` (or
-`if typing.TYPE_CHECKING:`) is for annotations only and never runs, so it may
-name a higher floor (the attention variants' `'ResolvedModel'` of models/) and
-needs no `# deferred:` reason; its `else:` branch, or any other condition, runs.
+A type-only import (the body of `if TYPE_CHECKING:` or `if typing.TYPE_CHECKING:`)
+needs no `# deferred:` reason inside a function, since it never runs; it is an edge
+like any other (the model floor's modules import `ResolvedModel` so, from
+models/resolved_model_type.py, which imports none of them).
 """
 
 import ast
@@ -60,6 +64,9 @@ STALE_REFERENCES = ('DESIGN.md', 'NOTES.md', '../shared')
 DEFERRED = re.compile(r'#\s*deferred:\s*\S')
 # Package imports of a root script (the top floor), each with what removes it.
 SCRIPT_IMPORTS = {}   # none left: a run is read through evaluation/run_restore.py
+# The floors below the models: they take what a layer needs (its section, the shared
+# settings, shapes), never the model config, and name nothing of models/.
+BELOW_THE_MODELS = ('layers', 'memory', 'attention')
 
 
 def module_files() -> dict:
@@ -98,15 +105,12 @@ def type_only_imports(tree: ast.AST) -> set:
 
 
 def imports_of(module: str, path: pathlib.Path, modules: dict) -> set:
-  """The package modules `module` imports (absolute and relative, any depth in the file;
-  type-only imports are not edges)."""
+  """The package modules `module` imports (absolute and relative, any depth in the file,
+  type-only imports included)."""
   is_package = path.name == '__init__.py'
   found = set()
   tree = ast.parse(path.read_text(), str(path))
-  type_only = type_only_imports(tree)
   for node in ast.walk(tree):
-    if node in type_only:
-      continue
     names = []
     if isinstance(node, ast.Import):
       names = [alias.name for alias in node.names]
@@ -171,7 +175,18 @@ def test_the_graph_sees_the_package(graph):
 
 def test_no_import_cycles(graph):
   cycle = find_cycle(graph)
-  assert cycle is None, 'import cycle: ' + ' -> '.join(cycle)
+  assert cycle is None, 'import cycle (type-only imports are edges too): ' + ' -> '.join(cycle)
+
+
+def test_nothing_below_the_models_names_them(graph):
+  strip = len(PACKAGE) + 1
+  found = sorted(f'{module[strip:]} imports {target[strip:]}'
+                 for module, targets in graph.items() if module != PACKAGE
+                 and module.split('.')[1] in BELOW_THE_MODELS
+                 for target in targets if target.split('.')[1:2] == ['models'])
+  assert not found, ('modules below the models that import models/ (type-only imports '
+                     'included; give the layer its section and SharedSettings instead):\n'
+                     + '\n'.join(found))
 
 
 def floor_of(module: str) -> int:
@@ -267,11 +282,12 @@ def test_the_function_import_scan_sees_them(tmp_path):
       'example.py:7: import re', 'example.py:9: import abc', 'example.py:11: import csv']
 
 
-def test_type_checking_imports_are_no_edges(tmp_path):
+def test_type_checking_imports_are_edges(tmp_path):
   # Checked on an example of the attention floor: the body of `if TYPE_CHECKING:` (or
-  # `typing.TYPE_CHECKING`) is neither an edge (to a higher floor here) nor an import that
-  # needs a `# deferred:` reason inside a function; its `else:` branch and any other
-  # condition run, so they are edges like any import.
+  # `typing.TYPE_CHECKING`) is an edge like any import (here to a higher floor, which
+  # test_no_folder_imports_a_floor_above_it and test_nothing_below_the_models_names_them
+  # then refuse), as are its `else:` branch and any other condition; inside a function it
+  # needs no `# deferred:` reason, since it never runs.
   path = tmp_path / 'example.py'
   path.write_text(
       'import typing\n'
@@ -291,10 +307,15 @@ def test_type_checking_imports_are_no_edges(tmp_path):
       '  if TYPE_CHECKING:\n'
       '    from longformer_jax.train import train_config\n')
   modules = module_files()
+  module = f'{PACKAGE}.attention.example'
   # (`from pkg import sub` is an edge to pkg too.)
-  assert imports_of(f'{PACKAGE}.attention.example', path, modules) == {
+  edges = imports_of(module, path, modules)
+  assert edges == {
       f'{PACKAGE}.config', f'{PACKAGE}.config.errors', f'{PACKAGE}.models',
-      f'{PACKAGE}.models.encoder', f'{PACKAGE}.models.hibert'}
+      f'{PACKAGE}.models.resolved_model', f'{PACKAGE}.models.decoder_lm',
+      f'{PACKAGE}.models.encoder', f'{PACKAGE}.models.hibert', f'{PACKAGE}.train',
+      f'{PACKAGE}.train.train_config'}
+  assert ('attention.example', 'models.resolved_model') in upward_edges({module: edges})
   assert unexplained_function_imports(path, tmp_path) == []
 
 

@@ -100,8 +100,8 @@ class _PenalisedVanilla(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config, batch_size, dtype=jnp.float32):
-    return registry.ATTENTION_VARIANTS['vanilla'].init_state(config, batch_size, dtype)
+  def init_state(config, shared, batch_size, dtype=jnp.float32):
+    return registry.ATTENTION_VARIANTS['vanilla'].init_state(config, shared, batch_size, dtype)
 
   @nn.compact
   def __call__(self, x, state, ctx):

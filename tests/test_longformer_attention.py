@@ -17,7 +17,8 @@ import pytest
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.longformer.dilated_window import dilated_window_attention
 from longformer_jax.attention.longformer.attention import LongformerAttention, LongformerConfig
-from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.registry import attention_layer, attention_state
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.sliding_window import blocked_window_attention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model
@@ -350,13 +351,14 @@ def test_config_reading_and_cache_length():
   assert module.head_dilations == (1, 1, 1, 1) and module.shared.causal
   assert module.uses_window_cache
   assert module.config.window == 8 and module.rotary and module.config.global_projections
-  state = LongformerAttention.init_state(model_config(window=8, head_dilations='1,3,1,1'), 2)
+  state = attention_state(model_config(window=8, head_dilations='1,3,1,1'), 2)
   assert state.values.shape == (2, 24, D)
   dilated = attention_layer(model_config(dilation=2), jnp.float32)
   assert dilated.head_dilations == (2, 2, 2, 2)
   # Two-sided layers never cache (their window would need the next chunk's keys).
   encoder = model_config(window=8, causal=False)
   assert not attention_layer(encoder, jnp.float32).uses_window_cache
-  assert LongformerAttention.init_state(encoder, 2).values.shape == (2, 0, D)
+  assert LongformerAttention.init_state(encoder.longformer, SharedSettings.of(encoder),
+                                        2).values.shape == (2, 0, D)
   no_cache = model_config(window=8, window_cache=False)
-  assert LongformerAttention.init_state(no_cache, 2).values.shape == (2, 0, D)
+  assert attention_state(no_cache, 2).values.shape == (2, 0, D)

@@ -134,3 +134,26 @@ def test_bad_settings_name_their_key(section, values, key):
   with pytest.raises(ConfigError) as error:
     section.build(values, key.rsplit('.', 1)[0])
   assert error.value.key == key
+
+
+def test_known_cut_reference_answers_whether_the_parts_groups_agree():
+  rng = np.random.default_rng(0)
+
+  def part(group):   # group 1 writes 'assert', group 0 'return', among random letters
+    filler = bytes(rng.integers(97, 123, 40).astype(np.uint8))
+    return filler + (b' assert x' if group else b' return x') + filler
+
+  def documents(count, tied):
+    groups = rng.integers(0, 2, (count, 2))
+    parts = [(part(a), part(b)) for a, b in groups]
+    labels = (groups[:, 0] == groups[:, 1]).astype(int)
+    # tied: the groups the regression learns from are the parts' own; else unrelated noise
+    return parts, groups if tied else rng.integers(0, 2, (count, 2)), labels
+
+  train_parts, train_groups, _ = documents(300, tied=True)
+  test_parts, _, test_labels = documents(200, tied=True)
+  assert lra_baselines.known_cut_groups(train_parts, train_groups, test_parts,
+                                        test_labels) >= 0.95
+  noise_parts, noise_groups, _ = documents(300, tied=False)
+  assert abs(lra_baselines.known_cut_groups(noise_parts, noise_groups, test_parts, test_labels)
+             - 0.5) <= 0.12

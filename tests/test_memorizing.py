@@ -18,7 +18,7 @@ import pytest
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.memorizing import MemorizingAttention
-from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.registry import attention_layer, attention_state
 from longformer_jax.attention.vanilla.attention import VanillaAttention
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model
@@ -102,7 +102,7 @@ def chunk_context(c, segments):
 def run_stream(config, params, x, segments):
   module = attention_layer(config, jnp.float32)
   apply = jax.jit(module.apply)
-  state = MemorizingAttention.init_state(config, B)
+  state = attention_state(config, B)
   outputs = []
   for c in range(NUM_CHUNKS):
     y, state, aux = apply({'params': params}, x[:, c * C:(c + 1) * C], state,
@@ -114,10 +114,10 @@ def run_stream(config, params, x, segments):
 @functools.lru_cache(maxsize=None)
 def vanilla_params():
   """query/key/value/out, shared by every case (the layer uses vanilla's names)."""
-  module = VanillaAttention(shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
-  config = layer_config(mem_len=0)
+  shared = shared_settings(num_heads=H, head_dim=HD, d_model=D)
+  module = VanillaAttention(shared=shared)
   ctx = chunk_context(0, stream_segments())
-  state = VanillaAttention.init_state(config, B)
+  state = VanillaAttention.init_state(None, shared, B)
   return jax.jit(module.init)(jax.random.PRNGKey(0), random_inputs()[:, :C], state, ctx)['params']
 
 
@@ -198,7 +198,7 @@ def test_memory_is_stop_gradient():
   x = random_inputs()
 
   def second_chunk_output(params):
-    state = MemorizingAttention.init_state(config, B)
+    state = attention_state(config, B)
     _, state, _ = module.apply({'params': params}, x[:, :C], state, ctx0)
     y, _, _ = module.apply({'params': params}, x[:, C:2 * C], state, ctx1)
     return jnp.sum(y ** 2)
@@ -215,13 +215,14 @@ def test_vanilla_checkpoint_runs_as_memorizing_at_eval_time():
   params = vanilla_params()
   ctx = chunk_context(0, stream_segments())
   x = random_inputs()[:, :C]
-  vanilla = VanillaAttention(shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
+  shared = shared_settings(num_heads=H, head_dim=HD, d_model=D)
+  vanilla = VanillaAttention(shared=shared)
   expected, _, _ = jax.jit(vanilla.apply)({'params': params}, x,
-                                          VanillaAttention.init_state(layer_config(mem_len=0), B), ctx)
+                                          VanillaAttention.init_state(None, shared, B), ctx)
   for gate in ('joint', 'memory_only', 'fixed'):
     config = layer_config(mem_len=0, memory_size=8, top_k=4, gate=gate)
     module = attention_layer(config, jnp.float32)
-    state = MemorizingAttention.init_state(config, B)
+    state = attention_state(config, B)
     fresh = jax.eval_shape(module.init, jax.random.PRNGKey(3), x, state, ctx)['params']
     assert jax.tree_util.tree_structure(fresh) == jax.tree_util.tree_structure(params)
     y, _, _ = jax.jit(module.apply)({'params': params}, x, state, ctx)
@@ -259,7 +260,7 @@ def test_good_settings_reach_the_layer():
   assert (section.top_k, section.method, section.recall_target, section.gate, section.gate_value,
           section.normalize_qk, section.qk_scale_init, section.rope_max_distance) == (
               8, 'approx', 0.9, 'fixed', 0.25, True, 8.0, 7)
-  state = MemorizingAttention.init_state(config, B)
+  state = attention_state(config, B)
   assert state['knn'].capacity == 64 and state['local'].capacity == 4
 
 

@@ -118,7 +118,7 @@ def test_carry_off_is_stateless_within_the_chunk():
   y_carry, _, _ = layer_run(make_layer()[1], params, x, performer.empty_state(B, H, M, HD), ctx)
   np.testing.assert_array_equal(y, y_carry)
   assert performer.PerformerAttention.init_state(
-      tiny_config(attention='performer', performer={'carry_state': False}).model, B) == {}
+      performer.PerformerConfig(carry_state=False), shared_settings(), B) == {}
 
 
 def test_features_are_redrawn_every_period_and_fixed_in_evaluation():

@@ -1,4 +1,5 @@
-"""models/resolved_model.py: the typed, frozen, hashable model the Flax modules take."""
+"""models/resolved_model.py (and resolved_model_type.py): the typed, frozen, hashable model
+the Flax modules take."""
 
 import dataclasses
 import pickle
@@ -7,6 +8,8 @@ import ml_collections
 import pytest
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.models import model_config, model_settings, resolved_model_type
+from longformer_jax.models import resolved_model as builders
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.models.model_config import ModelConfig, resolve_model
 from longformer_jax.models.resolved_model import (ResolvedModel, encoder_model_config,
@@ -56,3 +59,24 @@ def test_nothing_falls_back_to_a_default():
   with pytest.raises(ConfigError, match=r'model\.windw: unknown key'):
     resolved_model(values, windw=3)
   assert resolved_model(values, xl=dict(values['xl'], clamp_len=3)).xl.clamp_len == 3
+
+
+@pytest.mark.parametrize('values, message', [
+    ({'block': 'nope'}, r"model\.block: 'nope' is not a block kind; choose one of \['gtrxl'"),
+    ({'stack': 'nope'}, r"model\.stack: 'nope' is not a stack kind; choose one of "
+                        r"\['attendre_delay'"),
+])
+def test_an_unknown_block_or_stack_names_its_key(values, message):
+  # `ModelConfig` (models/model_settings.py) imports no registry of the model floor, so
+  # `resolve_model` checks these two names against the block and stack registries.
+  with pytest.raises(ConfigError, match=message):
+    resolve_model(values)
+
+
+def test_the_type_stands_below_the_registries():
+  # The model floor's modules name `ResolvedModel` in their annotations: its module and
+  # `ModelConfig`'s import no block, stack or registry (no import circle, type-only
+  # imports included: tests/test_import_graph.py), and the builders re-export them.
+  assert builders.ResolvedModel is resolved_model_type.ResolvedModel
+  assert model_config.ModelConfig is model_settings.ModelConfig
+  assert issubclass(ResolvedModel, model_settings.ModelConfig)

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.registry import attention_layer
+from longformer_jax.attention.registry import attention_layer, attention_state
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.streaming_sinks import StreamingSinkAttention, StreamingSinksConfig
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.migration import migrate_flat_model
@@ -85,7 +86,7 @@ def module_and_params(num_sinks, window, mode):
   """The layer, shared parameters (their shapes do not depend on s, w, mode), inputs, state."""
   config = sinks_config(num_sinks=num_sinks, window=window, positions=mode)
   module = attention_layer(config, jnp.float32)
-  state = StreamingSinkAttention.init_state(config, B, jnp.float32)
+  state = attention_state(config, B, jnp.float32)
   return module, shared_params(), random_inputs(), state
 
 
@@ -97,9 +98,10 @@ def sinks_config(**sinks):
 
 @functools.lru_cache(maxsize=None)
 def shared_params():
-  module = StreamingSinkAttention(config=StreamingSinksConfig(num_sinks=1, window=2),
-                                  shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
-  state = StreamingSinkAttention.init_state(sinks_config(num_sinks=1, window=2), B)
+  section = StreamingSinksConfig(num_sinks=1, window=2)
+  shared = shared_settings(num_heads=H, head_dim=HD, d_model=D)
+  module = StreamingSinkAttention(config=section, shared=shared)
+  state = StreamingSinkAttention.init_state(section, shared, B)
   ctx = AttentionContext(positions=jnp.zeros((B, C), jnp.int32), segment_ids=jnp.zeros((B, C), jnp.int32),
                          reset=jnp.ones((B,), bool), valid=jnp.ones((B, C), bool))
   return jax.jit(module.init)(jax.random.PRNGKey(0), random_inputs()[:, :C], state, ctx)['params']
@@ -153,7 +155,7 @@ def test_good_settings_reach_the_layer():
   assert isinstance(module, StreamingSinkAttention)
   assert (module.config.num_sinks, module.config.window, module.config.positions) == (
       0, 1, 'original')
-  state = StreamingSinkAttention.init_state(config, B)
+  state = StreamingSinkAttention.init_state(config.streaming_sinks, SharedSettings.of(config), B)
   assert state['sinks'].capacity == 0 and state['window'].capacity == 0
 
 

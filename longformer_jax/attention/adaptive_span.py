@@ -42,7 +42,6 @@ length is the shared `model.mem_len`.
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -57,9 +56,6 @@ from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import ProjectionKernel, projection
 from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.memory import fifo
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,9 +144,11 @@ class AdaptiveSpanAttention(nn.Module):
   reads_mem_len = True
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
-    """The last `mem_len` hidden states per row."""
-    return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
+  def init_state(config: AdaptiveSpanConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
+    """The last `shared.mem_len` hidden states per row: `[batch_size, mem_len, d_model]`."""
+    del config
+    return fifo.create(batch_size, shared.mem_len, (shared.d_model,), dtype)
 
   @property
   def largest_span(self) -> int:

@@ -87,7 +87,6 @@ paper's; configs/attendre.py and pg19_attendre.py use 'insert_first' with
 """
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import flax.struct
@@ -102,9 +101,6 @@ from longformer_jax.config.section import Section
 from longformer_jax.memory import entries, fifo, key_value, policies
 from longformer_jax.memory.entries import MemoryEntries
 from longformer_jax.memory.sharded_retrieval import METHODS, top_k
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 _INT32_MIN = jnp.iinfo(jnp.int32).min
 _INT32_MAX = jnp.iinfo(jnp.int32).max
@@ -265,14 +261,15 @@ class AttendreAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
-    """Empty Q memory (N queries) and K/V memory (M entries) per row."""
-    section = config.attendre
-    heads = (config.num_heads, config.head_dim)
+  def init_state(config: AttendreConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
+    """Empty Q memory (`[batch_size, q_memory_size, num_heads, head_dim]`) and K/V memory
+    (`memory_size` entries) per row."""
+    heads = (shared.num_heads, shared.head_dim)
     return AttendreState(
-        queries=fifo.create(batch_size, section.q_memory_size, heads, dtype),
-        memory=key_value.create(batch_size, section.memory_size, *heads, dtype,
-                                per_head_rows=section.per_head_scores),
+        queries=fifo.create(batch_size, config.q_memory_size, heads, dtype),
+        memory=key_value.create(batch_size, config.memory_size, *heads, dtype,
+                                per_head_rows=config.per_head_scores),
         document_start=jnp.full((batch_size,), _INT32_MIN, jnp.int32))
 
   def attend(self, queries: fifo.FifoMemory, memory: MemoryEntries,

@@ -37,7 +37,6 @@ documents and valid bits of the gathered keys (docs/design.md, contract 2).
 """
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -50,9 +49,6 @@ from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 NO_BLOCK = -1      # a causal map's entry for a query block that has no key block
 
@@ -170,7 +166,8 @@ class BlockBERTAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
+  def init_state(config: BlockBERTConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
     """Stateless: attends within the chunk."""
     return {}
 

@@ -49,7 +49,7 @@ Settings: `config.model.bp_transformer` (`BPTransformerConfig`).
 """
 
 import dataclasses
-from typing import NamedTuple, TYPE_CHECKING
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -61,9 +61,6 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +230,8 @@ class BPTransformerAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
+  def init_state(config: BPTransformerConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
     """Stateless: attends within the chunk."""
     return {}
 

@@ -32,7 +32,6 @@ its "average attention" is that sum divided by the number of chunks.
 """
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import flax.struct
@@ -43,12 +42,10 @@ from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.section import Section
 from longformer_jax.memory import compression, fifo
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,13 +128,15 @@ class CompressiveAttention(XLAttention):
     return self.config.clamp_len, 'gather'
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
-    """Empty memory (`mem_len`) and compressed memory (`compressive.compressed_mem_len`)."""
-    n_cm = config.compressive.compressed_mem_len
-    zeros = jnp.zeros((batch_size, config.mem_len), jnp.float32)
+  def init_state(config: CompressiveConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
+    """Empty memory (`[batch_size, mem_len, d_model]`) and compressed memory
+    (`[batch_size, compressed_mem_len, d_model]`)."""
+    n_cm = config.compressed_mem_len
+    zeros = jnp.zeros((batch_size, shared.mem_len), jnp.float32)
     return CompressiveMemory(
-        memory=fifo.create(batch_size, config.mem_len, (config.d_model,), dtype),
-        compressed=fifo.create(batch_size, n_cm, (config.d_model,), dtype),
+        memory=fifo.create(batch_size, shared.mem_len, (shared.d_model,), dtype),
+        compressed=fifo.create(batch_size, n_cm, (shared.d_model,), dtype),
         usage=zeros, usage_count=zeros)
 
   def _max_distance(self, chunk_len: int, mem_len: int, compressed_len: int) -> int:

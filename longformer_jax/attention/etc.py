@@ -36,7 +36,7 @@ attend to the G globals and the whole chunk (g2g + g2l): O(n * G).
 """
 
 import dataclasses
-from typing import NamedTuple, TYPE_CHECKING
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -47,9 +47,6 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 STRUCTURES = ('all', 'sentence')
 
@@ -238,7 +235,8 @@ class ETCAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
+  def init_state(config: ETCConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
     """Stateless: attends within the chunk."""
     return {}
 

@@ -40,7 +40,6 @@ capacity is the shared `model.mem_len`.
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -49,13 +48,11 @@ import jax.numpy as jnp
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import soft_masked_softmax
+from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.xl import XLAttention
 from longformer_jax.config.section import Section
 from longformer_jax.layers.linear import projection
 from longformer_jax.memory import fifo
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,9 +139,12 @@ class ExpireSpanAttention(XLAttention):
     return self.config.max_span or self.shared.mem_len
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
-    """An empty memory of at most `config.mem_len` hidden states per row."""
-    return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
+  def init_state(config: ExpireSpanConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
+    """An empty memory of at most `shared.mem_len` hidden states per row:
+    `[batch_size, mem_len, d_model]`."""
+    del config
+    return fifo.create(batch_size, shared.mem_len, (shared.d_model,), dtype)
 
   def expire_spans(self, h: jax.Array) -> jax.Array:
     """e_i = L * sigmoid(w . h_i + b): `[b, k, d_model]` -> float32 `[b, k]`."""

@@ -42,7 +42,6 @@ adds no parameter, so the vanilla checkpoint loads as is.
 """
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -56,9 +55,6 @@ from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 from longformer_jax.memory import fifo, key_value
 from longformer_jax.memory.policies import policy_from_name
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 KNN_GATES = ('learned', 'fixed', 'memory_only', 'joint')
 KNN_METHODS = ('exact', 'approx')
@@ -124,12 +120,14 @@ class MemorizingAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32) -> dict:
-    """An empty local cache (`mem_len` hidden states) and an empty kNN memory."""
+  def init_state(config: MemorizingConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32) -> dict:
+    """An empty local cache (`[batch_size, mem_len, d_model]` hidden states) and an empty
+    kNN memory (`[batch_size, memory_size, num_heads, head_dim]` keys and values)."""
     return {
-        'local': fifo.create(batch_size, config.mem_len, (config.d_model,), dtype),
-        'knn': key_value.create(batch_size, config.memorizing.memory_size, config.num_heads,
-                                config.head_dim, dtype),
+        'local': fifo.create(batch_size, shared.mem_len, (shared.d_model,), dtype),
+        'knn': key_value.create(batch_size, config.memory_size, shared.num_heads,
+                                shared.head_dim, dtype),
     }
 
   def _logit_scale(self):

@@ -4,6 +4,8 @@ A new variant is one file in this folder (or a folder, with the kernels only it 
 line here.
 """
 
+import jax.numpy as jnp
+
 from longformer_jax.attention.adaptive_span import AdaptiveSpanAttention
 from longformer_jax.attention.attendre import AttendreAttention
 from longformer_jax.attention.bigbird.attention import BigBirdAttention
@@ -55,21 +57,42 @@ def attention_class(name: str):
   return ATTENTION_VARIANTS[name]
 
 
-def attention_layer(config, dtype, name: str = 'attention'):
-  """The attention module of a layer whose resolved model (models/resolved_model.py) is
-  `config`: its variant's section (`config.<variant>`, already typed) and the shared
-  settings (attention/shared_settings.py)."""
-  cls = attention_class(config.attention)
-  kwargs = {}
+def section_of(cls, layer):
+  """The section `cls` (a registered variant class) reads from `layer`, or None for a variant
+  without one (vanilla).
+
+  `layer` is one layer's model config as the model floor resolves it: the shared settings
+  as attributes (`layer.attention`, `layer.num_heads`, ...), each variant's typed section by
+  its key (`layer.longformer`) and `layer.layer_index`.
+  """
   section_class = getattr(cls, 'Config', None)
-  if section_class is not None:
-    section = getattr(config, config.attention)
-    if not isinstance(section, section_class):
-      raise TypeError(f'attention_layer takes a resolved model (models/resolved_model.py) whose '
-                      f'{config.attention!r} is a {section_class.__name__}, not a '
-                      f'{type(section).__name__}')
+  if section_class is None:
+    return None
+  section = getattr(layer, layer.attention)
+  if not isinstance(section, section_class):
+    raise TypeError(f'model.{layer.attention}: a layer\'s attention reads a '
+                    f'{section_class.__name__}, not a {type(section).__name__} (pass the '
+                    f'layer\'s resolved model config)')
+  return section
+
+
+def attention_layer(layer, dtype, name: str = 'attention'):
+  """The attention module of `layer` (one layer's resolved model config, `section_of`): its
+  variant's section and the shared settings (attention/shared_settings.py)."""
+  cls = attention_class(layer.attention)
+  kwargs = {}
+  section = section_of(cls, layer)
+  if section is not None:
     kwargs['config'] = section
   if 'layer_index' in cls.__dataclass_fields__:
     # Not a setting: the layer's number in its stack (BigBird seeds its random blocks with it).
-    kwargs['layer_index'] = config.layer_index
-  return cls(shared=SharedSettings.of(config), dtype=dtype, name=name, **kwargs)
+    kwargs['layer_index'] = layer.layer_index
+  return cls(shared=SharedSettings.of(layer), dtype=dtype, name=name, **kwargs)
+
+
+def attention_state(layer, batch_size: int, dtype=jnp.float32):
+  """The empty memory of `layer`'s attention (one layer's resolved model config,
+  `section_of`): its variant's `init_state(section, shared, batch_size, dtype)`, a pytree of
+  `[batch_size, ...]` arrays (`{}` for a stateless variant)."""
+  cls = attention_class(layer.attention)
+  return cls.init_state(section_of(cls, layer), SharedSettings.of(layer), batch_size, dtype)

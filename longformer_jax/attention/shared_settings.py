@@ -7,9 +7,11 @@ An attention module receives two frozen values and nothing else (besides its dty
   shared  `SharedSettings` below: the few `config.model` settings every layer shares.
 
 `attention/registry.attention_layer` builds both from a layer's resolved model config, the
-one place where settings are read for a layer's attention. So a setting is declared once,
-with its default, in the section that owns it; a module reads `self.config.window` or
-`self.shared.num_heads`, and a test builds a layer from the same two values.
+one place where settings are read for a layer's attention; `attention_state` gives the same
+two to the variant's `init_state(config, shared, batch_size, dtype)` for its empty memory. So
+a setting is declared once, with its default, in the section that owns it; a module reads
+`self.config.window` or `self.shared.num_heads`, and a test builds a layer (and its memory)
+from the same two values.
 """
 
 import dataclasses
@@ -19,7 +21,7 @@ from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
 
 @dataclasses.dataclass(frozen=True)
 class SharedSettings:
-  """The shared settings of one layer (`config.model`; models/model_config.py documents them).
+  """The shared settings of one layer (`config.model`; models/model_settings.py documents them).
 
   Every field is required: `ModelConfig` holds the defaults, and `of` below is the one
   builder from a model config (tests build one from `ModelConfig`'s defaults with their
@@ -44,7 +46,8 @@ class SharedSettings:
 
   @classmethod
   def of(cls, config) -> 'SharedSettings':
-    """The shared settings of a layer's resolved model (models/resolved_model.py)."""
+    """The shared settings of a layer's model config: any object with the shared model
+    settings as attributes (the model floor's resolved model of a layer, a `ModelConfig`)."""
     relative = config.position_embedding == 'relative_buckets'
     heads = CheckpointHeads(
         num_kv_heads=config.num_kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias,

@@ -36,7 +36,6 @@ evaluation time.
 """
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -51,9 +50,6 @@ from longformer_jax.attention.core.sliding_window import auto_block_size, blocke
 from longformer_jax.config.section import Section
 from longformer_jax.layers.capped_rotary import rotary_scores
 from longformer_jax.memory import fifo
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 SINK_POSITION_MODES = ('cache', 'original')
 
@@ -133,13 +129,14 @@ class StreamingSinkAttention(nn.Module):
     return _pattern(section.num_sinks, section.window)
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32) -> dict:
-    """Empty sink store and window; no current document."""
-    section = config.streaming_sinks
-    features = (config.num_heads, 2 * config.head_dim)
+  def init_state(config: StreamingSinksConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32) -> dict:
+    """Empty sink store (`[batch_size, num_sinks, num_heads, 2 * head_dim]`: keys and values)
+    and window (`[batch_size, window - 1, ...]`); no current document."""
+    features = (shared.num_heads, 2 * shared.head_dim)
     return {
-        'sinks': fifo.create(batch_size, section.num_sinks, features, dtype),
-        'window': fifo.create(batch_size, section.window - 1, features, dtype),
+        'sinks': fifo.create(batch_size, config.num_sinks, features, dtype),
+        'window': fifo.create(batch_size, config.window - 1, features, dtype),
         'doc_start': jnp.zeros((batch_size,), jnp.int32),
         'last_segment': jnp.full((batch_size,), -1, jnp.int32),
     }

@@ -26,7 +26,7 @@ unsplit layer for both `relative_impl` values on continuous streams.
 """
 
 import dataclasses
-from typing import Optional, TYPE_CHECKING
+from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -45,8 +45,6 @@ from longformer_jax.parallel import sequence_settings
 from longformer_jax.attention.sequence_parallel.relative_attention import (
     sequence_parallel_relative_attention)
 
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 RELATIVE_IMPLS = ('shift', 'gather')
 
@@ -85,9 +83,12 @@ class XLAttention(nn.Module):
     return self.config.clamp_len, self.config.relative_impl
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
-    """An empty memory of `config.mem_len` hidden states per row."""
-    return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
+  def init_state(config: XLConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
+    """An empty memory of `shared.mem_len` hidden states per row:
+    `[batch_size, mem_len, d_model]`."""
+    del config
+    return fifo.create(batch_size, shared.mem_len, (shared.d_model,), dtype)
 
   def _clamp(self, distances: jax.Array) -> jax.Array:
     clamp_len, _ = self.relative_settings()

@@ -16,6 +16,12 @@ generated test set as the models (docs/lra.md):
                      reads only those bytes
   length_only        Text and Retrieval: logistic regression on the document lengths
 
+One reference that is not a shortcut, for Text: `known_cut_groups` is told where
+each document's seam is, reads each part's group by logistic regression on its
+byte 1-grams and hashed 2-grams, and answers whether the two predicted groups
+agree. It says what a reader of bags of bytes could reach on the task at its
+lengths once it has found the seam.
+
 `softmax_regression` is plain multinomial logistic regression on standardised
 features (full-batch gradient descent), enough for these features.
 """
@@ -119,3 +125,21 @@ def length_features(lengths: np.ndarray) -> np.ndarray:
   """`[n, k]` document lengths -> `[n, 3k]`: each length, its square and its log."""
   lengths = np.asarray(lengths, np.float64).reshape(len(lengths), -1)
   return np.concatenate([lengths, lengths ** 2, np.log1p(lengths)], 1)
+
+
+def part_features(data: bytes, buckets: int = 1024) -> np.ndarray:
+  """`[256 + buckets]`: log(1 + count) of every byte 1-gram and hashed 2-gram of `data`."""
+  return np.log1p(byte_prefix_features(data, prefix=len(data), buckets=buckets))
+
+
+def known_cut_groups(train_parts, train_groups, test_parts, test_labels) -> float:
+  """Text's seam-told reference. `*_parts`: `[n, 2]` byte strings (before and after the
+  seam); `train_groups`: `[n, 2]` each part's group (0 / 1); `test_labels`: `[n]` 1 where
+  the parts' groups agree. One regression per side, then agreement of the predictions."""
+  predicted = []
+  for side in (0, 1):
+    train_x = np.stack([part_features(parts[side]) for parts in train_parts])
+    test_x = np.stack([part_features(parts[side]) for parts in test_parts])
+    predicted.append(softmax_regression(train_x, np.asarray(train_groups)[:, side], test_x, 2,
+                                        steps=500))
+  return accuracy((predicted[0] == predicted[1]).astype(int), test_labels)

@@ -10,7 +10,7 @@ RoBERTa/Longformer); 'relu' (the original Transformer, T5 v1.0):
 `model.ff_bias` is False (Llama, T5).
 
 `FeedForwardConfig` declares the settings, their defaults and their rules.
-The model settings (`models/model_config.ModelConfig`) inherit its fields, so
+The model settings (`models/model_settings.ModelConfig`) inherit its fields, so
 the keys stay flat: `model.d_ff`, `model.ff_chunk_size`, `model.ff_activation`,
 `model.ff_bias`. A block builds the layer from its resolved model config:
 `FeedForward(FeedForwardConfig.of(cfg), cfg.d_model, cfg.dropout_rate, dtype)`.

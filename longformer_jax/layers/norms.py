@@ -6,7 +6,7 @@ mean subtraction and no bias (Llama). `norm_layer(config, name, dtype)`
 builds the one its section `NormConfig` names.
 
 `NormConfig` declares the settings, their defaults and their rules. The model
-settings (`models/model_config.ModelConfig`) inherit its fields, so the keys
+settings (`models/model_settings.ModelConfig`) inherit its fields, so the keys
 stay flat: `model.norm`, `model.norm_epsilon`. A block takes the section of
 its layer's resolved model config with `NormConfig.of(config)`.
 """

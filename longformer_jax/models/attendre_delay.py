@@ -49,7 +49,7 @@ from longformer_jax.models.standard_stack import BlockStack
 from longformer_jax.models.layer_schedule import layer_config
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.encoder import Encoder, embed_tokens, pooled_output
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 def pair_interaction(x1: jax.Array, x2: jax.Array) -> jax.Array:

@@ -31,7 +31,7 @@ from longformer_jax.models.post_ln_block import ends_normalised
 from longformer_jax.models.stack_registry import stack_class
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 def encoder_context(input_mask: jax.Array, global_flags: jax.Array,

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from longformer_jax.attention.core import projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
-from longformer_jax.attention.registry import attention_class, attention_layer
+from longformer_jax.attention.registry import attention_layer, attention_state
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.frozen_mapping import FrozenMapping
 from longformer_jax.layers.embeddings import TokenEmbedding
@@ -59,7 +59,7 @@ from longformer_jax.models.input_embedding import embed_inputs
 from longformer_jax.models.post_ln_block import ends_normalised
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 def decoder_layer_config(config: 'ResolvedModel') -> 'ResolvedModel':
@@ -129,7 +129,7 @@ class DecoderLayer(nn.Module):
       x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
       return norm(name)(x) if post_ln else x
 
-    state = attention_class(cfg.attention).init_state(cfg, x.shape[0], self.dtype)
+    state = attention_state(cfg, x.shape[0], self.dtype)
     h, _, aux = attention_layer(cfg, self.dtype, name='self_attention')(
         sublayer_input(x, 'self_attention_norm'), state, ctx)
     x = add(x, h, 'self_attention_norm')

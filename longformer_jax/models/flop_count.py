@@ -13,7 +13,7 @@ Elementwise work (softmax, norms, GELU) is not counted.
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 def forward_flops_per_token(config: 'ResolvedModel', chunk_len: int,

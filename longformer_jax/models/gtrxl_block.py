@@ -27,7 +27,7 @@ from longformer_jax.layers.gating import GATE_TYPES, Gate
 from longformer_jax.layers.norms import NormConfig, norm_layer
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

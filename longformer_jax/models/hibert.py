@@ -46,7 +46,7 @@ from longformer_jax.models.encoder_decoder import (DecoderLayer, decoder_context
                                                    decoder_layer_config)
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from longformer_jax.models.encoder import fresh_states
 from longformer_jax.models.encoder_decoder import decoder_context
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 def image_context(inputs: jax.Array, deterministic: bool):

@@ -24,7 +24,7 @@ from longformer_jax.models.decoder_lm import compute_dtype
 from longformer_jax.models.encoder import Encoder, embed_tokens
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 class MaskedLM(nn.Module):

@@ -15,7 +15,7 @@ from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
 from longformer_jax.layers.norms import NormConfig, norm_layer
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 class DecoderBlock(nn.Module):

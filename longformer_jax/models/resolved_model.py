@@ -1,19 +1,11 @@
-"""The model as its Flax modules receive it: `ResolvedModel`, typed, frozen and hashable.
+"""The model as its Flax modules receive it: a `ResolvedModel` built from `config.model`.
 
 `resolve_model` (models/model_config.py) checks `config.model` and returns the
 complete plain dict that `config.json` stores. Between it and the modules,
 `resolved_model(values, vocab_size, **overrides)` turns that dict into one frozen
-object, read by attribute:
-
-  * every shared setting, as the fields of `ModelConfig` that it inherits, so each
-    default and rule lives there only (`cfg.d_model`, `cfg.layer_schedule`);
-  * every registered section (attention variant, block kind, stack kind), typed, in
-    `sections` and read as an attribute by its key (`cfg.longformer.window`,
-    `cfg.gtrxl.gate`, `cfg.universal_act.max_steps`), and `hibert` (the HiBERT tasks'
-    `HibertConfig`) where the task has it;
-  * what is derived, not set: `vocab_size` (the tokenizer's, padded to
-    `vocab_multiple`; 0 where no embedding reads it) and `layer_index` (the layer a
-    per-layer config is for, `layer_schedule.layer_config`; 0 for the whole model).
+`ResolvedModel` (models/resolved_model_type.py, re-exported here: every shared setting as
+the fields of `ModelConfig` that it inherits, every registered section typed and read by
+its key, and the derived `vocab_size` and `layer_index`).
 
 Every field beyond `ModelConfig`'s is required (no default is restated here). Its
 dict-typed settings (`layer_schedule`, `aux_loss_weights`, `rope_scaling`) and
@@ -26,54 +18,14 @@ LM's and the encoders' model from a run's `config.model`; `model_values()` gives
 the plain `config.model` dict (to check an evaluation's variation with `resolve_model`).
 """
 
-import dataclasses
 from typing import Mapping
 
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.config.frozen_mapping import FrozenMapping, thaw
 from longformer_jax.config.section import coerce, unknown_key_error
 from longformer_jax.models.decoder_lm import padded_vocab_size
 from longformer_jax.models.hibert import HibertConfig
 from longformer_jax.models.model_config import ModelConfig, section_classes
-
-
-# Values derived from the config and the tokenizer, not settings.
-DERIVED = ('vocab_size', 'layer_index')
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ResolvedModel(ModelConfig):
-  """A checked model config as the Flax modules read it (see the module docstring).
-
-  Attributes (beyond the shared settings it inherits from `ModelConfig`):
-    vocab_size: the embedding's rows (the tokenizer's vocabulary, padded); 0: none.
-    layer_index: the layer this config is for (`layer_schedule.layer_config`); 0 for the
-      whole model.
-    sections: section key -> its typed section, for every registered attention variant,
-      block kind and stack kind, and `hibert` where the task reads it; each is also an
-      attribute (`cfg.longformer` is `cfg.sections['longformer']`).
-  """
-  vocab_size: int
-  layer_index: int
-  sections: FrozenMapping
-
-  def __getattr__(self, name: str):
-    """A section by its key: `cfg.longformer.window`."""
-    sections = vars(self).get('sections')
-    if sections is not None and name in sections:
-      return sections[name]
-    raise AttributeError(f"'ResolvedModel' has no setting or section {name!r}")
-
-  def model_values(self) -> dict:
-    """The plain `config.model` dict of this model (every setting, every section as a
-    dict; no derived value), as `resolve_model` returns it and checks it again."""
-    out = thaw({name: getattr(self, name) for name in ModelConfig.field_names()})
-    out.update({name: section.to_dict() for name, section in self.sections.items()})
-    return out
-
-  def to_dict(self) -> dict:
-    """`model_values()` with `vocab_size` and `layer_index`; `resolved_model` reads it back."""
-    return dict(self.model_values(), vocab_size=self.vocab_size, layer_index=self.layer_index)
+from longformer_jax.models.resolved_model_type import DERIVED, ResolvedModel
 
 
 def resolved_model(values, vocab_size: int = 0, **overrides) -> ResolvedModel:

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.registry import attention_class, attention_layer
+from longformer_jax.attention.registry import attention_layer, attention_state
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.feed_forward import FeedForward, FeedForwardConfig
@@ -45,7 +45,7 @@ from longformer_jax.layers.reversible import reversible_sequence
 from longformer_jax.models.layer_schedule import layer_config
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 HALVES = ('attention', 'feed_forward')  # F, G; parameter names start with their half's name
 
@@ -135,10 +135,8 @@ class ReversibleStack(nn.Module):
   @staticmethod
   def init_state(config, batch_size: int, dtype=jnp.float32) -> tuple:
     """Each layer's empty memory, from its own (scheduled) config."""
-    return tuple(
-        attention_class(layer_config(config, i).attention).init_state(
-            layer_config(config, i), batch_size, dtype)
-        for i in range(config.num_layers))
+    return tuple(attention_state(layer_config(config, i), batch_size, dtype)
+                 for i in range(config.num_layers))
 
   def dropout_keys(self, ctx: AttentionContext) -> list:
     """One key per layer half when training (None: deterministic)."""

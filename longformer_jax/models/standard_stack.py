@@ -17,13 +17,13 @@ import jax
 import jax.numpy as jnp
 
 from longformer_jax.attention.context import MODEL_STATE, AttentionContext
-from longformer_jax.attention.registry import attention_class
+from longformer_jax.attention.registry import attention_state
 from longformer_jax.models.block_registry import block_class
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.parallel.remat import remat_policy
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 def layer_slice(stacked, i: int):
@@ -57,11 +57,8 @@ class BlockStack(nn.Module):
   @staticmethod
   def init_state(config, batch_size: int, dtype=jnp.float32) -> tuple:
     """Each layer's empty memory, from its own (scheduled) config."""
-    states = []
-    for i in range(config.num_layers):
-      cfg = layer_config(config, i)
-      states.append(attention_class(cfg.attention).init_state(cfg, batch_size, dtype))
-    return tuple(states)
+    return tuple(attention_state(layer_config(config, i), batch_size, dtype)
+                 for i in range(config.num_layers))
 
   @nn.compact
   def __call__(self, x: jax.Array, states, ctx: AttentionContext):

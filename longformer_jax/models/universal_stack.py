@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from longformer_jax.attention.context import AttentionContext
-from longformer_jax.attention.registry import attention_class
+from longformer_jax.attention.registry import attention_state
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.linear import projection
@@ -42,7 +42,7 @@ from longformer_jax.layers.positional import sinusoid_embedding
 from longformer_jax.models.block_registry import block_class
 
 if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
+  from longformer_jax.models.resolved_model_type import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +99,7 @@ class UniversalTransformerACT(nn.Module):
 
   @staticmethod
   def init_state(config, batch_size: int, dtype=jnp.float32) -> tuple:
-    one = attention_class(config.attention).init_state(config, batch_size, dtype)
+    one = attention_state(config, batch_size, dtype)
     return tuple(one for _ in range(config.universal_act.max_steps))
 
   @nn.compact

@@ -43,7 +43,6 @@ rows replace the sparse ones.
 """
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -57,9 +56,6 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import attend
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +230,8 @@ class BigBirdAttention(nn.Module):
     return bigbird_splash.kernel_pattern(model, section)
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
+  def init_state(config: BigBirdConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
     """Stateless: attends within the chunk."""
     return {}
 

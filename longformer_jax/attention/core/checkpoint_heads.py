@@ -35,7 +35,7 @@ from longformer_jax.layers.positional import apply_rotary, rotary_inv_freq
 @dataclasses.dataclass(frozen=True)
 class CheckpointHeads:
   """The settings above as one hashable module field, every one required: their defaults are
-  `ModelConfig`'s (models/model_config.py), read by `SharedSettings.of`
+  `ModelConfig`'s (models/model_settings.py), read by `SharedSettings.of`
   (attention/shared_settings.py), which builds this."""
   num_kv_heads: int                # 0: num_heads (no grouping)
   qkv_bias: bool

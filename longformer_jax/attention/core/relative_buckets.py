@@ -50,7 +50,7 @@ def relative_position_bucket(relative_position: jax.Array, bidirectional: bool,
   """int32 buckets in `[0, num_buckets)` of `relative_position` (`key - query`, any shape).
 
   Needs `num_buckets >= 4` (bidirectional: 2 per side at least, one of them exact)
-  and `max_distance > num_buckets // 2` (models/model_config.py checks both).
+  and `max_distance > num_buckets // 2` (models/model_settings.py checks both).
   """
   relative_position = jnp.asarray(relative_position, jnp.int32)
   if bidirectional:

@@ -52,7 +52,7 @@ one splash kernel whose mask is the same block rule
 """
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -67,9 +67,6 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.attention.core.dot_product import masked_softmax
 from longformer_jax.config.section import Section
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 LAYOUTS = ('1d', '2d')
 
@@ -292,7 +289,8 @@ class ImageLocalAttention(nn.Module):
     return image_local_splash.kernel_pattern(model, section)
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
+  def init_state(config: ImageLocalConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
     """Stateless: attends within the chunk."""
     return {}
 

@@ -37,7 +37,6 @@ docs/scaling.md).
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -60,9 +59,6 @@ from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
 from longformer_jax.attention.sequence_parallel import global_attention, window_attention
 from longformer_jax.attention.shared_settings import SharedSettings
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 KERNEL_AXES = ('embed', 'heads', 'head_dim')
 
@@ -152,12 +148,13 @@ class LongformerAttention(nn.Module):
                     section.global_tokens, in_chunk=not (section.window_cache and model.causal))
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
-    """A FIFO cache of the last `window * max(dilation)` hidden states (empty without cache)."""
-    section = config.longformer
-    capacity = cache_length(section.window, dilations_per_head(section, config.num_heads),
-                            section.window_cache and config.causal)
-    return fifo.create(batch_size, capacity, (config.d_model,), dtype)
+  def init_state(config: LongformerConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
+    """A FIFO cache of the last `window * max(dilation)` hidden states,
+    `[batch_size, capacity, d_model]` (capacity 0 without cache)."""
+    capacity = cache_length(config.window, dilations_per_head(config, shared.num_heads),
+                            config.window_cache and shared.causal)
+    return fifo.create(batch_size, capacity, (shared.d_model,), dtype)
 
   def _rotate(self, x: jax.Array, positions: jax.Array, origin: jax.Array) -> jax.Array:
     return apply_rotary(x, positions - origin) if self.rotary else x

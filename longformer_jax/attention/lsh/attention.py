@@ -60,7 +60,6 @@ Settings: `config.model.lsh` (`LSHConfig`); causal or not is the shared
 
 import dataclasses
 import zlib
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -74,9 +73,6 @@ from longformer_jax.attention.lsh.chunk_scan import lsh_chunk_attention
 from longformer_jax.config.section import Section
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.layers.positional import apply_rotary
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 SELF_LOGIT = -1e5
 HASH_BLOCK = 128       # tokens hashed per lax.map step
@@ -343,7 +339,8 @@ class LSHAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
+  def init_state(config: LSHConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
     """Stateless: LSH attends within the chunk."""
     return {}
 

@@ -21,10 +21,8 @@ rotated by RoPE at their absolute stream positions (`rotary`), so carried
 keys and new queries share one frame.
 """
 
-
 import dataclasses
 import zlib
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -39,9 +37,6 @@ from longformer_jax.attention.performer.kernel import (KERNELS, RELU_EPS, Perfor
                                                        causal_performer_attention, empty_state)
 from longformer_jax.config.section import Section
 from longformer_jax.layers.positional import apply_rotary
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +80,14 @@ class PerformerAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
-    """Zero sums (float32 whatever `dtype`) when causal with `carry_state`, else `{}`."""
+  def init_state(config: PerformerConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
+    """Zero sums (float32 whatever `dtype`; `[batch_size, num_heads, num_features, ...]`,
+    performer/kernel.py) when causal with `carry_state`, else `{}`."""
     del dtype
-    if not config.causal or not config.performer.carry_state:
+    if not shared.causal or not config.carry_state:
       return {}
-    return empty_state(batch_size, config.num_heads, config.performer.num_features,
-                       config.head_dim)
+    return empty_state(batch_size, shared.num_heads, config.num_features, shared.head_dim)
 
   def feature_period(self, ctx: AttentionContext) -> jax.Array:
     """int32 scalar: step // redraw_every in training, 0 (the fixed features) otherwise."""

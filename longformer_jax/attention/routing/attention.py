@@ -36,7 +36,6 @@ reported as the aux loss `commitment_loss` (weighted by
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -51,9 +50,6 @@ from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
 from longformer_jax.layers.positional import apply_rotary
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +154,8 @@ class RoutingAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
+  def init_state(config: RoutingConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
     """Stateless across chunks (the centroids are model state, not memory)."""
     return {}
 

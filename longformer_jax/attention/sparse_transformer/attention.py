@@ -69,7 +69,6 @@ docs/kernels.md).
 """
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -83,9 +82,6 @@ from longformer_jax.attention.sparse_transformer import splash as sparse_splash
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 COMPONENTS = ('strided_local', 'strided_summary', 'fixed_local', 'fixed_summary')
 UNIONS = {'strided': ('strided_local', 'strided_summary'),
@@ -366,7 +362,8 @@ class SparseTransformerAttention(nn.Module):
     return sparse_splash.kernel_pattern(model, section)
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
+  def init_state(config: SparseTransformerConfig, shared: SharedSettings, batch_size: int,
+                 dtype=jnp.float32):
     """Stateless: attends within the chunk."""
     return {}
 

@@ -26,8 +26,6 @@ unrotated, a learned bias per bucket and head read from the query and key
 positions, so cached keys get theirs too); attention/core/checkpoint_heads.py.
 """
 
-from typing import TYPE_CHECKING
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -43,9 +41,6 @@ from longformer_jax.attention.core.block_sparse_flash import masked_kernel
 from longformer_jax.memory import fifo
 from longformer_jax.parallel import sequence_settings
 from longformer_jax.attention.sequence_parallel.attention import sequence_parallel_attention
-
-if TYPE_CHECKING:  # for annotations only, never run (docs/design.md, "Layout")
-  from longformer_jax.models.resolved_model import ResolvedModel
 
 
 class VanillaAttention(nn.Module):
@@ -68,9 +63,11 @@ class VanillaAttention(nn.Module):
                     position_bias=model.position_embedding == 'relative_buckets')
 
   @staticmethod
-  def init_state(config: 'ResolvedModel', batch_size: int, dtype=jnp.float32):
-    """An empty cache of `config.mem_len` hidden states per row."""
-    return fifo.create(batch_size, config.mem_len, (config.d_model,), dtype)
+  def init_state(config: None, shared: SharedSettings, batch_size: int, dtype=jnp.float32):
+    """An empty cache of `shared.mem_len` hidden states per row:
+    `[batch_size, mem_len, d_model]` (`config`: None, vanilla has no section)."""
+    del config
+    return fifo.create(batch_size, shared.mem_len, (shared.d_model,), dtype)
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
