@@ -22,7 +22,9 @@ import pytest
 
 from longformer_jax.checkpoint import resume_checks
 from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.checkpoint.early_refusal import held_workdir_refusal
+from longformer_jax.checkpoint.run_checkpoints import RunCheckpoints
 from longformer_jax.checkpoint.storage_bound import StorageBound
 from longformer_jax.checkpoint.workdir_lease import Holder, process_start_ticks
 from longformer_jax.config.errors import ConfigError
@@ -319,3 +321,18 @@ def test_a_storage_that_does_not_answer_at_the_start_ends_the_run_within_the_bou
   assert not [line for line in lines[:-1] if not line.startswith('import time:')], lines[-5:]
   assert not [line for line in lines if line.rsplit('|', 1)[-1].strip() == 'jax']
   assert seconds < 2 + 30, seconds
+
+
+def test_the_run_deletes_what_a_dead_save_left_and_readers_do_not(tmp_path):
+  """A save cut off (a full disk, an abandoned save) leaves `<step>.orbax-checkpoint-tmp`;
+  the training run, which holds the lease, deletes it when it opens its checkpoints (a full
+  disk gets the space back); a reader (eval.py's Checkpointer) leaves it alone, since it may
+  be a live run's save in flight."""
+  workdir = str(tmp_path / 'run')
+  unfinished = tmp_path / 'run' / 'checkpoints' / '40.orbax-checkpoint-tmp' / 'state'
+  unfinished.mkdir(parents=True)
+  (unfinished / 'part').write_bytes(b'\0' * 1000)
+  Checkpointer(workdir, 2, async_save=False).close()
+  assert unfinished.exists()
+  RunCheckpoints(workdir, 2, True, StorageBound(60)).close()
+  assert not unfinished.parent.exists()
