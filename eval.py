@@ -77,7 +77,8 @@ from longformer_jax.evaluation.architecture_overrides import (architecture_overr
                                                               given_settings, unread_overrides)
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
-from longformer_jax.evaluation.run_restore import at_checkpoint_phase, restore_params, saved_config
+from longformer_jax.evaluation.run_restore import (at_checkpoint_phase, check_saved_run,
+                                                   restore_params, saved_config)
 from longformer_jax.storage import paths
 from longformer_jax.evaluation.task_report import evaluate_task_run
 from longformer_jax.tasks.registry import readers, task_for, task_keys
@@ -98,10 +99,7 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
   """The run's saved config with the command line's `eval` and `parallel` sections
   (`eval.batch_size > 0` replaces the run's `data.eval_batch_size`; for an imported
   checkpoint, `eval.chunk_len = 0` means its context, generation/context.py)."""
-  path = os.path.join(workdir, 'config.json')
-  if not paths.as_path(path).exists():
-    raise FileNotFoundError(f'{path} not found: is {workdir!r} a train.py workdir?')
-  config = ml_collections.ConfigDict(saved_config(path, log=True))
+  config = ml_collections.ConfigDict(saved_config(check_saved_run(workdir), log=True))
   config.eval = cli_config.eval
   config.parallel = cli_config.parallel
   imported = read_import(workdir)

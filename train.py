@@ -23,7 +23,11 @@ Exit status: 0 when training stopped at `train.num_steps` or
 `train.stop_after_steps`; 143 (128 + SIGTERM) when SIGTERM (preemption,
 `kill`) stopped it after saving a checkpoint, so a scheduler can tell a
 preempted run (start it again to resume) from a finished one; 2 for a bad
-setting (one line on stderr).
+setting (one line on stderr); 73 when another live run holds the workdir's
+lease (`checkpoint/workdir_lease.py`: one line naming it, nothing written; checked before
+JAX is imported, checkpoint/early_refusal.py, and again when the lease is taken); 75 when
+the storage failed or did not answer within `checkpoint.storage_timeout_s` (one line
+naming the operation, the path and the cause; docs/training.md, "When the storage fails").
 """
 
 import json
@@ -32,12 +36,18 @@ import sys
 if __name__ == '__main__':
   from longformer_jax.cpu_malloc import reexec_with_cpu_malloc_settings
   reexec_with_cpu_malloc_settings()
+  # A workdir a live run holds is refused now, in one line, before JAX loads (seconds).
+  from longformer_jax.checkpoint.early_refusal import refuse_a_held_workdir
+  refuse_a_held_workdir(sys.argv)
 
 from absl import app, flags
 import jax
 import ml_collections
 
 from longformer_jax import command_line
+from longformer_jax.checkpoint import run_lease
+from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig
+from longformer_jax.checkpoint.storage_bound import StorageBound
 from longformer_jax.convert import hf_init
 from longformer_jax.experiment_config import validate_config
 from longformer_jax.parallel import distributed
@@ -59,9 +69,14 @@ def train(config: ml_collections.ConfigDict, workdir: str):
   parallel = config.get('parallel')
   distributed.initialize(ParallelConfig.build(parallel.to_dict() if parallel else None, 'parallel'))
   validate_config(config, jax.device_count())
-  check_workdir(workdir)
-  training = task_for(config.task).training_task(config, param_import=hf_init)
-  return loop.run(training, config, workdir)
+  # Every storage operation ends within checkpoint.storage_timeout_s (else exit status 75).
+  settings = CheckpointConfig.build(config.checkpoint.to_dict(), 'checkpoint')
+  StorageBound(settings.storage_timeout_s).call('checking --workdir', workdir,
+                                                lambda: check_workdir(workdir), retry=True)
+  # The one writer of the workdir from here on (a live holder: one line, exit status 73).
+  with run_lease.held(workdir, settings) as lease:
+    training = task_for(config.task).training_task(config, param_import=hf_init)
+    return loop.run(training, config, workdir, lease)
 
 
 def finish(result: dict) -> None:
@@ -77,7 +92,7 @@ def finish(result: dict) -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  show_own_info_only()
+  show_own_info_only(debug=flags.FLAGS.debug)
   _, result = train(command_line.flag_config(), flags.FLAGS.workdir)
   finish(result)
 

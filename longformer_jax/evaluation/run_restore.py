@@ -10,6 +10,7 @@ from absl import logging
 import ml_collections
 
 from longformer_jax.checkpoint.checkpointer import Checkpointer
+from longformer_jax.config.errors import UserError
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.resolved_model import lm_model_config
@@ -18,6 +19,19 @@ from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.storage import paths
 from longformer_jax.train import initialization, phases
 from longformer_jax.train.optimizer import make_optimizer
+
+
+def check_saved_run(workdir: str) -> str:
+  """The path of `workdir`'s `config.json`; one line (`ConfigError` / `UserError` naming
+  --workdir) when the bucket is missing (worded as train.py words it), the workdir is not a
+  directory, or it holds no `config.json`. eval.py and generate.py check a run with it."""
+  paths.check_bucket(workdir, '--workdir')
+  if not paths.as_path(workdir).is_dir():
+    raise UserError(f'--workdir: {workdir!r} is not a directory (a train.py workdir)')
+  path = os.path.join(workdir, 'config.json')
+  if not paths.as_path(path).exists():
+    raise UserError(f'--workdir: {path} not found: is {workdir!r} a train.py workdir?')
+  return path
 
 
 def saved_config(path: str, log: bool = False) -> dict:

@@ -9,21 +9,13 @@ import ml_collections
 
 from longformer_jax import command_line
 from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
-from longformer_jax.config.errors import UserError
-from longformer_jax.evaluation.run_restore import at_checkpoint_phase, saved_config
-from longformer_jax.storage import paths
+from longformer_jax.evaluation.run_restore import at_checkpoint_phase, check_saved_run, saved_config
 
 
 def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
   """The run's saved config with the default `parallel` section and `eval.step = step`
   (checked as eval.py checks it), at the phase of the checkpoint read."""
-  paths.check_bucket(workdir, '--workdir')
-  if not paths.as_path(workdir).is_dir():
-    raise UserError(f'--workdir: {workdir!r} is not a directory (a train.py workdir)')
-  path = os.path.join(workdir, 'config.json')
-  if not paths.as_path(path).exists():
-    raise UserError(f'--workdir: {path} not found: is {workdir!r} a train.py workdir?')
-  config = ml_collections.ConfigDict(saved_config(path))
+  config = ml_collections.ConfigDict(saved_config(check_saved_run(workdir)))
   defaults = command_line.experiment_config(command_line.DEFAULT_CONFIG, [])
   config.parallel = defaults.parallel
   config.eval.step = step

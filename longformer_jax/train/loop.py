@@ -24,9 +24,11 @@ import jax
 import ml_collections
 
 from longformer_jax.checkpoint import resume_checks
-from longformer_jax.checkpoint.checkpointer import Checkpointer
+from longformer_jax.checkpoint.run_checkpoints import RunCheckpoints
+from longformer_jax.checkpoint.storage_bound import StorageBound
 from longformer_jax.models.saved_config import migrate_saved_config
 from longformer_jax.parallel import sharding
+from longformer_jax.storage.storage_errors import cause, is_storage_failure, reporting
 from longformer_jax.train.metrics_logging import MetricsLogger, ProgressBar
 from longformer_jax.train.run_directory import write_config
 
@@ -165,23 +167,60 @@ class Throughput:
     return self._units / max(self._clock() - self._start, 1e-9)
 
 
-def restore_or_create(task: TrainingTask, checkpointer: Checkpointer, config, workdir: str):
+def restore_or_create(task: TrainingTask, checkpointer: RunCheckpoints, config, workdir: str,
+                      bound: StorageBound):
   """The state to start from: the newest intact checkpoint's, with its data position, or fresh."""
   latest = checkpointer.latest_step()
   if latest is None:
     return task.fresh_state()
   # An old run's config.json (flat model keys) is compared in today's layout.
-  resume_checks.check_resumable(workdir, config.to_dict(),
-                                migrate=lambda saved: migrate_saved_config(saved)[0])
+  bound.call('reading config.json in', workdir, lambda: resume_checks.check_resumable(
+      workdir, config.to_dict(), migrate=lambda saved: migrate_saved_config(saved)[0]),
+             retry=True)
+  abstract = task.abstract_state(latest)
   state, data_state, step = checkpointer.restore_latest_intact(
-      task.abstract_state(latest), from_params=task.state_with_params)
+      abstract, from_params=task.state_with_params)
   task.restore_data(data_state, step)
   logging.info('Resumed from step %d in %s', step, checkpointer.directory)
   return state
 
 
-def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
+def clean_up(actions: list, stopping: 'BaseException | None') -> None:
+  """Runs every `(description, callable or None)` of `actions`, in order, whatever fails.
+
+  When an error is already stopping the run (`stopping`), that error is what the user
+  must see: a failure here is logged in one line and dropped. Otherwise the first failure
+  is raised once all have run (a storage failure as one `StorageError` line).
+  """
+  first = None
+  for description, action in actions:
+    if action is None:
+      continue
+    try:
+      action()
+    except Exception as error:  # pylint: disable=broad-except
+      if stopping is None:
+        first = first or (description, error)
+      else:
+        logging.warning('While stopping on the error below, %s failed too: %s',
+                        description, cause(error))
+  if first is not None:
+    description, error = first
+    if is_storage_failure(error):
+      with reporting(description):
+        raise error
+    raise error
+
+
+def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lease=None):
   """Trains (or resumes) until `train.num_steps` or `train.stop_after_steps`.
+
+  `lease` (`checkpoint/workdir_lease.py`), when given, is checked at every step: a lease
+  another run took over stops this one (`LeaseLostError`) before it writes again.
+  Every storage operation ends within `checkpoint.storage_timeout_s`
+  (`checkpoint/storage_bound.py`), a checkpoint's background writes too (checked at every
+  step); a storage failure ends the run with one `StorageError`, and nothing waits on the
+  storage after it (the save in flight is abandoned, never committed).
 
   Returns:
     `(final state, last logged train metrics)`, the metrics with `step`,
@@ -190,18 +229,23 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
   """
   train = config.train
   is_chief = jax.process_index() == 0
-  checkpointer = Checkpointer(workdir, train.keep_checkpoints,
-                              async_save=train.async_checkpointing)
+  check_lease = lease.check if lease is not None else lambda: None
+  bound = StorageBound(config.checkpoint.storage_timeout_s)
+  checkpointer = RunCheckpoints(workdir, train.keep_checkpoints, train.async_checkpointing,
+                                bound)
   logger = progress = None
+  stopping = None
   try:
-    state = restore_or_create(task, checkpointer, config, workdir)
-    write_config(config, workdir)
+    state = restore_or_create(task, checkpointer, config, workdir, bound)
+    bound.call('writing config.json in', workdir, lambda: write_config(config, workdir),
+               retry=True)
     start_step = int(state.step)
     num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
     logging.info('Model: %s, %.2fM parameters, mesh %s', task.description, num_params / 1e6,
                  dict(task.mesh.shape))
     end_step = min(train.num_steps, train.stop_after_steps or train.num_steps)
-    logger = MetricsLogger(workdir, enabled=is_chief, resume_step=start_step)
+    logger = bound.call('opening metrics.jsonl in', workdir, lambda: MetricsLogger(
+        workdir, enabled=is_chief, resume_step=start_step, bound=bound), retry=True)
     progress = ProgressBar(end_step, start_step, enabled=is_chief)
     throughput = Throughput()
     pending, last, last_valid, preempted = None, {}, (None, None), False
@@ -214,7 +258,8 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
 
     def validate(step: int) -> tuple:
       result = task.evaluate(state)
-      logger.write(step, result, 'valid')
+      with reporting('writing metrics in', workdir):
+        logger.write(step, result, 'valid')
       progress.note(f'valid step {step}: {one_line(result)}')
       throughput.restart()        # the window measures training only
       return step, result
@@ -223,6 +268,8 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
         task.mesh, task.rules, config.parallel):
       step = start_step
       while step < end_step:
+        check_lease()
+        checkpointer.check()          # the save in flight: failed, or past its bound?
         if step == start_step or task.starts_segment(step):
           if pending is not None:
             checked(pending)
@@ -239,7 +286,8 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
         if step % train.log_every == 0 or step == end_step:
           last = checked(pending)     # waits for the step: the window's steps are done
           last[RATE_NAMES[task.unit]] = throughput.rate()
-          logger.write(step, last, 'train')
+          with reporting('writing metrics in', workdir):
+            logger.write(step, last, 'train')
           progress.update(step, last['loss'], last[RATE_NAMES[task.unit]], task.unit,
                           last['bits_per_token'] if 'bits_per_token' in last else None)
           throughput.restart()
@@ -247,6 +295,7 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
           last_valid = validate(step)
         if step % train.checkpoint_every == 0 or preemption.requested:
           checked(pending)            # never save a state that went non-finite
+          check_lease()               # nor into a workdir another run took over
           checkpointer.save(step, state, task.data_state())
           logger.flush()              # the lines up to this checkpoint, durable with it
           throughput.restart()
@@ -255,18 +304,28 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str):
           preempted = True
           break
 
+      check_lease()
       checkpointer.save(step, state, task.data_state())
       if step == train.num_steps and train.eval_every:
         if last_valid[0] != step:
           last_valid = validate(step)
         last['final_valid'] = last_valid[1]
+  except BaseException as error:
+    stopping = error
+    raise
   finally:
-    # Also on errors: let a checkpoint being written finish, so it stays intact.
-    checkpointer.wait()
-    checkpointer.close()
-    for closable in (progress, logger):
-      if closable is not None:
-        closable.close()
+    # On other errors too, let a checkpoint being written finish (within its bound). After a
+    # storage failure nothing waits on the storage again: the save in flight is abandoned
+    # (never committed, so never listed) and the metrics past the last checkpoint, which the
+    # resumed run logs again, are not uploaded.
+    storage_failed = stopping is not None and is_storage_failure(stopping)
+    clean_up([(f'finishing the checkpoint being saved in {checkpointer.directory}',
+               None if storage_failed else checkpointer.wait),
+              (f'closing the checkpoints in {checkpointer.directory}',
+               None if storage_failed else checkpointer.close),
+              ('closing the progress display', progress and progress.close),
+              (f'uploading metrics.jsonl and TensorBoard events to {workdir}',
+               logger and (lambda: logger.close(upload=not storage_failed)))], stopping)
   last['step'] = step
   last['preempted'] = preempted
   return state, last

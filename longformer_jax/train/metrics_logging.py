@@ -19,7 +19,9 @@ A `gs://` workdir takes the same calls: an object cannot be appended to, so
 both files grow in a local folder and are uploaded whole (at most every
 `REMOTE_UPLOAD_SECONDS`, with each checkpoint (`flush`) and at `close`); a
 resumed run drops the lines past its checkpoint in any case, so lines lost to
-a kill are logged again.
+a kill are logged again. Given the run's `StorageBound` (checkpoint/storage_bound.py),
+each upload ends within `checkpoint.storage_timeout_s`, transient failures retried;
+`close(upload=False)` after the storage failed skips the last upload.
 """
 
 import datetime
@@ -34,6 +36,7 @@ from typing import Any, TextIO
 import tensorboardX
 import tqdm
 
+from longformer_jax.checkpoint.storage_bound import StorageBound
 from longformer_jax.storage import paths
 
 _RESERVED_KEYS = ('step', 'split')
@@ -44,7 +47,7 @@ class MetricsLogger:
   """Writes scalar metrics to `metrics.jsonl` and TensorBoard."""
 
   def __init__(self, workdir: str, *, enabled: bool = True,
-               resume_step: int | None = None):
+               resume_step: int | None = None, bound: StorageBound | None = None):
     """Opens the files of `workdir` for appending.
 
     Args:
@@ -52,8 +55,12 @@ class MetricsLogger:
       enabled: False on every process but the first of a multi-host run.
       resume_step: the step training continues from (0 for a fresh start);
         lines of later steps are dropped first. None keeps every line.
+      bound: the run's storage bound for the uploads of a `gs://` workdir (None: each
+        upload takes as long as its client's retries).
     """
     self._enabled = enabled
+    self._workdir = workdir
+    self._bound = bound
     self._jsonl = None
     self._tensorboard = None
     self._staging = None
@@ -114,7 +121,15 @@ class MetricsLogger:
       self._upload()
 
   def _upload(self) -> None:
-    """Copies the staged files of a gs:// workdir over their objects (each whole)."""
+    """Copies the staged files of a gs:// workdir over their objects, within the bound."""
+    if self._bound is None:
+      self._copy_staged()
+    else:
+      self._bound.call('uploading metrics.jsonl and TensorBoard events to', self._workdir,
+                       self._copy_staged, retry=True)
+
+  def _copy_staged(self) -> None:
+    """Copies the staged files over their objects (each whole: may run twice)."""
     staged = paths.as_path(self._staging.name)
     self._jsonl_path.write_bytes((staged / 'metrics.jsonl').read_bytes())
     self._tensorboard_path.mkdir(parents=True, exist_ok=True)
@@ -122,17 +137,21 @@ class MetricsLogger:
       (self._tensorboard_path / event_file.name).write_bytes(event_file.read_bytes())
     self._uploaded_at = time.monotonic()
 
-  def close(self) -> None:
-    """Flushes and closes the files; later writes are errors."""
+  def close(self, upload: bool = True) -> None:
+    """Flushes and closes the files (a `gs://` workdir's uploaded a last time, unless
+    `upload` is False: the storage failed); later writes are errors."""
     if self._jsonl is not None:
       self._jsonl.close()
       self._tensorboard.close()
-      if self._staging:
-        self._upload()
-        self._staging.cleanup()
-        self._staging = None
       self._jsonl = None
       self._tensorboard = None
+      if self._staging:
+        try:
+          if upload:
+            self._upload()
+        finally:
+          self._staging.cleanup()
+          self._staging = None
 
   def __enter__(self) -> 'MetricsLogger':
     return self
