@@ -78,7 +78,7 @@ from longformer_jax.evaluation.architecture_overrides import (architecture_overr
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
 from longformer_jax.evaluation.run_restore import (at_checkpoint_phase, check_saved_run,
-                                                   restore_params, saved_config)
+                                                   read_bound, restore_params, saved_config)
 from longformer_jax.storage import paths
 from longformer_jax.evaluation.task_report import evaluate_task_run
 from longformer_jax.tasks.registry import readers, task_for, task_keys
@@ -96,13 +96,19 @@ def run_config(cli_config: ml_collections.ConfigDict, workdir: str,
 
 
 def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
-  """The run's saved config with the command line's `eval` and `parallel` sections
-  (`eval.batch_size > 0` replaces the run's `data.eval_batch_size`; for an imported
-  checkpoint, `eval.chunk_len = 0` means its context, generation/context.py)."""
-  config = ml_collections.ConfigDict(saved_config(check_saved_run(workdir), log=True))
+  """The run's saved config with the command line's `eval`, `parallel` and `checkpoint`
+  sections (`eval.batch_size > 0` replaces the run's `data.eval_batch_size`; for an
+  imported checkpoint, `eval.chunk_len = 0` means its context, generation/context.py)."""
+  # The storage reads end within the command line's checkpoint.storage_timeout_s (status 75).
+  saved, imported = read_bound(cli_config).call(
+      'reading the run in', workdir,
+      lambda: (saved_config(check_saved_run(workdir), log=True), read_import(workdir)),
+      retry=True)
+  config = ml_collections.ConfigDict(saved)
   config.eval = cli_config.eval
   config.parallel = cli_config.parallel
-  imported = read_import(workdir)
+  if cli_config.get('checkpoint') is not None:   # the reader's own storage bound
+    config.checkpoint = cli_config.checkpoint
   if imported and not config.eval.chunk_len:   # an imported checkpoint: exact within its context
     config.eval.chunk_len = imported['context_len']
   if config.eval.batch_size:
@@ -255,9 +261,11 @@ def check_overrides_apply(cli_config: ml_collections.ConfigDict, workdir: str) -
   overrides.
   """
   path = os.path.join(workdir, 'config.json')
-  if not paths.as_path(path).exists():
+  saved = read_bound(cli_config).call(
+      'reading the run in', workdir,
+      lambda: saved_config(path) if paths.as_path(path).exists() else None, retry=True)
+  if saved is None:
     return                                   # evaluate_run reports the missing file
-  saved = saved_config(path)
   overrides = given_settings(cli_config.to_dict(),
                              command_line.experiment_config(flags.FLAGS.config, []).to_dict())
   given = cli_config.to_dict() if flags.FLAGS['config'].present else overrides
@@ -269,7 +277,7 @@ def check_overrides_apply(cli_config: ml_collections.ConfigDict, workdir: str) -
   unread = unread_overrides(overrides, saved)
   if unread:
     raise ConfigError(unread[0], f'eval.py takes {", ".join(unread)} from {path} and only '
-                      'eval.* and parallel.* from the command line: drop these settings (the '
+                      'eval.*, parallel.* and checkpoint.storage_timeout_s from the command line: drop these settings (the '
                       'evaluation batch is --config.eval.batch_size)')
 
 

@@ -335,4 +335,35 @@ def test_the_run_deletes_what_a_dead_save_left_and_readers_do_not(tmp_path):
   Checkpointer(workdir, 2, async_save=False).close()
   assert unfinished.exists()
   RunCheckpoints(workdir, 2, True, StorageBound(60)).close()
+  # Orbax deletes it in a background thread started when the checkpoints open (and awaits
+  # that thread before the run's first save): milliseconds.
+  deadline = time.monotonic() + 10
+  while unfinished.parent.exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
   assert not unfinished.parent.exists()
+
+
+def test_eval_whose_storage_does_not_answer_ends_within_the_bound():
+  """eval.py reads the run (config.json, then the checkpoint) within the command line's
+  checkpoint.storage_timeout_s: against a paused GCS server, one line and status 75."""
+  script, extra = 'eval.py', ['--config.checkpoint.storage_timeout_s=2']
+  with tempfile.TemporaryFile() as server_log:
+    server, url = start_server(server_log)
+    try:
+      create_bucket(url, 'paused')
+      server.send_signal(signal.SIGSTOP)
+      env = dict(os.environ, STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
+                 GOOGLE_AUTH_TOKEN_FOR_TESTING='local-test-token', LONGFORMER_JAX_MALLOC='0')
+      started = time.monotonic()
+      done = subprocess.run([sys.executable, script, '--workdir=gs://paused/run'] + extra,
+                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+      seconds = time.monotonic() - started
+    finally:
+      server.send_signal(signal.SIGCONT)
+      server.kill()
+      server.wait()
+  lines = done.stderr.splitlines()
+  assert done.returncode == 75, done.stderr[-2000:]
+  assert lines[-1] == ('error: reading the run in gs://paused/run did not finish within '
+                       'checkpoint.storage_timeout_s = 2 s'), lines[-5:]
+  assert seconds < 2 + 30, seconds

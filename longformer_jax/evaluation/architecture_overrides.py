@@ -18,7 +18,7 @@ import json
 from typing import Any, Mapping
 
 ARCHITECTURE_PREFIXES = ('model.', 'data.tokenizer', 'data.sentencepiece_model')
-EVAL_TIME_PREFIXES = ('eval.', 'parallel.')
+EVAL_TIME_PREFIXES = ('eval.', 'parallel.', 'checkpoint.storage_timeout_s')
 
 
 def flat_settings(config: Mapping, prefix: str = '') -> dict[str, Any]:
@@ -53,7 +53,7 @@ def architecture_overrides(cli_config: Mapping, saved_config: Mapping) -> list[s
 
 def unread_overrides(overrides: Mapping, saved_config: Mapping) -> list[str]:
   """Sorted dotted keys of `overrides` (what `--config.KEY=VALUE` changed) that eval.py
-  would not read: outside `eval` and `parallel`, not architecture, differing from the run's."""
+  would not read: outside `eval`, `parallel` and `checkpoint.storage_timeout_s`, not architecture, differing from the run's."""
   saved = flat_settings(saved_config)
   return sorted(key for key, value in flat_settings(overrides).items()
                 if not key.startswith(EVAL_TIME_PREFIXES) and not is_architecture_key(key)

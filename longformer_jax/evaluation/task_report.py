@@ -25,6 +25,7 @@ import ml_collections
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
+from longformer_jax.evaluation.run_restore import read_bound
 from longformer_jax.evaluation.task_evaluator import TaskEvaluator, batch_shardings
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train.example_state import abstract_task_state, global_batch_example
@@ -55,10 +56,16 @@ def restore_task_state(config: ml_collections.ConfigDict, workdir: str, task, ar
       global_batch_example(arrays, config.data.batch_size), mesh,
       config.parallel.logical_axis_rules)
   step = None if config.eval.step < 0 else config.eval.step
-  with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
-    if checkpointer.latest_step() is None:
-      raise FileNotFoundError(f'no checkpoint in {checkpointer.directory}; train first')
-    state, _ = checkpointer.restore(step, abstract)
+
+  def read():   # None: no checkpoint yet (reported outside the bound, as a usage error)
+    with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
+      if checkpointer.latest_step() is None:
+        return checkpointer.directory, None
+      return checkpointer.directory, checkpointer.restore(step, abstract)[0]
+  directory, state = read_bound(config).call('restoring the checkpoint in', workdir, read,
+                                             retry=True)
+  if state is None:
+    raise FileNotFoundError(f'no checkpoint in {directory}; train first')
   return model_config, model, state, state_shardings
 
 

@@ -9,14 +9,19 @@ import ml_collections
 
 from longformer_jax import command_line
 from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
-from longformer_jax.evaluation.run_restore import at_checkpoint_phase, check_saved_run, saved_config
+from longformer_jax.evaluation.run_restore import (at_checkpoint_phase, check_saved_run,
+                                                   read_bound, saved_config)
 
 
 def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
   """The run's saved config with the default `parallel` section and `eval.step = step`
   (checked as eval.py checks it), at the phase of the checkpoint read."""
-  config = ml_collections.ConfigDict(saved_config(check_saved_run(workdir)))
   defaults = command_line.experiment_config(command_line.DEFAULT_CONFIG, [])
+  # Within the default checkpoint.storage_timeout_s (past it: one line, status 75); the later
+  # reads (the checkpoint) within the run's own.
+  config = ml_collections.ConfigDict(read_bound(defaults).call(
+      'reading the run in', workdir, lambda: saved_config(check_saved_run(workdir)),
+      retry=True))
   config.parallel = defaults.parallel
   config.eval.step = step
   return at_checkpoint_phase(config, workdir)
