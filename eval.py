@@ -277,8 +277,9 @@ def check_overrides_apply(cli_config: ml_collections.ConfigDict, workdir: str) -
   unread = unread_overrides(overrides, saved)
   if unread:
     raise ConfigError(unread[0], f'eval.py takes {", ".join(unread)} from {path} and only '
-                      'eval.*, parallel.* and checkpoint.storage_timeout_s from the command line: drop these settings (the '
-                      'evaluation batch is --config.eval.batch_size)')
+                      'eval.*, parallel.* and checkpoint.storage_timeout_s from the command '
+                      'line: drop these settings (the evaluation batch is '
+                      '--config.eval.batch_size)')
 
 
 def main(argv):
