@@ -77,8 +77,9 @@ from longformer_jax.evaluation.architecture_overrides import (architecture_overr
                                                               given_settings, unread_overrides)
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
+from longformer_jax.checkpoint.storage_bound import StorageBound
 from longformer_jax.evaluation.run_restore import (at_checkpoint_phase, check_saved_run,
-                                                   read_bound, restore_params, saved_config)
+                                                   restore_params, saved_config)
 from longformer_jax.storage import paths
 from longformer_jax.evaluation.task_report import evaluate_task_run
 from longformer_jax.tasks.registry import readers, task_for, task_keys
@@ -100,7 +101,7 @@ def training_config(cli_config: ml_collections.ConfigDict, workdir: str) -> ml_c
   sections (`eval.batch_size > 0` replaces the run's `data.eval_batch_size`; for an
   imported checkpoint, `eval.chunk_len = 0` means its context, generation/context.py)."""
   # The storage reads end within the command line's checkpoint.storage_timeout_s (status 75).
-  saved, imported = read_bound(cli_config).call(
+  saved, imported = StorageBound.of(cli_config).call(
       'reading the run in', workdir,
       lambda: (saved_config(check_saved_run(workdir), log=True), read_import(workdir)),
       retry=True)
@@ -261,7 +262,7 @@ def check_overrides_apply(cli_config: ml_collections.ConfigDict, workdir: str) -
   overrides.
   """
   path = os.path.join(workdir, 'config.json')
-  saved = read_bound(cli_config).call(
+  saved = StorageBound.of(cli_config).call(
       'reading the run in', workdir,
       lambda: saved_config(path) if paths.as_path(path).exists() else None, retry=True)
   if saved is None:

@@ -33,7 +33,8 @@ def mean_accuracy(rows: list[dict], scale: str, variants) -> tuple[dict, list[st
   for row in rows:
     if row['scale'] == scale and row['variant'] in variants:
       by_task[row['variant']][row['task']].append(row['accuracy'])
-  shared = sorted(set.intersection(*(set(tasks) for tasks in by_task.values())))
+  shared = sorted(set.intersection(*(set(tasks) for tasks in by_task.values()))
+                  if by_task else ())
   return ({variant: statistics.mean(statistics.mean(tasks[t]) for t in shared)
            for variant, tasks in by_task.items()}, shared)
 

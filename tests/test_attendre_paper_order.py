@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longformer_jax.attention.attendre import AttendreAttention
 from longformer_jax.attention.registry import attention_layer, attention_state
 from longformer_jax.memory import policies
 from tests.test_attendre import (B, C, H, HD, context, init_params, layer_step, model_config,

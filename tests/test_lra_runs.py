@@ -8,14 +8,11 @@ import pathlib
 import subprocess
 import sys
 
-import jax
-import ml_collections
 import numpy as np
 import pytest
 
 from configs import lra
 from longformer_jax.experiment_config import resolve_config
-from longformer_jax.tasks.registry import task_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Small data for runs on the CPU: the generators' counts, not their shapes.

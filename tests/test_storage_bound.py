@@ -18,6 +18,7 @@ import urllib.request
 
 import aiohttp
 from gcsfs import retry as gcsfs_retry
+import ml_collections
 import pytest
 
 from longformer_jax.checkpoint import resume_checks
@@ -57,6 +58,15 @@ def test_the_setting_is_checked_in_its_section():
     with pytest.raises(ConfigError, match=r'checkpoint.storage_timeout_s: .* must be a finite '
                        r'number of seconds > 0'):
       CheckpointConfig.build({'storage_timeout_s': bad}, 'checkpoint')
+
+
+def test_a_config_sets_the_bound_and_an_old_one_gets_the_default():
+  given = ml_collections.ConfigDict({'checkpoint': {'storage_timeout_s': 7.0}})
+  assert StorageBound.of(given).seconds == 7.0
+  assert StorageBound.of({'checkpoint': {'storage_timeout_s': 3}}).seconds == 3.0
+  assert StorageBound.of(ml_collections.ConfigDict({'train': {}})).seconds == 120.0
+  with pytest.raises(ConfigError, match='checkpoint.storage_timeout_s'):
+    StorageBound.of({'checkpoint': {'storage_timeout_s': 0}})
 
 
 def test_an_operation_returns_in_time_and_its_errors_pass_as_they_are():
@@ -294,9 +304,10 @@ exit_abandoning_threads(0)
   assert 3 <= float(seconds) < 6, out
 
 
-def test_a_storage_that_does_not_answer_at_the_start_ends_the_run_within_the_bound():
-  """The early look at the lease is the run's first storage operation: against a paused GCS
-  server it ends the run in one line with status 75 after the bound, before JAX loads."""
+def run_against_a_paused_server(arguments: list) -> tuple:
+  """`(completed process, seconds)` of `python ARGUMENTS` against a GCS server whose bucket
+  `paused` exists and which then stops answering (SIGSTOP: connections accepted, never
+  answered)."""
   with tempfile.TemporaryFile() as server_log:
     server, url = start_server(server_log)
     try:
@@ -305,14 +316,21 @@ def test_a_storage_that_does_not_answer_at_the_start_ends_the_run_within_the_bou
       env = dict(os.environ, STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
                  GOOGLE_AUTH_TOKEN_FOR_TESTING='local-test-token', LONGFORMER_JAX_MALLOC='0')
       started = time.monotonic()
-      done = subprocess.run([sys.executable, '-X', 'importtime', 'train.py',
-                             '--workdir=gs://paused/run', '--config.checkpoint.storage_timeout_s=2'],
-                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-      seconds = time.monotonic() - started
+      done = subprocess.run([sys.executable] + arguments, cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+      return done, time.monotonic() - started
     finally:
       server.send_signal(signal.SIGCONT)
       server.kill()
       server.wait()
+
+
+def test_a_storage_that_does_not_answer_at_the_start_ends_the_run_within_the_bound():
+  """The early look at the lease is the run's first storage operation: against a paused GCS
+  server it ends the run in one line with status 75 after the bound, before JAX loads."""
+  done, seconds = run_against_a_paused_server(
+      ['-X', 'importtime', 'train.py', '--workdir=gs://paused/run',
+       '--config.checkpoint.storage_timeout_s=2'])
   lines = done.stderr.splitlines()
   print(f'status {done.returncode} after {seconds:.1f} s: {lines[-1]}')
   assert done.returncode == 75, done.stderr[-2000:]
@@ -346,22 +364,8 @@ def test_the_run_deletes_what_a_dead_save_left_and_readers_do_not(tmp_path):
 def test_eval_whose_storage_does_not_answer_ends_within_the_bound():
   """eval.py reads the run (config.json, then the checkpoint) within the command line's
   checkpoint.storage_timeout_s: against a paused GCS server, one line and status 75."""
-  script, extra = 'eval.py', ['--config.checkpoint.storage_timeout_s=2']
-  with tempfile.TemporaryFile() as server_log:
-    server, url = start_server(server_log)
-    try:
-      create_bucket(url, 'paused')
-      server.send_signal(signal.SIGSTOP)
-      env = dict(os.environ, STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
-                 GOOGLE_AUTH_TOKEN_FOR_TESTING='local-test-token', LONGFORMER_JAX_MALLOC='0')
-      started = time.monotonic()
-      done = subprocess.run([sys.executable, script, '--workdir=gs://paused/run'] + extra,
-                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-      seconds = time.monotonic() - started
-    finally:
-      server.send_signal(signal.SIGCONT)
-      server.kill()
-      server.wait()
+  done, seconds = run_against_a_paused_server(
+      ['eval.py', '--workdir=gs://paused/run', '--config.checkpoint.storage_timeout_s=2'])
   lines = done.stderr.splitlines()
   assert done.returncode == 75, done.stderr[-2000:]
   assert lines[-1] == ('error: reading the run in gs://paused/run did not finish within '

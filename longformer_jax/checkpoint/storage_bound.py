@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig
 from longformer_jax.storage.storage_errors import (StorageTimeoutError, cause, is_transient,
                                                    reporting)
 
@@ -91,6 +92,14 @@ class StorageBound:
 
   def __init__(self, seconds: float):
     self.seconds = float(seconds)
+
+  @classmethod
+  def of(cls, config) -> 'StorageBound':
+    """The bound `config.checkpoint.storage_timeout_s` sets (the section's default where an
+    old run's config has no `checkpoint` section)."""
+    section = config.get('checkpoint')
+    values = section.to_dict() if hasattr(section, 'to_dict') else section
+    return cls(CheckpointConfig.build(values, 'checkpoint').storage_timeout_s)
 
   def call(self, operation: str, path, function: Callable[[], Any], *,
            retry: bool = False) -> Any:

@@ -9,7 +9,6 @@ import os
 from absl import logging
 import ml_collections
 
-from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.checkpoint.storage_bound import StorageBound
 from longformer_jax.config.errors import UserError
@@ -21,15 +20,6 @@ from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.storage import paths
 from longformer_jax.train import initialization, phases
 from longformer_jax.train.optimizer import make_optimizer
-
-
-def read_bound(config) -> StorageBound:
-  """The bound on a reader's storage operations, `config.checkpoint.storage_timeout_s`
-  (eval.py: the command line's; generate.py: the run's; an old run without the section: the
-  default). Past it the reader ends in one line with status 75, as train.py does."""
-  section = config.get('checkpoint')
-  settings = CheckpointConfig.build(section.to_dict() if section else None, 'checkpoint')
-  return StorageBound(settings.storage_timeout_s)
 
 
 def check_saved_run(workdir: str) -> str:
@@ -63,7 +53,7 @@ def at_checkpoint_phase(config: ml_collections.ConfigDict, workdir: str) -> ml_c
   def latest() -> 'int | None':
     with Checkpointer(workdir, config.train.keep_checkpoints, async_save=False) as checkpointer:
       return checkpointer.latest_step()
-  step = (read_bound(config).call('listing the checkpoints in', workdir, latest, retry=True)
+  step = (StorageBound.of(config).call('listing the checkpoints in', workdir, latest, retry=True)
           if config.eval.step < 0 else config.eval.step)
   if step is None:
     return config
@@ -91,7 +81,7 @@ def restore_params(config, tokenizer, workdir: str, mesh, rules):
       if checkpointer.latest_step() is None:
         return checkpointer.directory, None
       return checkpointer.directory, checkpointer.restore_params(step, abstract)
-  directory, restored = read_bound(config).call('restoring the checkpoint in', workdir, read,
+  directory, restored = StorageBound.of(config).call('restoring the checkpoint in', workdir, read,
                                                 retry=True)
   if restored is None:
     raise FileNotFoundError(f'no checkpoint in {directory}; train first')

@@ -23,9 +23,9 @@ import jax
 import ml_collections
 
 from longformer_jax.checkpoint.checkpointer import Checkpointer
+from longformer_jax.checkpoint.storage_bound import StorageBound
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.report_files import fresh_output_dir
-from longformer_jax.evaluation.run_restore import read_bound
 from longformer_jax.evaluation.task_evaluator import TaskEvaluator, batch_shardings
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train.example_state import abstract_task_state, global_batch_example
@@ -62,8 +62,8 @@ def restore_task_state(config: ml_collections.ConfigDict, workdir: str, task, ar
       if checkpointer.latest_step() is None:
         return checkpointer.directory, None
       return checkpointer.directory, checkpointer.restore(step, abstract)[0]
-  directory, state = read_bound(config).call('restoring the checkpoint in', workdir, read,
-                                             retry=True)
+  directory, state = StorageBound.of(config).call('restoring the checkpoint in', workdir,
+                                                  read, retry=True)
   if state is None:
     raise FileNotFoundError(f'no checkpoint in {directory}; train first')
   return model_config, model, state, state_shardings

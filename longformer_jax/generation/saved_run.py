@@ -9,8 +9,8 @@ import ml_collections
 
 from longformer_jax import command_line
 from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
-from longformer_jax.evaluation.run_restore import (at_checkpoint_phase, check_saved_run,
-                                                   read_bound, saved_config)
+from longformer_jax.checkpoint.storage_bound import StorageBound
+from longformer_jax.evaluation.run_restore import at_checkpoint_phase, check_saved_run, saved_config
 
 
 def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
@@ -19,7 +19,7 @@ def run_config(workdir: str, step: int) -> ml_collections.ConfigDict:
   defaults = command_line.experiment_config(command_line.DEFAULT_CONFIG, [])
   # Within the default checkpoint.storage_timeout_s (past it: one line, status 75); the later
   # reads (the checkpoint) within the run's own.
-  config = ml_collections.ConfigDict(read_bound(defaults).call(
+  config = ml_collections.ConfigDict(StorageBound.of(defaults).call(
       'reading the run in', workdir, lambda: saved_config(check_saved_run(workdir)),
       retry=True))
   config.parallel = defaults.parallel

@@ -19,7 +19,6 @@ import os
 import jax
 import ml_collections
 
-from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.checkpoint.storage_bound import StorageBound
 from longformer_jax.config.errors import ConfigError, require
@@ -89,11 +88,8 @@ def with_pretrained_encoder(config: ml_collections.ConfigDict, state, mesh, rule
   if not workdir:
     return state
   check_init_from(config)
-  section = config.get('checkpoint')
-  bound = StorageBound(CheckpointConfig.build(section.to_dict() if section else None,
-                                              'checkpoint').storage_timeout_s)
   # Within the run's checkpoint.storage_timeout_s, as its own checkpoints (status 75 past it).
-  source = bound.call('restoring the pretrained encoder from', workdir,
+  source = StorageBound.of(config).call('restoring the pretrained encoder from', workdir,
                       lambda: pretrained_params(workdir, mesh, rules), retry=True)[SCOPE]
   target = state.params[SCOPE]
   source_shapes = jax.tree_util.tree_map(lambda x: x.shape, source)

@@ -230,7 +230,7 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
   train = config.train
   is_chief = jax.process_index() == 0
   check_lease = lease.check if lease is not None else lambda: None
-  bound = StorageBound(config.checkpoint.storage_timeout_s)
+  bound = StorageBound.of(config)
   checkpointer = RunCheckpoints(workdir, train.keep_checkpoints, train.async_checkpointing,
                                 bound)
   logger = progress = None
