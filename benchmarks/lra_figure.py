@@ -31,7 +31,7 @@ def mean_accuracy(rows: list[dict], scale: str, variants) -> tuple[dict, list[st
   the model rows of `variants`: the tasks every one of them has a row of."""
   by_task = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in rows:
-    if row['scale'] == scale and row['variant'] in variants:
+    if row['scale'] == scale and row['variant'] in variants and not row.get('settings'):
       by_task[row['variant']][row['task']].append(row['accuracy'])
   shared = sorted(set.intersection(*(set(tasks) for tasks in by_task.values()))
                   if by_task else ())
@@ -51,8 +51,8 @@ def main(argv=None) -> int:
   cost = {row['variant']: row for row in read_rows(args.cost)
           if row['scale'] == args.scale and row['length'] == args.length
           and 'relative_steps_per_s' in row}
-  models = {row['variant'] for row in rows
-            if row['scale'] == args.scale and row['variant'] not in BASELINES}
+  models = {row['variant'] for row in rows if row['scale'] == args.scale
+            and row['variant'] not in BASELINES and not row.get('settings')}
   for variant in sorted(models - set(cost)):
     print(f'{variant}: no cost row at {args.length} tokens; left out')
   accuracy, tasks = mean_accuracy(rows, args.scale, models & set(cost))

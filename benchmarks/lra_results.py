@@ -8,6 +8,10 @@ renames it, so a crash never leaves a half-written file.
 import json
 import os
 
+# The key of an accuracy row (accuracy.json). `settings` is absent (None) on a row of the
+# variant's own config and names the overrides of a fair try (benchmarks/lra_table.py).
+ACCURACY_KEY = ('task', 'variant', 'scale', 'seed', 'settings')
+
 
 def read_rows(path: str) -> list[dict]:
   """The rows of `path` ([] if it does not exist)."""

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from benchmarks.lra_results import merge_rows
+from benchmarks.lra_results import ACCURACY_KEY, merge_rows
 from configs import lra
 from longformer_jax.data.lra import document_matching, listops, pathfinder, text_classification
 from longformer_jax.evaluation import lra_baselines
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   for task in [t.strip() for t in args.tasks.split(',') if t.strip()]:
     rows = shortcut_rows(task, args.scale, args.train_examples, args.test_examples)
-    merge_rows(args.results, rows, ('task', 'variant', 'scale', 'seed'))
+    merge_rows(args.results, rows, ACCURACY_KEY)
     for row in rows:
       print(f"{row['task']:11s} {row['variant']:17s} {row['accuracy']:.4f}", flush=True)
   return 0

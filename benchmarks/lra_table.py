@@ -15,6 +15,11 @@ matmul rate measured before and after training) goes into `--results`
 rewritten whole through a temporary file, so an interrupted table loses nothing written.
 The variant `first_256_bytes` (Text, Retrieval) is the vanilla model reading only each
 document's first 256 bytes (`data.seq_len` 257 with [CLS]): the shortcut beside the scores.
+
+A fair try of other settings is a run of its own: `--setting=model.bigbird.block=4` (repeat
+it for more) passes `--config.model.bigbird.block=4` to both commands, trains in
+`ROOT/SCALE/TASK/VARIANT+model.bigbird.block=4/seedN`, and writes a row with a `settings`
+field, kept beside the row of the variant's own config (the figure plots the latter only).
 """
 
 import argparse
@@ -25,7 +30,7 @@ import sys
 import time
 
 from benchmarks import matmul_rate
-from benchmarks.lra_results import merge_rows
+from benchmarks.lra_results import ACCURACY_KEY, merge_rows
 from configs import lra
 
 PREFIX_VARIANT = 'first_256_bytes'
@@ -49,13 +54,25 @@ def gflops() -> float:
   return matmul_rate.measure().median_flops_per_s / 1e9
 
 
-def run_one(task: str, variant: str, scale: str, seed: int, root: str) -> dict:
-  """Trains and tests one run; returns its row."""
+def parse_settings(settings: list[str]) -> list[str]:
+  """`['KEY=VALUE', ...]` checked and sorted; a malformed one raises `ValueError` naming it."""
+  for setting in settings:
+    key, equals, value = setting.partition('=')
+    if not equals or not key or not value or key.startswith('-') or '/' in setting:
+      raise ValueError(f'--setting {setting!r}: expected KEY=VALUE, e.g. model.bigbird.block=4')
+  return sorted(settings)
+
+
+def run_one(task: str, variant: str, scale: str, seed: int, root: str,
+            settings: tuple = ()) -> dict:
+  """Trains and tests one run (`settings`: config overrides `KEY=VALUE`); returns its row."""
   model_variant = 'vanilla' if variant == PREFIX_VARIANT else variant
   config = f'--config=configs/lra.py:{task},{model_variant},{scale}'
-  workdir = os.path.join(root, scale, task, variant, f'seed{seed}')
+  run_name = '+'.join((variant,) + tuple(settings))
+  workdir = os.path.join(root, scale, task, run_name, f'seed{seed}')
   os.makedirs(workdir, exist_ok=True)
   extra = ['--config.data.seq_len=257'] if variant == PREFIX_VARIANT else []
+  extra += [f'--config.{setting}' for setting in settings]
   log_path = os.path.join(workdir, 'table.log')
   rate_before = gflops()
   train_seconds = run_command(['train.py', config, f'--workdir={workdir}',
@@ -65,13 +82,16 @@ def run_one(task: str, variant: str, scale: str, seed: int, root: str) -> dict:
                               '--config.eval.split=test'] + extra, log_path)
   with open(os.path.join(workdir, 'eval', 'metrics.json')) as f:
     metrics = json.load(f)
-  return {'task': task, 'variant': variant, 'scale': scale, 'seed': seed,
+  row = {'task': task, 'variant': variant, 'scale': scale, 'seed': seed,
           'accuracy': metrics['accuracy'], 'test_examples': int(metrics['examples']),
           'steps': metrics['checkpoint_step'], 'train_seconds': round(train_seconds, 1),
           'eval_seconds': round(eval_seconds, 1),
           'matmul_gflops': [round(rate_before, 1), round(rate_after, 1)],
           'command': f'python train.py {config} --workdir=W --config.seed={seed}'
                      + ''.join(f' {e}' for e in extra)}
+  if settings:
+    row['settings'] = ' '.join(settings)
+  return row
 
 
 def main(argv=None) -> int:
@@ -83,7 +103,14 @@ def main(argv=None) -> int:
   parser.add_argument('--seeds', default='0')
   parser.add_argument('--root', default='workdirs/lra')
   parser.add_argument('--results', default='benchmarks/results/lra/accuracy.json')
+  parser.add_argument('--setting', action='append', default=[],
+                      help='a config override KEY=VALUE for a fair try (repeatable)')
   args = parser.parse_args(argv)
+  try:
+    settings = tuple(parse_settings(args.setting))
+  except ValueError as error:
+    print(error, file=sys.stderr)
+    return 2
   seeds = [int(s) for s in args.seeds.split(',') if s.strip()]
   failures = 0
   for task in [t.strip() for t in args.tasks.split(',') if t.strip()]:
@@ -96,12 +123,12 @@ def main(argv=None) -> int:
         continue
       for seed in seeds:
         try:
-          row = run_one(task, variant, args.scale, seed, args.root)
+          row = run_one(task, variant, args.scale, seed, args.root, settings)
         except RuntimeError as error:
           failures += 1
           print(f'{task},{variant},seed {seed}: {error}', flush=True)
           continue
-        merge_rows(args.results, [row], ('task', 'variant', 'scale', 'seed'))
+        merge_rows(args.results, [row], ACCURACY_KEY)
         print(json.dumps(row), flush=True)
   return 1 if failures else 0
 
