@@ -85,6 +85,7 @@ from longformer_jax.evaluation.task_report import evaluate_task_run
 from longformer_jax.tasks.registry import readers, task_for, task_keys
 from longformer_jax.evaluation.lm_evaluator import Evaluator
 from longformer_jax.evaluation.line_plots import save_line_plot
+from longformer_jax.train.profiling import run_profiler
 from longformer_jax.train.quiet_logs import show_own_info_only
 
 
@@ -173,13 +174,18 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
                                  param_shardings, step, model_state)
 
   rows = []
+  profiler = run_profiler(config, workdir, 'eval')    # the first memory length's batches
   for mem_len in mem_lens:
     model_config = lm_model_config(config.model, tokenizer.vocab_size, mem_len=mem_len)
     evaluator = Evaluator(model_config, tokenizer, batch_size=config.data.eval_batch_size,
                           chunk_len=chunk_len, mesh=mesh, rules=rules,
                           param_shardings=param_shardings,
                           far_distance=config.eval.far_distance)
-    metrics = evaluator.evaluate(params, documents, config.eval.max_tokens, model_state)
+    try:
+      metrics = evaluator.evaluate(params, documents, config.eval.max_tokens, model_state,
+                                   profiler)
+    finally:
+      profiler.close()
     rows.append(dict(model=describe_model(model_config), mem_len=mem_len, chunk_len=chunk_len,
                      **metrics))
     logging.info('%s: %.4f bits/byte', rows[-1]['model'], metrics['bits_per_byte'])

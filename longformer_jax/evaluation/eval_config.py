@@ -4,6 +4,7 @@ import dataclasses
 
 from longformer_jax.config.section import Section
 from longformer_jax.evaluation import passkey_grid
+from longformer_jax.train.train_config import parse_step_range
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,10 @@ class EvalConfig(Section):
   # DIR/eval/samples.png (evaluation/image_sampling.py); 0 = off.
   image_samples: int = 0
   sample_temperature: float = 1.0    # image samples: softmax temperature (0: the most likely)
+  # 'FIRST,LAST': a jax.profiler trace of those batches (1-based) of the first evaluation
+  # (bits per byte at the first of eval.mem_lens, or a task's split) under
+  # WORKDIR/profile/eval (train/profiling.py; docs/training.md); '' = off.
+  profile_batches: str = ''
 
   def validate(self, env) -> None:
     del env
@@ -41,6 +46,10 @@ class EvalConfig(Section):
     self.require(self.far_distance >= 0, 'far_distance', 'must be >= 0 (0: off)')
     self.require(self.image_samples >= 0, 'image_samples', 'must be >= 0 (0: off)')
     self.require(self.sample_temperature >= 0, 'sample_temperature', 'must be >= 0')
+    try:
+      parse_step_range(self.profile_batches)
+    except ValueError as error:
+      self.require(False, 'profile_batches', str(error))
     if self.passkey_grid:
       self.require(not self.memory_sweep, 'passkey_grid',
                    'cannot be combined with eval.memory_sweep: evaluate one, then the other')

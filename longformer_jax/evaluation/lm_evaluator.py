@@ -19,6 +19,7 @@ from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.resolved_model import ResolvedModel
 from longformer_jax.parallel import sharding
 from longformer_jax.train import initialization, steps
+from longformer_jax.train.profiling import StepProfiler
 
 LN2 = math.log(2.0)
 TOKENS_PER_CALL = 512  # an eval call scans max(1, this // chunk_len) chunks (dispatch amortisation)
@@ -85,22 +86,28 @@ class Evaluator:
                        process_count=jax.process_count(),
                        chunks_per_batch=self.chunks_per_batch, max_tokens=max_tokens)
 
-  def evaluate(self, params, documents, max_tokens: int = 0, model_state=None) -> dict:
+  def evaluate(self, params, documents, max_tokens: int = 0, model_state=None,
+               profiler=None) -> dict:
     """Scores `documents` (token arrays); `max_tokens > 0` stops early. `model_state`: the
-    run's non-gradient model state (`TrainState.model_state`), if the model has any."""
+    run's non-gradient model state (`TrainState.model_state`), if the model has any;
+    `profiler`: a `StepProfiler` (train/profiling.py) that traces its batches."""
     memory = self.fresh_memory()
+    profiler = profiler or StepProfiler.disabled()
     totals = None
     streams = self.streams(documents, max_tokens)
     marker = (FarRecurrenceMarker(len(streams.rows), self.far_distance)
               if self.far_distance > 0 else None)
     with sharding.activation_sharding(self.mesh, self.rules):
-      for batch in streams:
+      for number, batch in enumerate(streams, start=1):
         arrays = steps.step_arrays(batch, self.tokenizer.pad_id)
         if marker is not None:
           arrays['subset_mask'] = marker.mark(batch)
         arrays = sharding.to_global_batch(arrays, self._batch_sharding)
-        memory, sums = self._step(params, memory, arrays, model_state or {})
+        profiler.before(number)
+        with profiler.annotation(number):
+          memory, sums = self._step(params, memory, arrays, model_state or {})
         totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
+        profiler.after(number, totals)
     totals = jax.tree_util.tree_map(lambda x: float(np.asarray(x)), totals)
     metrics = summarize(totals['loss_sum'], totals['tokens'], totals['bytes'])
     if marker is not None:

@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding
 from longformer_jax.data.task_batches import eval_batches
 from longformer_jax.parallel import sharding
 from longformer_jax.train.model_variables import ModelVariables
+from longformer_jax.train.profiling import StepProfiler
 
 
 class TaskEvaluator:
@@ -61,13 +62,18 @@ class TaskEvaluator:
     for batch in eval_batches(self.arrays, self.batch_size, self.max_examples):
       yield to_global({name: value[self.rows] for name, value in batch.items()}, self.shardings)
 
-  def evaluate(self, params, model_state=None) -> dict:
+  def evaluate(self, params, model_state=None, profiler=None) -> dict:
     """The task's metrics over the split; `model_state`: the run's non-gradient model state
-    (`TrainState.model_state`), read, if the model has any."""
+    (`TrainState.model_state`), read, if the model has any; `profiler`: a `StepProfiler`
+    (train/profiling.py) that traces its batches."""
+    profiler = profiler or StepProfiler.disabled()
     totals = None
-    for batch in self.batches():
-      sums = self._step(params, model_state or {}, batch)
+    for number, batch in enumerate(self.batches(), start=1):
+      profiler.before(number)
+      with profiler.annotation(number):
+        sums = self._step(params, model_state or {}, batch)
       totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
+      profiler.after(number, totals)
     totals = jax.tree_util.tree_map(lambda x: float(np.asarray(x)), totals)
     return self.metrics_fn(totals)
 

@@ -30,6 +30,7 @@ from longformer_jax.evaluation.task_evaluator import TaskEvaluator, batch_shardi
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train.example_state import abstract_task_state, global_batch_example
 from longformer_jax.train.optimizer import make_optimizer
+from longformer_jax.train.profiling import run_profiler
 
 
 def markdown_table(columns: tuple, result: dict) -> str:
@@ -85,7 +86,11 @@ def evaluate_task_run(config: ml_collections.ConfigDict, workdir: str, task) -> 
                                                 rules),
       param_shardings=state_shardings.params, mesh=mesh,
       model_state_shardings=state_shardings.model_state)
-  metrics = evaluator.evaluate(state.params, state.model_state)
+  profiler = run_profiler(config, workdir, 'eval')
+  try:
+    metrics = evaluator.evaluate(state.params, state.model_state, profiler)
+  finally:
+    profiler.close()
   metrics.update(task.report_extras(config, config.eval.split, model, state.params,
                                     evaluator.batches(), tokenizer))
   result = dict(checkpoint_step=int(state.step), split=config.eval.split, task=task.name,

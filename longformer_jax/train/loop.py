@@ -30,6 +30,7 @@ from longformer_jax.models.saved_config import migrate_saved_config
 from longformer_jax.parallel import sharding
 from longformer_jax.storage.storage_errors import cause, is_storage_failure, reporting
 from longformer_jax.train.metrics_logging import MetricsLogger, ProgressBar
+from longformer_jax.train.profiling import run_profiler
 from longformer_jax.train.run_directory import write_config
 
 
@@ -158,6 +159,11 @@ class Throughput:
     self._units = 0
     self._start = self._clock()
 
+  def exclude(self, seconds: float) -> None:
+    """Leaves `seconds` of host work that was not training (a trace written) out of the
+    window's time."""
+    self._start += seconds
+
   def add(self, units: int) -> None:
     """Counts one dispatched step of `units` tokens or examples."""
     self._units += units
@@ -234,6 +240,7 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
   checkpointer = RunCheckpoints(workdir, train.keep_checkpoints, train.async_checkpointing,
                                 bound)
   logger = progress = None
+  profiler = run_profiler(config, workdir, 'train')
   stopping = None
   try:
     state = restore_or_create(task, checkpointer, config, workdir, bound)
@@ -276,10 +283,13 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
           state = task.enter_segment(state, step)
           jax.block_until_ready(state)
           throughput.restart()
-        state, device_metrics, units = task.train_step(state)
+        profiler.before(step + 1)
+        with profiler.annotation(step + 1):
+          state, device_metrics, units = task.train_step(state)
         if pending is not None:
           checked(pending)
         step += 1
+        throughput.exclude(profiler.after(step, state))   # writing a trace is not training
         pending = (step, device_metrics)
         throughput.add(units)
 
@@ -319,7 +329,8 @@ def run(task: TrainingTask, config: ml_collections.ConfigDict, workdir: str, lea
     # (never committed, so never listed) and the metrics past the last checkpoint, which the
     # resumed run logs again, are not uploaded.
     storage_failed = stopping is not None and is_storage_failure(stopping)
-    clean_up([(f'finishing the checkpoint being saved in {checkpointer.directory}',
+    clean_up([('stopping the profile', None if storage_failed else profiler.close),
+              (f'finishing the checkpoint being saved in {checkpointer.directory}',
                None if storage_failed else checkpointer.wait),
               (f'closing the checkpoints in {checkpointer.directory}',
                None if storage_failed else checkpointer.close),

@@ -12,6 +12,21 @@ def int_list(text) -> list[int]:
   return [int(item) for item in str(text).split(',') if item.strip()]
 
 
+def parse_step_range(text: str) -> 'tuple[int, int] | None':
+  """'A,B' -> `(A, B)` with 1 <= A <= B; '' -> None; anything else raises `ValueError`."""
+  text = str(text).strip()
+  if not text:
+    return None
+  parts = [part.strip() for part in text.split(',')]
+  try:
+    first, last = (int(part) for part in parts)
+  except ValueError:
+    raise ValueError("must be 'FIRST,LAST' (two step numbers, e.g. '10,15') or ''") from None
+  if not 1 <= first <= last:
+    raise ValueError(f'must have 1 <= FIRST <= LAST, got {first},{last}')
+  return first, last
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(Section):
   """The training loop."""
@@ -34,6 +49,9 @@ class TrainConfig(Section):
   # A fresh classification / qa / seq2seq run starts from this Hugging Face checkpoint's
   # encoder (Longformer) or encoder-decoder (LED) parameters (convert/hf_init.py); '' = off.
   init_from_hf: str = ''
+  # 'FIRST,LAST': write a jax.profiler trace of those steps (1-based, both included) under
+  # WORKDIR/profile/train (train/profiling.py; docs/training.md); '' = off.
+  profile_steps: str = ''
 
   def validate(self, env) -> None:
     del env
@@ -43,6 +61,13 @@ class TrainConfig(Section):
     for name in ('stop_after_steps', 'eval_every', 'eval_max_tokens', 'eval_max_examples'):
       self.require(getattr(self, name) >= 0, name, 'must be >= 0 (0: off)')
     self.require(self.phase_lr_factor > 0, 'phase_lr_factor', 'must be > 0')
+    try:
+      window = parse_step_range(self.profile_steps)
+    except ValueError as error:
+      self.require(False, 'profile_steps', str(error))
+    if window:
+      self.require(window[1] <= self.num_steps, 'profile_steps',
+                   f'must end by num_steps={self.num_steps}')
     try:
       steps = int_list(self.phase_steps)
     except ValueError:
