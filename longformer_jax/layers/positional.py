@@ -37,10 +37,11 @@ transformers computes them (`modeling_rope_utils`):
 
 Dynamic and longrope depend on the sequence length L. A forward defines it per row as
 `rotary_extent`: 1 + the largest valid position of the row in the chunk (positions
-count from the start of the row's stream). Fed a whole text at once this is the text's
-length, as in one transformers forward; decoding one token at a time with its keys
-re-rotated at every step (generation/kv_cache.py) it is the text so far, as in
-transformers' greedy decoding by full recomputes (docs/import.md, "RoPE scalings").
+count from the start of the row's stream), and the chunk's queries and every key they
+attend to, cached ones included, are rotated with the frequencies of that L. Fed a whole
+text at once this is one transformers forward of the text. Past n, a chunked run or
+key/value-cache decoding is close to it, not equal: deeper layers' cached keys come from
+hidden states computed at their own, shorter L (docs/import.md, "RoPE scalings").
 """
 
 import math
@@ -174,7 +175,7 @@ def _base_powers(head_dim: int, theta: float) -> np.ndarray:
 
 
 def _yarn_inv_freq(head_dim: int, theta: float, scaling: dict) -> np.ndarray:
-  """YaRN's "NTK-by-parts" frequencies (Peng et al., 2023, sec. 3.2, eqs. 17-19): with
+  """YaRN's "NTK-by-parts" interpolation (Peng et al., 2023, arXiv:2309.00071): with
   r(i) = n / lambda_i the turns of frequency i within the original context n, frequencies
   with r > beta_fast are kept (extrapolated), those with r < beta_slow divided by the
   factor (interpolated), and a linear ramp in the index i blends the two between."""
@@ -198,8 +199,8 @@ def _yarn_inv_freq(head_dim: int, theta: float, scaling: dict) -> np.ndarray:
 
 
 def _dynamic_inv_freq(head_dim: int, theta: float, scaling: dict, extent) -> jax.Array:
-  """Dynamic NTK (emozilla, 2023; Peng et al., 2023, sec. 3.3): the NTK-aware base
-  theta * s^(d / (d - 2)) (eq. 16) with s = f L / n - (f - 1) for L = max(extent, n),
+  """Dynamic NTK (emozilla, 2023; Peng et al., 2023, "Dynamic Scaling"): the "NTK-aware"
+  base theta * s^(d / (d - 2)) with s = f L / n - (f - 1) for L = max(extent, n),
   float32 as transformers computes it -> `[batch, head_dim / 2]`."""
   factor, context = float(scaling['factor']), float(scaling['original_max_position_embeddings'])
   length = jnp.maximum(jnp.asarray(extent).astype(jnp.float32), context)
@@ -219,20 +220,20 @@ def _longrope_inv_freq(head_dim: int, theta: float, scaling: dict, extent) -> ja
 
 
 def rotary_attention_factor(scaling) -> float:
-  """The factor on cos and sin (so on q and k; the logits get its square): YaRN's
-  sqrt(1/t) = 0.1 ln(s) + 1 (Peng et al., 2023, sec. 3.4, eq. 22) and LongRoPE's
-  sqrt(1 + ln s / ln n), or the mapping's `attention_factor`; 1 for the other types."""
+  """The factor on cos and sin (so on q and k; the logits get its square): YaRN's attention
+  temperature, sqrt(1/t) = 0.1 ln(s) + 1 (Peng et al., 2023), and LongRoPE's
+  sqrt(1 + ln s / ln n) (Ding et al., 2024), or the mapping's `attention_factor`; 1 for the
+  other types."""
   scaling = dict(scaling or {})
   kind = scaling.get('type')
   if kind not in ('yarn', 'longrope'):
     return 1.0
   if 'attention_factor' in scaling:
     return float(scaling['attention_factor'])
-  context = float(scaling['original_max_position_embeddings'])
-  if kind == 'longrope':
-    factor = float(scaling['factor'])
-    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(context))
   factor = float(scaling['factor'])
+  if kind == 'longrope':
+    context = float(scaling['original_max_position_embeddings'])
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(context))
 
   def mscale(scale: float, weight: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * weight * math.log(scale) + 1.0

@@ -54,8 +54,9 @@ def base_frequencies(theta: float = THETA, head_dim: int = HEAD_DIM) -> np.ndarr
 
 def yarn_reference(factor, original, beta_fast=32.0, beta_slow=1.0, truncate=True,
                    mscale=None, mscale_all_dim=None, attention_factor=None):
-  """(inv_freq, attention factor) of YaRN (Peng et al., 2023, sec. 3.2-3.4) as transformers
-  applies it: frequency i turns original * f_i / (2 pi) times within the original context;
+  """(inv_freq, attention factor) of YaRN (Peng et al., 2023: "NTK-by-parts" and the
+  attention temperature) as transformers applies it: frequency i turns
+  original * f_i / (2 pi) times within the original context;
   the index range between beta_fast and beta_slow turns is a linear ramp from kept to
   divided by the factor."""
   freq = base_frequencies()
