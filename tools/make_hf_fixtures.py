@@ -1,7 +1,8 @@
 """Builds the tiny Hugging Face checkpoints of tests/test_hf_import.py (dev-only tool).
 
-Needs `torch` and `transformers` (not project requirements):
-  pip install torch==2.13.0 transformers
+Needs `torch` and `transformers` (not project requirements; the fixtures were written with
+these versions):
+  pip install torch==2.13.0 transformers==5.24.0
   python tools/make_hf_fixtures.py [--out=tests/data/hf]
 
 For each family (gpt2; llama with grouped-query attention and llama3 rope
@@ -21,7 +22,10 @@ gpt2_long, llama and gpt2 with contexts of 320 and 300 tokens, which also hold
 8 greedy tokens after it, and `greedy_logits.npy`, their logits; longformer_cls and
 longformer_qa, the same Longformer as `LongformerForSequenceClassification` with 3
 labels and `LongformerForQuestionAnswering`, heads of std 0.2, which record the global
-flags transformers picks itself and their logits, see `head_reference`) it writes `<out>/<name>/`
+flags transformers picks itself and their logits, see `head_reference`; llama_yarn,
+llama_dynamic and llama_longrope, llama with head_dim 16 and the RoPE scalings yarn (with
+every option), dynamic NTK and longrope, whose q/k projections are scaled up so that
+positions weigh on the logits, see `rope_reference`) it writes `<out>/<name>/`
 holding the Hugging Face directory (`config.json`, `model.safetensors`), a
 word-level `tokenizer.json` over the model's vocabulary, `input_ids.npy` and
 `attention_mask.npy` `[2, 12]` (row 1 right-padded; for longformer and led
@@ -57,6 +61,7 @@ def family_configs() -> dict:
   configs['longformer_cls'] = transformers.LongformerConfig(
       **dict(configs['longformer'].to_dict(), num_labels=3))
   configs['longformer_qa'] = transformers.LongformerConfig(**configs['longformer'].to_dict())
+  configs.update(rope_configs())
   return configs
 
 
@@ -127,10 +132,73 @@ def base_configs(common: dict) -> dict:
   }
 
 
+def rope_configs() -> dict:
+  """Llama with the length-dependent RoPE scalings, inputs of ROPE_LENGTH tokens past the
+  original context (16; yarn: 32)."""
+  common = dict(vocab_size=VOCAB, tie_word_embeddings=False, hidden_size=32,
+                intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0)
+  return {
+      'llama_yarn': transformers.LlamaConfig(
+          max_position_embeddings=128, **common,
+          rope_scaling=dict(rope_type='yarn', factor=4.0, original_max_position_embeddings=32,
+                            beta_fast=16.0, beta_slow=2.0, mscale=1.0, mscale_all_dim=0.5,
+                            truncate=False)),
+      # transformers' dynamic threshold is max_position_embeddings itself
+      'llama_dynamic': transformers.LlamaConfig(
+          max_position_embeddings=16, **common,
+          rope_scaling=dict(rope_type='dynamic', factor=2.0)),
+      # no factor: transformers takes max_position_embeddings / 16 = 4
+      'llama_longrope': transformers.LlamaConfig(
+          max_position_embeddings=64, **common,
+          rope_scaling=dict(rope_type='longrope', original_max_position_embeddings=16,
+                            short_factor=[1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6],
+                            long_factor=[1.0, 1.5, 2.0, 3.0, 4.0, 5.5, 7.0, 9.0])),
+  }
+
+
+ROPE_FAMILIES = ('llama_yarn', 'llama_dynamic', 'llama_longrope')
+ROPE_LENGTH, ROPE_VALID = 40, (40, 30, 12)   # rows' valid tokens: past 16, past 16, within it
+YARN_PROMPT = 100
+
+
+def rope_reference(model, name: str, directory: str) -> None:
+  """`input_ids.npy`, `attention_mask.npy` `[3, ROPE_LENGTH]` (rows right-padded after
+  ROPE_VALID tokens) and `logits.npy` `[3, ROPE_LENGTH, vocab]`: each row's valid tokens
+  run alone by a fresh copy of the model (dynamic NTK and longrope read the length of the
+  forward, and transformers' dynamic update keeps state between calls), zeros on padding.
+  llama_yarn also: `long_prompt_ids.npy` (YARN_PROMPT tokens), `greedy_ids.npy`,
+  `greedy_logits.npy` (`write_greedy`). Prints how far the logits move without the scaling."""
+  import copy  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  ids = rng.integers(4, VOCAB, size=(len(ROPE_VALID), ROPE_LENGTH)).astype(np.int64)
+  mask = (np.arange(ROPE_LENGTH)[None, :] < np.asarray(ROPE_VALID)[:, None]).astype(np.int64)
+  plain = transformers.LlamaConfig(**{**model.config.to_dict(), 'rope_parameters': None,
+                                      'rope_scaling': None})
+  unscaled = transformers.LlamaForCausalLM(plain).eval()
+  unscaled.load_state_dict(model.state_dict())
+  logits = np.zeros(ids.shape + (VOCAB,), np.float32)
+  with torch.no_grad():
+    for row, valid in enumerate(ROPE_VALID):
+      row_ids = torch.from_numpy(ids[row:row + 1, :valid])
+      logits[row, :valid] = copy.deepcopy(model)(input_ids=row_ids).logits[0].float().numpy()
+      moved = np.abs(unscaled(input_ids=row_ids).logits[0].float().numpy() - logits[row, :valid])
+      print(f'{name} row {row} ({valid} tokens): without the scaling the logits move by '
+            f'{moved.max() / np.abs(logits[row, :valid]).max():.3g} of the largest')
+  np.save(os.path.join(directory, 'input_ids.npy'), ids.astype(np.int32))
+  np.save(os.path.join(directory, 'attention_mask.npy'), mask.astype(np.int32))
+  np.save(os.path.join(directory, 'logits.npy'), logits)
+  if name == 'llama_yarn':
+    write_greedy(model, directory, YARN_PROMPT)
+
+
 def model_class(name: str):
   return {'gpt2': transformers.GPT2LMHeadModel, 'llama': transformers.LlamaForCausalLM,
           'gpt2_long': transformers.GPT2LMHeadModel,
           'llama_long': transformers.LlamaForCausalLM,
+          'llama_yarn': transformers.LlamaForCausalLM,
+          'llama_dynamic': transformers.LlamaForCausalLM,
+          'llama_longrope': transformers.LlamaForCausalLM,
           'mistral': transformers.MistralForCausalLM,
           'qwen2': transformers.Qwen2ForCausalLM,
           'mistral_window': transformers.MistralForCausalLM,
@@ -153,13 +221,13 @@ LONG_FAMILIES = ('llama_long', 'gpt2_long')
 LONG_PROMPT, GREEDY_NEW = 262, 8
 
 
-def write_greedy(model, directory: str) -> None:
-  """`long_prompt_ids.npy` [LONG_PROMPT] (BOS 1, then words) and `greedy_ids.npy`
+def write_greedy(model, directory: str, prompt_length: int = LONG_PROMPT) -> None:
+  """`long_prompt_ids.npy` [prompt_length] (BOS 1, then words) and `greedy_ids.npy`
   [GREEDY_NEW]: transformers' greedy continuation (argmax over the whole vocabulary, the
   whole text re-run at each step, no end token), and `greedy_logits.npy` [GREEDY_NEW, vocab],
   the logits each token was chosen from."""
   rng = np.random.default_rng(2)
-  prompt = np.concatenate([[1], rng.integers(4, VOCAB, LONG_PROMPT - 1)]).astype(np.int64)
+  prompt = np.concatenate([[1], rng.integers(4, VOCAB, prompt_length - 1)]).astype(np.int64)
   ids, steps = torch.from_numpy(prompt)[None, :], []
   with torch.no_grad():
     for _ in range(GREEDY_NEW):
@@ -167,7 +235,7 @@ def write_greedy(model, directory: str) -> None:
       ids = torch.cat([ids, torch.tensor([[int(steps[-1].argmax())]])], dim=1)
   np.save(os.path.join(directory, 'long_prompt_ids.npy'), prompt.astype(np.int32))
   np.save(os.path.join(directory, 'greedy_ids.npy'),
-          ids[0, LONG_PROMPT:].numpy().astype(np.int32))
+          ids[0, prompt_length:].numpy().astype(np.int32))
   np.save(os.path.join(directory, 'greedy_logits.npy'), np.stack(steps).astype(np.float32))
 
 
@@ -305,6 +373,10 @@ def build(name: str, config, out: str) -> None:
           param.mul_(10.0)
     if name == 'led':  # a buffer, not a parameter; zeros unless perturbed
       model.final_logits_bias.add_(0.1 * torch.randn_like(model.final_logits_bias))
+    if name in ROPE_FAMILIES:  # peaked attention: make the rotary positions weigh on the logits
+      for param_name, param in model.named_parameters():
+        if param_name.endswith(('q_proj.weight', 'k_proj.weight')):
+          param.mul_(8.0)
     if name in T5_FAMILIES:  # ~0.18 at init: make the position bias weigh on the logits
       for param_name, param in model.named_parameters():
         if 'relative_attention_bias' in param_name:
@@ -314,6 +386,12 @@ def build(name: str, config, out: str) -> None:
   model.save_pretrained(directory, safe_serialization=True)
   if name == 't5_v11':
     untie_t5_lm_head(model, directory)
+  if name in ROPE_FAMILIES:
+    rope_reference(model, name, directory)
+    word_level_tokenizer(os.path.join(directory, 'tokenizer.json'))
+    if os.path.exists(os.path.join(directory, 'generation_config.json')):
+      os.remove(os.path.join(directory, 'generation_config.json'))
+    return
   inputs = model_inputs(name)
   if name in LONGFORMER_HEADS:
     for key, value in inputs.items():

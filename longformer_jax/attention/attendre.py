@@ -273,7 +273,7 @@ class AttendreAttention(nn.Module):
         document_start=jnp.full((batch_size,), _INT32_MIN, jnp.int32))
 
   def attend(self, queries: fifo.FifoMemory, memory: MemoryEntries,
-             chunk: MemoryEntries | None, origin: jax.Array):
+             chunk: MemoryEntries | None, origin: jax.Array, extent: jax.Array | None = None):
     """Evicted queries over [memory; chunk] (chunk None: the memory alone).
 
     Args:
@@ -281,6 +281,8 @@ class AttendreAttention(nn.Module):
       memory: `[b, M]` K/V entries; chunk: `[b, C]` this chunk's K/V entries, or None.
       origin: `[b, 1]` positions are rotated relative to it (small angles keep
         float32 exact on long streams; scores depend only on differences).
+      extent: `[b]` the chunk's sequence lengths for the length-dependent RoPE scalings
+        (`CheckpointHeads.extent`; None for the others).
       (Per-head memories call it with rows `b * h` of one head each.)
     Returns:
       `(out [b, q, h, d], memory_weights [b, h, q, M] float32,
@@ -296,7 +298,8 @@ class AttendreAttention(nn.Module):
     q = queries.values.astype(self.dtype)
     causal, section = self.shared.causal, self.config
     scores = self.shared.heads.scores(q, keys, queries.positions - origin, positions - origin,
-                                      section.rope_max_distance, bidirectional=not causal)
+                                      section.rope_max_distance, bidirectional=not causal,
+                                      extent=extent)
     logits = scores / jnp.sqrt(self.shared.head_dim).astype(scores.dtype)
     allowed = causal_document_mask(queries.positions, queries.segment_ids, positions, segments,
                                    valid, causal=causal) & queries.valid[:, :, None]
@@ -325,9 +328,10 @@ class AttendreAttention(nn.Module):
     document_start = jnp.where(ctx.reset, ctx.positions[:, 0], state.document_start)
     chunk = key_value.entries_from_chunk(k, v, ctx.positions, ctx.segment_ids, ctx.valid)
     origin, row_document_start, evicted_rows = ctx.positions[:, :1], document_start, evicted
+    extent = heads.extent(ctx.positions, ctx.valid)   # dynamic, longrope: the chunk's length
     if policy.per_head:  # one memory per head: (batch, head) pairs become rows
-      pending, evicted_rows, chunk, row_document_start, origin = as_head_rows(
-          (pending, evicted, chunk, document_start, origin), num_heads)
+      pending, evicted_rows, chunk, row_document_start, origin, extent = as_head_rows(
+          (pending, evicted, chunk, document_start, origin, extent), num_heads)
     # 2. Forget documents no pending query belongs to.
     memory = forget_finished_documents(jax.lax.stop_gradient(state.memory), pending,
                                        row_document_start)
@@ -336,10 +340,10 @@ class AttendreAttention(nn.Module):
       # The chunk's kept keys and values carry their gradient in this step; the memory
       # handed on is stop-gradient.
       memory, _ = key_value.insert(memory, chunk, policy)
-      out, memory_weights, memory_mask = self.attend(evicted_rows, memory, None, origin)
+      out, memory_weights, memory_mask = self.attend(evicted_rows, memory, None, origin, extent)
     else:
       # 3. Attend: the evicted queries over [K/V memory; chunk].
-      out, memory_weights, memory_mask = self.attend(evicted_rows, memory, chunk, origin)
+      out, memory_weights, memory_mask = self.attend(evicted_rows, memory, chunk, origin, extent)
     if policy.per_head:
       out = entries.rows_to_heads(out, num_heads)                       # [b, q, h, d]
       by_head = lambda a: a.reshape((-1, num_heads) + a.shape[2:])

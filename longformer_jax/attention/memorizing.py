@@ -175,7 +175,8 @@ class MemorizingAttention(nn.Module):
     scale = self._logit_scale()[None, :, None, None].astype(self.dtype)
 
     local_logits = heads.scores(q, k, ctx.positions, context.positions,
-                                self.config.rope_max_distance) * scale
+                                self.config.rope_max_distance,
+                                extent=heads.extent(ctx.positions, ctx.valid)) * scale
     local_mask = causal_document_mask(ctx.positions, ctx.segment_ids, context.positions,
                                       context.segment_ids, context.valid)[:, None]
     memory = key_value.clear_rows(state['knn'], ctx.reset)

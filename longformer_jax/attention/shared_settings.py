@@ -52,7 +52,8 @@ class SharedSettings:
     heads = CheckpointHeads(
         num_kv_heads=config.num_kv_heads, qkv_bias=config.qkv_bias, out_bias=config.out_bias,
         rotary=config.position_embedding == 'rotary', rope_theta=float(config.rope_theta),
-        rope_scaling=tuple(sorted(dict(config.rope_scaling).items())),
+        rope_scaling=tuple(sorted((key, tuple(value) if isinstance(value, (list, tuple)) else value)
+                                  for key, value in dict(config.rope_scaling).items())),
         relative_num_buckets=config.relative_num_buckets if relative else 0,
         relative_max_distance=config.relative_max_distance)
     return cls(num_heads=config.num_heads, head_dim=config.head_dim, d_model=config.d_model,

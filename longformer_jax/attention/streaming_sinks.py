@@ -175,15 +175,17 @@ class StreamingSinkAttention(nn.Module):
     all_k, all_v = jnp.split(keys.values, 2, axis=-1)
 
     origin = ctx.positions[:, :1]
-    k_rot = heads.rotate(all_k, keys.positions - origin)
+    extent = heads.extent(ctx.positions, ctx.valid)   # dynamic, longrope: the chunk's length
+    k_rot = heads.rotate(all_k, keys.positions - origin, extent)
     backend = backends.resolve_backend(
         self.shared.attention_backend, _pattern(self.config.num_sinks, self.config.window),
         dtype=jnp.dtype(self.dtype).name, head_dim=head_dim)
     if backend == 'cudnn':
-      out = self._cudnn_window(heads.rotate(q, ctx.positions - origin), k_rot, all_v, keys, ctx)
+      out = self._cudnn_window(heads.rotate(q, ctx.positions - origin, extent), k_rot, all_v,
+                               keys, ctx)
     else:
       out = self._dense(q, k_rot, all_v, keys, ctx, doc_start, sinks.capacity + window.capacity,
-                        origin)
+                        origin, extent)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
 
     stored = jax.lax.stop_gradient(chunk)
@@ -197,16 +199,17 @@ class StreamingSinkAttention(nn.Module):
     return heads.output(out, self.shared.d_model, self.dtype), new_state, {}
 
   def _dense(self, q, k_rot, all_v, keys: fifo.FifoMemory, ctx: AttentionContext, doc_start,
-             num_past: int, origin):
+             num_past: int, origin, extent):
     """Sinks and window, one dense masked softmax over `[sinks; window FIFO; chunk]`."""
     allowed, far = self._mask_and_far(ctx, doc_start, keys, num_past)
-    logits = rotary_scores(self.shared.heads.rotate(q, ctx.positions - origin), k_rot)
+    logits = rotary_scores(self.shared.heads.rotate(q, ctx.positions - origin, extent), k_rot)
     if self.config.positions == 'cache' and self.shared.heads.rotary:
       # Sinks sit right before the window in the cache: the dropped tokens
       # between them do not count (Xiao et al., 2023, section 3.2).
       gap = jnp.maximum(0, ctx.positions - self.config.window + 1
                         - (doc_start + self.config.num_sinks))
-      sink_logits = rotary_scores(self.shared.heads.rotate(q, ctx.positions - gap - origin), k_rot)
+      sink_logits = rotary_scores(
+          self.shared.heads.rotate(q, ctx.positions - gap - origin, extent), k_rot)
       logits = jnp.where(far[:, None], sink_logits, logits)
     logits = logits / jnp.sqrt(self.shared.head_dim).astype(self.dtype)
     return attend(logits, allowed, all_v)

@@ -2,7 +2,7 @@
 
 A field that changes what the model computes is either read by the family's
 importer (`READ`; a value it does not implement is refused there, e.g.
-`rope_parameters.rope_type='yarn'`) or accepted only at the value that
+`rope_parameters.rope_type='proportional'`) or accepted only at the value that
 leaves the function unchanged (`FIXED`). A field known not to change the
 function (dropout at evaluation, initialisation, generation defaults, output
 options, ids of special tokens) is `INERT`. Any other field is refused in one

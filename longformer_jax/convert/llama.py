@@ -17,8 +17,12 @@ each is transposed, then split into heads):
   model.layers.L.mlp.down_proj.weight         feed_forward/wo/kernel
   model.norm.weight                           final_norm/scale
 
-RoPE: `rope_theta` and `rope_scaling` (types default, linear, llama3), read
-from `rope_parameters` (newer files) or `rope_theta`/`rope_scaling`.
+RoPE: `rope_theta` and `rope_scaling` (types default, linear, llama3, yarn, dynamic,
+longrope; layers/positional.py), read from `rope_parameters` (newer files) or
+`rope_theta`/`rope_scaling`, with transformers' defaults made explicit: yarn's and
+longrope's `original_max_position_embeddings` default to `max_position_embeddings`, a
+missing yarn or longrope `factor` is `max_position_embeddings` over it, and dynamic's
+threshold is always `max_position_embeddings` (transformers ignores any other).
 
 Sliding window (`window_settings`): Mistral's `sliding_window` (every layer)
 and Qwen2's (`use_sliding_window`; the layers `layer_types` names
@@ -40,6 +44,9 @@ MODEL_TYPES = ('llama', 'mistral', 'qwen2')
 IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
 LLAMA3_KEYS = ('factor', 'low_freq_factor', 'high_freq_factor',
                'original_max_position_embeddings')
+# yarn's optional keys that transformers reads as absent when missing, None or 0.
+YARN_OPTIONAL = ('beta_fast', 'beta_slow', 'mscale', 'mscale_all_dim')
+SUPPORTED_ROPE = 'supported: default, linear, llama3, yarn, dynamic, longrope'
 
 
 def rope_settings(hf: dict) -> tuple:
@@ -54,7 +61,41 @@ def rope_settings(hf: dict) -> tuple:
     return theta, {'type': 'linear', 'factor': float(scaling['factor'])}
   if kind == 'llama3':
     return theta, {'type': 'llama3', **{k: float(scaling[k]) for k in LLAMA3_KEYS}}
-  raise unsupported(hf, 'rope_scaling.rope_type', kind, 'supported: default, linear, llama3')
+  if kind not in ('yarn', 'dynamic', 'longrope'):
+    raise unsupported(hf, 'rope_scaling.rope_type', kind, SUPPORTED_ROPE)
+  if scaling.get('partial_rotary_factor', 1.0) != 1.0:
+    raise unsupported(hf, 'rope_scaling.partial_rotary_factor', scaling['partial_rotary_factor'],
+                      f'{kind} rotates every feature of the head (1.0)')
+  if kind == 'dynamic':
+    return theta, {'type': 'dynamic', 'factor': float(scaling_value(hf, scaling, 'factor')),
+                   'original_max_position_embeddings': context_length(hf)}
+  original = scaling.get('original_max_position_embeddings') or context_length(hf)
+  factor = scaling.get('factor')
+  if factor is None:                  # transformers: the ratio of the two contexts
+    factor = context_length(hf) / original
+  result = {'type': kind, 'factor': float(factor), 'original_max_position_embeddings': original}
+  if scaling.get('attention_factor') is not None:
+    result['attention_factor'] = float(scaling['attention_factor'])
+  if kind == 'longrope':
+    result.update(short_factor=[float(v) for v in scaling_value(hf, scaling, 'short_factor')],
+                  long_factor=[float(v) for v in scaling_value(hf, scaling, 'long_factor')])
+    return theta, result
+  result.update({k: float(scaling[k]) for k in YARN_OPTIONAL if scaling.get(k)})
+  if scaling.get('truncate') is not None:
+    result['truncate'] = bool(scaling['truncate'])
+  return theta, result
+
+
+def scaling_value(hf: dict, scaling: dict, key: str):
+  """`scaling[key]`, which the scaling needs (a one-line error naming it if missing)."""
+  if scaling.get(key) is None:
+    raise unsupported(hf, f'rope_scaling.{key}', None,
+                      f'rope_type {scaling.get("rope_type", scaling.get("type"))!r} needs it')
+  return scaling[key]
+
+
+def context_length(hf: dict) -> int:
+  return int(required(hf, 'max_position_embeddings'))
 
 
 def model_settings(hf: dict) -> dict:

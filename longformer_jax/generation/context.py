@@ -9,7 +9,10 @@ original model's logits:
   * all layers vanilla with rotary positions (Llama, Mistral and Qwen2
     without a binding window): a key/value cache of `context_len` tokens
     (generation/kv_cache.py), one token per step; past the context it keeps
-    the last `context_len` tokens (a sliding window);
+    the last `context_len` tokens (a sliding window). With the RoPE scalings
+    dynamic and longrope it is exact up to their original context; past it the
+    cached keys come from hidden states computed at shorter lengths (close to,
+    not equal to the original: docs/import.md, "RoPE scalings");
   * otherwise (GPT-2's learned positions, Mistral's and Qwen2's windowed
     layers): the chunk-window decoder with chunks of `context_len` tokens;
     past the context the run's configured memory takes over (`model.mem_len`

@@ -31,15 +31,17 @@ def rotary_scores(q: jax.Array, k: jax.Array) -> jax.Array:
   return jnp.einsum('bqhd,bkhd->bhqk', q, k)
 
 
-def constant_rotation(q: jax.Array, angle_position: int, inv_freq=None) -> jax.Array:
+def constant_rotation(q: jax.Array, angle_position: int, inv_freq=None,
+                      attention_factor: float = 1.0) -> jax.Array:
   """`q [b, q, h, d]` rotated at the same position `angle_position` for every token."""
   positions = jnp.full(q.shape[:2], angle_position, jnp.int32)
-  return apply_rotary(q, positions, inv_freq=inv_freq)
+  return apply_rotary(q, positions, inv_freq=inv_freq, attention_factor=attention_factor)
 
 
 def capped_rotary_scores(q: jax.Array, k: jax.Array, q_positions: jax.Array,
                          k_positions: jax.Array, max_distance: int,
-                         bidirectional: bool = False, inv_freq=None) -> jax.Array:
+                         bidirectional: bool = False, inv_freq=None,
+                         attention_factor: float = 1.0) -> jax.Array:
   """Rotary dot products with the relative distance capped at `max_distance`.
 
   Args:
@@ -50,8 +52,11 @@ def capped_rotary_scores(q: jax.Array, k: jax.Array, q_positions: jax.Array,
     max_distance: L >= 0; distances above L are scored as L. A negative
       value disables the cap (plain RoPE).
     bidirectional: also cap distances below -L at -L (keys in the future).
-    inv_freq: optional `[head_dim / 2]` rotary frequencies (`rotary_inv_freq`:
-      another base, or a scaling of imported checkpoints); None: RoPE's default.
+    inv_freq: optional `[head_dim / 2]` (or per-row `[batch, head_dim / 2]`) rotary
+      frequencies (`rotary_inv_freq`: another base, or a scaling of imported
+      checkpoints); None: RoPE's default.
+    attention_factor: the factor on cos and sin of YaRN and LongRoPE, so on q and on k
+      (a far key, left unrotated, is multiplied by it).
   Returns:
     `[batch, heads, q, k]` unscaled scores q_i^T R(min(p_i - p_j, L)) k_j
     (in the dtype of `q`).
@@ -59,14 +64,17 @@ def capped_rotary_scores(q: jax.Array, k: jax.Array, q_positions: jax.Array,
   # Rotate relative to the chunk's first query: scores depend only on the
   # difference, and small angles keep float32 exact on long streams.
   origin = q_positions[:, :1]
-  near = rotary_scores(apply_rotary(q, q_positions - origin, inv_freq=inv_freq),
-                       apply_rotary(k, k_positions - origin, inv_freq=inv_freq))
+  near = rotary_scores(
+      apply_rotary(q, q_positions - origin, inv_freq=inv_freq, attention_factor=attention_factor),
+      apply_rotary(k, k_positions - origin, inv_freq=inv_freq, attention_factor=attention_factor))
   if max_distance < 0:
     return near
   distance = (q_positions[:, :, None] - k_positions[:, None, :])[:, None]  # [b, 1, q, k]
-  far_past = rotary_scores(constant_rotation(q, max_distance, inv_freq), k)
+  if attention_factor != 1.0:
+    k = k * jnp.asarray(attention_factor, k.dtype)
+  far_past = rotary_scores(constant_rotation(q, max_distance, inv_freq, attention_factor), k)
   scores = jnp.where(distance > max_distance, far_past, near)
   if bidirectional:
-    far_future = rotary_scores(constant_rotation(q, -max_distance, inv_freq), k)
+    far_future = rotary_scores(constant_rotation(q, -max_distance, inv_freq, attention_factor), k)
     scores = jnp.where(distance < -max_distance, far_future, scores)
   return scores

@@ -83,7 +83,8 @@ class ModelConfig(FeedForwardConfig, NormConfig, Section):
   logits_bias: bool = False        # encoder-decoder: a learned bias on the logits (BART's, LED's
                                    # final_logits_bias; models/encoder_decoder.py)
   rope_theta: float = 10000.0      # rotary base (layers/positional.py)
-  rope_scaling: dict = dataclasses.field(default_factory=dict)  # {} | {type: linear|llama3, ...}
+  rope_scaling: dict = dataclasses.field(default_factory=dict)  # {} | {type: linear|llama3|yarn|
+                                   # dynamic|longrope, ...} (layers/positional.py)
   num_kv_heads: int = 0            # key/value heads (grouped-query attention); 0: num_heads
   qkv_bias: bool = False           # biases on the query/key/value projections
   out_bias: bool = False           # bias on the attention output projection
@@ -136,7 +137,7 @@ class ModelConfig(FeedForwardConfig, NormConfig, Section):
                    "(the encoder-decoder's decoder table); keep the default 0")
     self._validate_relative_buckets()
     self.require(self.rope_theta > 0, 'rope_theta', 'must be > 0')
-    problem = positional.rope_scaling_error(dict(self.rope_scaling))
+    problem = positional.rope_scaling_error(dict(self.rope_scaling), self.head_dim)
     self.require(not problem, 'rope_scaling', problem)
     self.require(self.num_kv_heads >= 0, 'num_kv_heads', 'must be >= 0 (0: num_heads)')
     if self.num_kv_heads:

@@ -78,8 +78,9 @@ class VanillaAttention(nn.Module):
     # Rotate relative to the chunk's first position: q.k depends only on the
     # difference, and small angles keep float32 exact on long streams.
     origin = ctx.positions[:, :1]
-    q = heads.rotate(q, ctx.positions - origin)
-    k = heads.rotate(k, context.positions - origin)
+    extent = heads.extent(ctx.positions, ctx.valid)   # dynamic, longrope: the chunk's length
+    q = heads.rotate(q, ctx.positions - origin, extent)
+    k = heads.rotate(k, context.positions - origin, extent)
     bias = heads.position_bias(ctx.positions, context.positions, num_heads,
                                bidirectional=not self.shared.causal)   # [b, h, c, mem + c]
     out = self._attend(q, k, v, ctx, context, bias)
