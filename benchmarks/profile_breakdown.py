@@ -134,6 +134,15 @@ def hlo_text(hlo_dir: str, module: str) -> str:
     return f.read()
 
 
+def scope_of(op_name: str) -> str:
+  """A readable place for an op: its module path (from the model's root module on), marked
+  'backward' when it comes from the gradient (`transpose(jvp())`)."""
+  path = op_name.split('/')
+  start = next((i for i, part in enumerate(path) if part[:1].isupper()), 1)
+  place = '/'.join(path[start:])[-70:]
+  return ('backward ' if 'transpose(' in op_name else '') + place
+
+
 def breakdown(events: list, table: dict, steps: int) -> dict:
   """Per kind and per op: milliseconds per step and share of the op time."""
   per_op = collections.Counter()
@@ -157,6 +166,7 @@ def breakdown(events: list, table: dict, steps: int) -> dict:
                        'share': by_kind[kind] / total} for kind in KINDS},
       'unmatched_share': unknown / total,
       'top_ops': [{'op': name, 'kind': kind_of(*table[name]) if name in table else 'other',
+                   'where': scope_of(table[name][1]) if name in table else '',
                    'ms_per_step': duration / 1e3 / steps, 'share': duration / total}
                   for name, duration in per_op.most_common(12)],
   }
@@ -177,9 +187,10 @@ def main(argv=None) -> int:
   print('| kind | ms per step | share of op time |\n|---|---:|---:|')
   for kind, row in result['kinds'].items():
     print(f'| {kind} | {row["ms_per_step"]:.1f} | {row["share"]:.1%} |')
-  print('\n| op | kind | ms per step | share |\n|---|---|---:|---:|')
+  print('\n| op | kind | where | ms per step | share |\n|---|---|---|---:|---:|')
   for row in result['top_ops']:
-    print(f'| `{row["op"]}` | {row["kind"]} | {row["ms_per_step"]:.1f} | {row["share"]:.1%} |')
+    print(f'| `{row["op"]}` | {row["kind"]} | {row["where"]} | {row["ms_per_step"]:.1f} | '
+          f'{row["share"]:.1%} |')
   if args.json:
     with open(args.json, 'w') as f:
       json.dump(result, f, indent=1)
