@@ -258,14 +258,17 @@ def test_bad_input_names_the_setting(xl_run, imported_lms, tmp_path):
 
 
 def test_command_line_bad_input_is_one_line_with_status_2(tmp_path):
+  """A workdir without checkpoints (its config.json written, as a run that never saved)."""
+  run_directory.write_config(tiny_config(attention='xl', num_layers=1), str(tmp_path))
   result = subprocess.run(
       [sys.executable, '-m', 'longformer_jax.generation.harness', f'--workdir={tmp_path}',
        '--tasks=passkey_256'], cwd=REPO, capture_output=True, text=True, timeout=300,
       env=dict(os.environ, JAX_PLATFORMS='cpu'))
-  assert result.returncode == 2
+  assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().splitlines() == [
-      f'error: --workdir: {tmp_path}/config.json not found: is {str(tmp_path)!r} a train.py '
-      'workdir?']
+      f'error: --workdir: no checkpoint in {tmp_path}/checkpoints; train first (an import: '
+      f'python -m longformer_jax.convert.hf --hf_dir=DIR --workdir={tmp_path})']
+  assert result.stdout == ''
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from longformer_jax.generation.run_decoder import (LoadedRun, read_run_config, r
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.models.resolved_model import ResolvedModel, lm_model_config
+from longformer_jax.tasks.registry import readers, task_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +90,10 @@ def memory_entries(model_config: ResolvedModel) -> int:
 def load_scoring_run(settings: HarnessSettings) -> ScoringRun:
   """Reads `settings.workdir` (checked, then its checkpoint) and builds the scoring model."""
   config = read_run_config(settings.workdir, settings.step)
-  if config.task != 'lm':
-    raise settings.error('workdir', f"{settings.workdir!r} is a run of task {config.task!r}; "
-                         "the harness scores language models (task 'lm')")
+  if not task_for(config.task).generates_text:
+    raise settings.error('workdir', f'{settings.workdir!r} is a run of task {config.task!r}, '
+                         f'which has no next-token head; the harness scores language models '
+                         f'(task {" or ".join(map(repr, readers("generates_text")))})')
   try:
     run = restore_run(config, settings.workdir)
   except FileNotFoundError as error:        # no checkpoint, or not the step asked for

@@ -64,7 +64,7 @@ def find_tasks(settings: HarnessSettings) -> tuple[TaskManager, list[str]]:
     where = ' and '.join([f'lm-eval {lm_eval.__version__}', *folders])
     raise settings.error('tasks', f'no lm-eval task, group or tag {missing[0]!r} in {where}'
                          f'{closest_name(missing[0], manager.all_tasks)}')
-  return manager, [task for found in matches.values() for task in found]
+  return manager, [name for found in matches.values() for name in found]
 
 
 def evaluate_tasks(lm: LongformerJaxLM, settings: HarnessSettings, log_samples: bool = False,
