@@ -34,6 +34,7 @@ from longformer_jax.config.errors import ConfigError, UserError
 from longformer_jax.convert.workdir_cli import convert_to_workdir
 from longformer_jax.data import passkey
 from longformer_jax.evaluation import passkey_grid
+from longformer_jax.evaluation.eval_config import EvalConfig
 from longformer_jax.evaluation.lm_evaluator import LN2, Evaluator
 from longformer_jax.evaluation.passkey_scoring import PasskeyScorer
 from longformer_jax.generation.harness import task_run
@@ -45,6 +46,7 @@ from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
+from longformer_jax.tasks.registry import task_for
 from longformer_jax.train import initialization, run_directory
 from tests.tiny_models import VOCAB, tiny_config
 
@@ -255,6 +257,21 @@ def test_bad_input_names_the_setting(xl_run, imported_lms, tmp_path):
     task_run.evaluate_tasks(lm, dataclasses.replace(lm.settings, tasks=('harness_rolling',)))
   with pytest.raises(UserError, match='do_sample=True'):
     lm.generate_until([type('Request', (), {'args': ('w5', {'do_sample': True})})()])
+
+
+def test_eval_settings_of_the_harness_are_checked():
+  assert EvalConfig.build({'harness_tasks': 'passkey'}, 'eval').harness_tasks == 'passkey'
+  with pytest.raises(ConfigError, match="^config.eval.harness_tasks: 'passkey' cannot be "
+                     'combined with eval.mem_lens'):
+    EvalConfig.build({'harness_tasks': 'passkey', 'mem_lens': '0,16'}, 'eval')
+  with pytest.raises(ConfigError, match='^config.eval.harness_limit: .*read only with '
+                     'eval.harness_tasks'):
+    EvalConfig.build({'harness_limit': 5}, 'eval')
+  config = ml_collections.ConfigDict({'task': 'classification', 'eval': dataclasses.asdict(
+      EvalConfig.build({'harness_tasks': 'passkey'}, 'eval'))})
+  with pytest.raises(ConfigError, match="^config.eval.harness_tasks: is read only by task "
+                     "'lm' \\(this run's task is 'classification'\\)"):
+    eval_script.check_eval_keys(config, task_for('classification'))
 
 
 def test_command_line_bad_input_is_one_line_with_status_2(tmp_path):
