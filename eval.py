@@ -43,6 +43,10 @@ each eval-time memory, and writes `DIR/eval/passkey_grid.json` and one heat map
 `DIR/eval/passkey_grid_<memory>.png` per memory instead of metrics.json
 (longformer_jax/evaluation/passkey_grid.py documents the flag).
 
+lm-evaluation-harness tasks: `--config.eval.harness_tasks=passkey_4k,hellaswag` scores the
+run on lm-eval tasks with its own memory instead and writes `DIR/harness/results.json`
+(longformer_jax/generation/harness/; also `python -m longformer_jax.generation.harness`).
+
 Far recurrences: `--config.eval.far_distance=D` (D > 0) also scores, alone,
 the targets whose bigram last occurred more than D tokens back in the
 document, the ones only a far-reaching memory helps to copy
@@ -64,6 +68,7 @@ from longformer_jax import command_line
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.experiment_config import parse_int_list, validate_config
 from longformer_jax.generation.context import read_import
+from longformer_jax.generation.harness.harness_settings import HarnessSettings
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.data.corpus import load_corpus, tokenize_documents
 from longformer_jax.data.tokenizers import make_tokenizer
@@ -157,6 +162,10 @@ def evaluate_run(cli_config: ml_collections.ConfigDict, workdir: str) -> dict:
   check_eval_keys(config, task)
   if not task.carries_memory:      # every task but lm: fixed-size examples
     return evaluate_task_run(config, workdir, task)
+  if config.eval.harness_tasks:
+    # deferred: lm-eval takes seconds to import, and only eval.harness_tasks reads it
+    from longformer_jax.generation.harness.task_run import evaluate_workdir
+    return evaluate_workdir(HarnessSettings.from_eval_config(config.eval, workdir))
   mem_lens = parse_int_list(config.eval.mem_lens, 'eval.mem_lens') or [config.model.mem_len]
   chunk_len = config.eval.chunk_len or config.data.chunk_len
   tokenizer = make_tokenizer(config.data)

@@ -37,23 +37,14 @@ if __name__ == '__main__':
   reexec_with_cpu_malloc_settings()
 
 from absl import flags
-import jax
 
 from longformer_jax import command_line
-from longformer_jax.checkpoint.resume_checks import CheckpointMismatchError
 from longformer_jax.config.errors import UserError
-from longformer_jax.data.tokenizers import make_tokenizer
-from longformer_jax.evaluation.run_restore import restore_params
-from longformer_jax.experiment_config import validate_config
-from longformer_jax.generation.chunk_window_decoder import ChunkWindowDecoder
-from longformer_jax.generation.context import NoticeAtContext, exact_decoding, read_import
-from longformer_jax.generation.kv_cache import kv_cache_model_config
-from longformer_jax.generation.generation_checks import check_can_generate
+# load_decoder and run_config stay reachable as generate.load_decoder / generate.run_config.
+from longformer_jax.generation.run_decoder import load_decoder
 from longformer_jax.generation.sampling import SamplingError, SamplingSettings
-from longformer_jax.generation.saved_run import config_mismatch_message, run_config
+from longformer_jax.generation.saved_run import run_config
 from longformer_jax.generation.text_generation import generate_text
-from longformer_jax.models.resolved_model import lm_model_config
-from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train.quiet_logs import show_own_info_only
 
 FLAGS = flags.FLAGS
@@ -135,39 +126,6 @@ def check_generation_flags(max_new_tokens: int, stops) -> None:
     raise UserError(f'--max_new_tokens: {max_new_tokens} must be >= 1')
   if any(not stop for stop in stops):
     raise UserError('--stop: a stop string must not be empty')
-
-
-def load_decoder(workdir: str, step: int = -1, kv_cache: int = -1):
-  """`(decoder, tokenizer, checkpoint step)` of the run in `workdir`; refuses models that
-  cannot generate (`generation_checks.py`). `kv_cache` > 0: a key/value cache of that many
-  tokens per layer, one token per step (generation/kv_cache.py); 0: the chunk-window decoder
-  of the run's chunks; -1: for an imported checkpoint, exact within its context
-  (generation/context.py), else 0."""
-  config = run_config(workdir, step)
-  validate_config(config, jax.device_count())     # completes old configs in place
-  check_can_generate(config)
-  tokenizer = make_tokenizer(config.data)
-  mesh = make_mesh(config.parallel.mesh_shape)
-  try:
-    params, _, restored_step, model_state = restore_params(
-        config, tokenizer, workdir, mesh, config.parallel.logical_axis_rules)
-  except CheckpointMismatchError as error:
-    raise UserError(config_mismatch_message(workdir, error)) from None
-  device = jax.devices()[0]
-  params, model_state = jax.device_put(jax.device_get((params, model_state)), device)
-  model_config = lm_model_config(config.model, tokenizer.vocab_size)
-  chunk_len = config.data.chunk_len
-  imported, notice = read_import(workdir), ''
-  if imported and kv_cache < 0:        # exact within the checkpoint's context
-    kv_cache, chunk_len, notice = exact_decoding(config.model, imported['context_len'])
-  if kv_cache > 0 or kv_cache < -1:
-    model_config = kv_cache_model_config(config.model, tokenizer.vocab_size, kv_cache)
-    chunk_len = 1
-  decoder = ChunkWindowDecoder(model_config, params, chunk_len=chunk_len,
-                               pad_id=tokenizer.pad_id, model_state=model_state)
-  if notice:
-    decoder = NoticeAtContext(decoder, imported['context_len'], notice)
-  return decoder, tokenizer, restored_step
 
 
 def print_now(text: str) -> None:

@@ -27,10 +27,13 @@ def has_accelerator() -> bool:
 
 
 def reexec_with_cpu_malloc_settings() -> None:
-  """Re-executes the current command with `SETTINGS` in the environment, once."""
+  """Re-executes the current command (`sys.orig_argv`) with `SETTINGS` in the environment,
+  once."""
   if os.environ.get('LONGFORMER_JAX_MALLOC', '1') == '0' or has_accelerator():
     return
   if all(os.environ.get(name) == value for name, value in SETTINGS.items()):
     return
   env = dict(os.environ, **SETTINGS)
-  os.execve(sys.executable, [sys.executable, *sys.argv], env)
+  # The command as given, interpreter options and `-m module` included (sys.argv[0] of
+  # `python -m pkg` is pkg/__main__.py, which would run outside the package).
+  os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

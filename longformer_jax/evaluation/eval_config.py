@@ -30,6 +30,12 @@ class EvalConfig(Section):
   # DIR/eval/samples.png (evaluation/image_sampling.py); 0 = off.
   image_samples: int = 0
   sample_temperature: float = 1.0    # image samples: softmax temperature (0: the most likely)
+  # lm-evaluation-harness tasks, comma-separated, e.g. 'passkey_4k,harness_choice': scores
+  # them with the run's own memory instead of the bits-per-byte evaluation and writes
+  # WORKDIR/harness/results.json (generation/harness/; docs/evaluation.md); '' = off.
+  harness_tasks: str = ''
+  harness_include_path: str = ''     # a folder of more task YAML files ('' = none)
+  harness_limit: float = 0           # documents per task (0: all; below 1: a fraction)
   # 'FIRST,LAST': a jax.profiler trace of those batches (1-based) of the first evaluation
   # (bits per byte at the first of eval.mem_lens, or a task's split) under
   # WORKDIR/profile/eval (train/profiling.py; docs/training.md); '' = off.
@@ -54,6 +60,17 @@ class EvalConfig(Section):
       self.require(not self.memory_sweep, 'passkey_grid',
                    'cannot be combined with eval.memory_sweep: evaluate one, then the other')
       passkey_grid.parse_grid(self.passkey_grid, default_chunk=max(self.chunk_len, 1))
+    if self.harness_tasks:
+      for other in ('memory_sweep', 'passkey_grid', 'mem_lens'):
+        self.require(not getattr(self, other), 'harness_tasks',
+                     f'cannot be combined with eval.{other}: the harness reads the run with its '
+                     'own memory (python -m longformer_jax.generation.harness --memory_size for '
+                     'another size)')
+    self.require(not (self.harness_include_path or self.harness_limit) or bool(self.harness_tasks),
+                 'harness_include_path' if self.harness_include_path else 'harness_limit',
+                 'is read only with eval.harness_tasks')
+    self.require(self.harness_limit >= 0, 'harness_limit',
+                 'must be >= 0 (0: every document; below 1: a fraction)')
     items = [item.strip() for item in self.mem_lens.split(',') if item.strip()]
     self.require(all(item.isdigit() for item in items), 'mem_lens',
                  'must be a comma-separated list of integers >= 0')

@@ -28,7 +28,7 @@ class LanguageModelTask(Task):
   data_keys = ('chunks_per_step',)
   train_keys = ('eval_max_tokens', 'phases', 'phase_steps', 'phase_length_factor',
                 'phase_window_factor', 'phase_lr_factor')
-  eval_keys = ('passkey_grid',)
+  eval_keys = ('passkey_grid', 'harness_tasks')
   columns = (('bits_per_token', 'bits/token'),)
 
   def chunk_lengths(self, data, train, eval_, hibert) -> tuple:
