@@ -55,6 +55,9 @@ def rope_settings(hf: dict) -> tuple:
   scaling = dict(hf.get('rope_scaling') or parameters)
   theta = float(parameters.get('rope_theta', hf.get('rope_theta', 10000.0)))
   kind = scaling.get('rope_type', scaling.get('type', 'default'))
+  if scaling.get('partial_rotary_factor', 1.0) != 1.0:   # transformers reads it for every type
+    raise unsupported(hf, 'rope_scaling.partial_rotary_factor', scaling['partial_rotary_factor'],
+                      'the rotary embedding here rotates every feature of the head (1.0)')
   if kind == 'default':
     return theta, {}
   if kind == 'linear':
@@ -63,9 +66,6 @@ def rope_settings(hf: dict) -> tuple:
     return theta, {'type': 'llama3', **{k: float(scaling[k]) for k in LLAMA3_KEYS}}
   if kind not in ('yarn', 'dynamic', 'longrope'):
     raise unsupported(hf, 'rope_scaling.rope_type', kind, SUPPORTED_ROPE)
-  if scaling.get('partial_rotary_factor', 1.0) != 1.0:
-    raise unsupported(hf, 'rope_scaling.partial_rotary_factor', scaling['partial_rotary_factor'],
-                      f'{kind} rotates every feature of the head (1.0)')
   if kind == 'dynamic':
     return theta, {'type': 'dynamic', 'factor': float(scaling_value(hf, scaling, 'factor')),
                    'original_max_position_embeddings': context_length(hf)}

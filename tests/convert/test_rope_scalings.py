@@ -284,6 +284,9 @@ def test_import_makes_transformers_defaults_explicit():
     ({'rope_type': 'dynamic', 'factor': None}, 'rope_scaling.factor'),
     ({'rope_type': 'longrope', 'long_factor': None}, 'rope_scaling.long_factor'),
     ({'partial_rotary_factor': 0.5}, 'partial_rotary_factor'),
+    ({'rope_type': 'linear', 'factor': 2.0, 'partial_rotary_factor': 0.5},
+     'partial_rotary_factor'),
+    ({'rope_type': 'llama3', 'partial_rotary_factor': 0.5}, 'partial_rotary_factor'),
     ({'short_factor': [1.0] * 7}, 'short_factor'),
 ])
 def test_import_refusals_name_the_key(edit, culprit, tmp_path):
