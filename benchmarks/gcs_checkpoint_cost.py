@@ -2,7 +2,7 @@
 
   python benchmarks/gcs_checkpoint_cost.py [--steps=20] [--every=5] [--repeats=3]
 
-Starts fake-gcs-server on the loopback address (tests/gcs_server.py) and runs
+Starts fake-gcs-server on the loopback address (tests/support/gcs_server.py) and runs
 train.py's own `train()` on the default model (configs/default.py: 4 layers of
 d_model 256, chunks of 256 bytes, batch 8) with evaluation off, in three
 workdirs per repeat, in turns:
@@ -37,7 +37,7 @@ import jax
 from benchmarks.matmul_rate import measure
 from longformer_jax import command_line
 from longformer_jax.checkpoint.checkpointer import Checkpointer
-from tests.gcs_server import BUCKET, create_bucket, start_server
+from tests.support.gcs_server import BUCKET, create_bucket, start_server
 import train as train_script
 
 FLAGS = flags.FLAGS

@@ -5,9 +5,9 @@
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]        # PYTHON=... to pick the interpreter
 #
 # 0. JAX's version and device; the float32 and bfloat16 matmul rates (8192^3).
-# 1. tests/test_block_sparse_flash.py (the Pallas kernel compiled by Triton: interpret mode
-#    is off on a GPU) and tests/test_cudnn_attention.py (cuDNN: dense mask, sliding window
-#    with packed documents, the log-sum-exp gradient, the Longformer causal / two-sided and
+# 1. tests/attention/test_block_sparse_flash.py (the Pallas kernel compiled by Triton:
+#    interpret mode is off on a GPU) and tests/attention/test_cudnn_attention.py (cuDNN: dense
+#    mask, sliding window with packed documents, the log-sum-exp gradient, the Longformer causal / two-sided and
 #    StreamingLLM layers) against their float32 references, computed at full precision
 #    (JAX_DEFAULT_MATMUL_PRECISION=highest: a GPU's default float32 matmul is TF32).
 # 2. attention_scaling.py at 16k, forward + backward, median of 10: cuDNN's causal and window
@@ -38,7 +38,7 @@ for dtype in (jnp.float32, jnp.bfloat16):
 EOF
 # 30 tests, about 7 s each to compile on a GPU: two workers (pytest.ini's -n 2).
 JAX_DEFAULT_MATMUL_PRECISION=highest timeout 240 "$PY" -m pytest -q -p no:cacheprovider \
-  tests/test_block_sparse_flash.py tests/test_cudnn_attention.py 2>&1 \
+  tests/attention/test_block_sparse_flash.py tests/attention/test_cudnn_attention.py 2>&1 \
   | tee "$OUT/kernel_tests.log" | tail -25
 timeout 180 "$PY" benchmarks/attention_scaling.py --no_peer --no_host_peak --repeats 10 \
   --seq_lens 16384 --modes fwd_bwd --timeout 60 --out "$OUT/attention_gpu.json" --variants \

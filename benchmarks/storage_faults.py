@@ -4,12 +4,12 @@ processes, as a table.
   python benchmarks/storage_faults.py [--timeout_s=120] [--faults=outage,writer,stale,disk]
       [--outages=paused-during,killed-between]
 
-Every run is the tiny model of tests/test_storage_outages.py (configs/default.py with one
+Every run is the tiny model of tests/support/storage_outages.py (configs/default.py with one
 layer of d_model 32, 60 steps, a checkpoint every 20, validation at 30 and 60), and every
 "after" column compares the run's last checkpoint (the checksums of all its arrays and its
 data position) with an uninterrupted local run's:
 
-- `outage`: a gs:// workdir on a local GCS server (tests/gcs_server.py, buckets in a
+- `outage`: a gs:// workdir on a local GCS server (tests/support/gcs_server.py, buckets in a
   folder) paused (SIGSTOP) or killed during the save of checkpoint 40 or between the
   saves, with `checkpoint.storage_timeout_s = --timeout_s`: seconds from the outage to the
   exit, stderr lines since the outage, the status; then the server back and the same
@@ -38,9 +38,9 @@ from benchmarks.matmul_rate import measure  # pylint: disable=wrong-import-posit
 from longformer_jax.checkpoint.checkpoint_config import CheckpointConfig  # pylint: disable=wrong-import-position
 from longformer_jax.checkpoint.workdir_lease import Holder  # pylint: disable=wrong-import-position
 from longformer_jax.storage import conditional_writes  # pylint: disable=wrong-import-position
-from tests.test_storage_outages import (END, SMALL_RUN, Run, checkpoint_record,  # pylint: disable=wrong-import-position
-                                        full_disk_run, local_reader, namespaces_allowed,
-                                        outage_run)
+from tests.support.storage_outages import (END, SMALL_RUN, Run, checkpoint_record,  # pylint: disable=wrong-import-position
+                                           full_disk_run, local_reader, namespaces_allowed,
+                                           outage_run)
 
 flags.DEFINE_float('timeout_s', CheckpointConfig().storage_timeout_s,
                    'checkpoint.storage_timeout_s of the outage runs.')

@@ -26,7 +26,11 @@ import tempfile
 
 import pytest
 
-from tests.xla_test_flags import with_test_flags
+# The helpers of tests/support/ report a failing assert with its values, as test modules do
+# (pytest rewrites the asserts of test modules and conftest files only, and of what it is told).
+pytest.register_assert_rewrite('tests.support')
+
+from tests.support.xla_test_flags import with_test_flags  # pylint: disable=wrong-import-position
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 if os.environ['JAX_PLATFORMS'] == 'cpu':   # CPU flags: a GPU run (gpu_checks.sh) keeps its own
@@ -76,3 +80,12 @@ def _release_compiled_programs():
   import jax  # pylint: disable=g-import-not-at-top
   jax.clear_caches()
   gc.collect()
+
+
+@pytest.fixture(scope='module')
+def tiny_model():
+  """The image task's local 2D digits model, its parameters, a batch and its jitted loss sums
+  (tests/tasks/test_image_task.py, tests/evaluation/test_image_sampling.py)."""
+  # deferred: imports JAX, which the settings at the top of this file must come before
+  from tests.support.image_digits import tiny_digits_model  # pylint: disable=g-import-not-at-top
+  return tiny_digits_model()

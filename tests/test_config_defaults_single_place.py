@@ -333,7 +333,7 @@ def test_a_dict_config_is_refused_where_a_model_is_built():
   import jax
   import ml_collections
   from longformer_jax.models.decoder_lm import DecoderLM
-  from tests.tiny_models import context_of, stream_batch, tiny_model_config
+  from tests.support.tiny_models import context_of, stream_batch, tiny_model_config
   config = tiny_model_config()
   assert isinstance(config, ResolvedModel) and hash(config) == hash(tiny_model_config())
   frozen = ml_collections.FrozenConfigDict(config.to_dict())
@@ -363,7 +363,8 @@ def fields_with_defaults(classes) -> list:
 def test_shared_settings_restate_no_default():
   """`SharedSettings` and its `CheckpointHeads` hold the shared model settings a layer reads;
   `ModelConfig` holds their defaults, and `SharedSettings.of` (the one builder) reads them from
-  a model config (tests: tests/tiny_models.shared_settings). A default on either is a copy."""
+  a model config (tests: tests/support/tiny_models.shared_settings). A default on either is a
+  copy."""
   from longformer_jax.attention.core.checkpoint_heads import CheckpointHeads
   from longformer_jax.attention.shared_settings import SharedSettings
   found = fields_with_defaults([SharedSettings, CheckpointHeads])

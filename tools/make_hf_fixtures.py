@@ -1,4 +1,4 @@
-"""Builds the tiny Hugging Face checkpoints of tests/test_hf_import.py (dev-only tool).
+"""Builds the tiny Hugging Face checkpoints of tests/convert/test_hf_import.py (dev-only tool).
 
 Needs `torch` and `transformers` (not project requirements; the fixtures were written with
 these versions):

@@ -25,7 +25,7 @@ class SharedSettings:
 
   Every field is required: `ModelConfig` holds the defaults, and `of` below is the one
   builder from a model config (tests build one from `ModelConfig`'s defaults with their
-  overrides: tests/tiny_models.shared_settings).
+  overrides: tests/support/tiny_models.shared_settings).
 
   Attributes:
     num_heads, head_dim, d_model: the layer's shape (`[batch, chunk, num_heads, head_dim]`

@@ -8,7 +8,7 @@ took it over; `migrate_flat_model` rewrites such a dict in the nested layout
 (`models/saved_config.migrate_saved_config` runs it on a whole `config.json`).
 
 The map is plain data, so this module imports nothing above `config/`;
-tests/test_config_migration.py checks that every pair names a field that
+tests/config/test_config_migration.py checks that every pair names a field that
 exists and that no old key is a shared `ModelConfig` setting.
 """
 

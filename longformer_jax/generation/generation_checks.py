@@ -22,7 +22,7 @@ positions <= t (docs/design.md, contract 2). It fails for:
   the memory's victims evicted) before any query attends, so later tokens
   evict keys that earlier queries would have seen.
 
-tests/test_generation.py runs every registered variant (`-m slow`) and checks
+tests/generation/test_generation.py runs every registered variant (`-m slow`) and checks
 that the refused ones do change earlier outputs and the accepted ones do not.
 """
 

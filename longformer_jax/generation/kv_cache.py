@@ -12,7 +12,7 @@ cached keys and itself, and enters the cache (the oldest leaves).
 
 So token t sees the last M tokens and itself: a sliding window of M + 1.
 While the whole text (prompt and output) fits in it, the logits are those of
-the full causal model over the text (tests/test_kv_cache.py checks them
+the full causal model over the text (tests/generation/test_kv_cache.py checks them
 against a full recompute and, for an imported Llama, against transformers'
 logits); beyond it the oldest tokens are dropped, as in any fixed-size cache.
 The chunk-window decoder of the run's own chunking stays the exact reference

@@ -43,7 +43,7 @@ path costs about twice the plain one.
 `implementation='xla'` runs the same packed description through
 `jax.nn.dot_product_attention(implementation='xla')` with the dense mask that
 the offsets and lengths describe: the CPU tests check the packing, the
-branch choice and the log-sum-exp gradient with it; tests/test_cudnn_attention.py
+branch choice and the log-sum-exp gradient with it; tests/attention/test_cudnn_attention.py
 compares 'cudnn' on a GPU.
 """
 

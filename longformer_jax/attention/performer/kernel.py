@@ -25,10 +25,10 @@ keys in the chunk; causal, for the carry the running max per (row, head,
 feature) over its document's keys (restarting with each document), and inside
 a block, per rectangle of later queries x earlier keys (`_causal_in_block`),
 the r of its last key slot. Exact for any spread of log-features
-(tests/test_adversarial_performer_routing.py) that float32 holds to well under
+(tests/attention/test_adversarial_performer_routing.py) that float32 holds to well under
 88 nats: log-features of ~1e9 (q, k of norm ~1e5) are rounded by hundreds of
 nats, a factor overflows and the output is NaN (a known defect, asserted in
-tests/test_adversarial_documents.py at bfloat16 token norms ~6e5).
+tests/attention/test_adversarial_documents.py at bfloat16 token norms ~6e5).
 
 Causal (`model.causal`): prefix sums. A `lax.scan` runs over blocks of
 `block_len` positions; inside a block the exact part (`[block, block]` at

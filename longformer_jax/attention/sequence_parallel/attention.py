@@ -186,7 +186,7 @@ def sequence_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array,
 
   Equal to the dense `dot_product.attend(q k^T * scale, causal_document_mask(...), v)`
   on one device, over the keys `[memory; chunk]` when `memory` is given
-  (tests/test_sequence_parallel.py, tests/test_sequence_parallel_memory.py).
+  (tests/attention/test_sequence_parallel.py, tests/attention/test_sequence_parallel_memory.py).
 
   Args:
     q, k, v: `[batch, chunk, heads, head_dim]` in natural token order

@@ -126,7 +126,7 @@ def sequence_parallel_global_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   """Longformer's window + global attention of a chunk split over `mesh`'s `sequence` axis.
 
   Equal to the unsplit `LongformerAttention` without a cache or dilation
-  (tests/test_sequence_parallel_memory.py).
+  (tests/attention/test_sequence_parallel_memory.py).
 
   Args:
     q, k, v: `[batch, chunk, heads, head_dim]` local projections (rotated),

@@ -17,7 +17,7 @@ each part (memory, every key block) looks its pairs' distances up in it from
 the absolute positions of the local queries and of the part's keys: distance
 i - j clipped to `[0, D - 1]`, D = `mem + chunk` or `clamp_len + 1` (negative,
 i.e. future, distances are masked anyway). Nothing depends on slots, so the
-result is the same in any token layout (tests/test_sequence_parallel_xl.py).
+result is the same in any token layout (tests/attention/test_sequence_parallel_xl.py).
 """
 
 import functools

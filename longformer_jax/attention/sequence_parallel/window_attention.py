@@ -93,7 +93,7 @@ def sequence_parallel_window_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   """Sliding-window attention of a chunk split along its length over `mesh`'s `sequence` axis.
 
   Equal to the dense masked softmax with the mask `causal_document_mask &
-  window_allowed(window)` (tests/test_sequence_parallel.py).
+  window_allowed(window)` (tests/attention/test_sequence_parallel.py).
 
   Args:
     q, k, v: `[batch, chunk, heads, head_dim]`, natural (contiguous) order.
