@@ -21,7 +21,7 @@ from longformer_jax.generation.generation_checks import refusal
 from longformer_jax.generation.kv_cache import kv_cache_model_config
 from longformer_jax.models.layer_schedule import layer_config
 from longformer_jax.models.resolved_model import lm_model_config
-from tests.hf_checkpoints import conversion_error, edited_copy
+from tests.support.hf_checkpoints import conversion_error, edited_copy
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'hf')
 

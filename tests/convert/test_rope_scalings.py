@@ -35,7 +35,7 @@ from longformer_jax.generation.kv_cache import kv_cache_model_config
 from longformer_jax.layers import positional
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.model_config import resolve_model
-from tests.hf_checkpoints import conversion_error, edited_copy
+from tests.support.hf_checkpoints import conversion_error, edited_copy
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'hf')
 FIXTURES = ('llama_yarn', 'llama_dynamic', 'llama_longrope')

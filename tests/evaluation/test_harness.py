@@ -48,7 +48,7 @@ from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.tasks.registry import task_for
 from longformer_jax.train import initialization, run_directory
-from tests.tiny_models import VOCAB, tiny_config
+from tests.support.tiny_models import VOCAB, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARNESS_DATA = os.path.join(REPO, 'tests', 'data', 'harness')

@@ -15,8 +15,8 @@ import train as train_script
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.storage import paths
 from longformer_jax.train.profiling import StepProfiler, trace_files
-from tests.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
-from tests.tiny_models import tiny_config
+from tests.support.gcs_server import gcs_bucket, gcs_server_url  # pylint: disable=unused-import
+from tests.support.tiny_models import tiny_config
 
 
 def traced_steps(directory: str, name: str) -> list[int]:

@@ -1,0 +1,56 @@
+"""benchmarks/lra_table.py's fair tries (`--setting KEY=VALUE`): checked settings, rows kept
+beside the variant's own, the figure plotting only the latter; a real 4-step try (slow)."""
+
+import json
+
+import pytest
+
+from benchmarks import lra_figure, lra_table
+from benchmarks.lra_results import ACCURACY_KEY, merge_rows, read_rows
+
+
+@pytest.mark.parametrize('setting', ['model.bigbird.block', '=4', 'model.bigbird.block=',
+                                     '--config.model.bigbird.block=4', 'a/b=1'])
+def test_a_malformed_setting_is_refused_before_anything_runs(setting, tmp_path, capsys):
+  results = tmp_path / 'accuracy.json'
+  assert lra_table.main([f'--setting={setting}', f'--results={results}',
+                         f'--root={tmp_path / "runs"}']) == 2
+  assert repr(setting) in capsys.readouterr().err
+  assert not results.exists() and not (tmp_path / 'runs').exists()
+
+
+def test_settings_are_sorted_so_one_try_has_one_name():
+  assert lra_table.parse_settings(['b=2', 'a=1']) == ['a=1', 'b=2']
+
+
+def test_a_try_row_is_kept_beside_the_variants_own_and_left_out_of_the_figure(tmp_path):
+  path = str(tmp_path / 'accuracy.json')
+  own = {'task': 'listops', 'variant': 'bigbird', 'scale': 'mini', 'seed': 0, 'accuracy': 0.5}
+  tried = dict(own, accuracy=0.9, settings='model.bigbird.block=4')
+  merge_rows(path, [own], ACCURACY_KEY)
+  merge_rows(path, [tried], ACCURACY_KEY)
+  merge_rows(path, [dict(own, accuracy=0.6)], ACCURACY_KEY)     # a rerun replaces its own row
+  rows = read_rows(path)
+  assert {(row.get('settings'), row['accuracy']) for row in rows} == {
+      (None, 0.6), ('model.bigbird.block=4', 0.9)}
+  means, tasks = lra_figure.mean_accuracy(rows, 'mini', {'bigbird'})
+  assert means == {'bigbird': 0.6} and tasks == ['listops']
+
+
+@pytest.mark.slow
+def test_a_fair_try_trains_with_its_setting_in_its_own_workdir(tmp_path):
+  small = ['data.listops.train_examples=64', 'data.listops.valid_examples=16',
+           'data.listops.test_examples=16', 'train.num_steps=4', 'train.eval_every=4',
+           'train.checkpoint_every=4', 'data.batch_size=8', 'data.eval_batch_size=8']
+  results = tmp_path / 'accuracy.json'
+  arguments = ['--scale=mini', '--tasks=listops', '--variants=bigbird', '--seeds=0',
+               f'--root={tmp_path / "runs"}', f'--results={results}',
+               '--setting=model.bigbird.block=4'] + [f'--setting={s}' for s in small]
+  assert lra_table.main(arguments) == 0
+  [row] = read_rows(str(results))
+  assert row['variant'] == 'bigbird' and row['steps'] == 4
+  assert 'model.bigbird.block=4' in row['settings'].split()
+  [workdir] = (tmp_path / 'runs' / 'mini' / 'listops').iterdir()
+  assert workdir.name.startswith('bigbird+') and 'model.bigbird.block=4' in workdir.name
+  saved = json.loads((workdir / 'seed0' / 'config.json').read_text())
+  assert saved['model']['bigbird']['block'] == 4
