@@ -147,13 +147,14 @@ class RequestScorer:
     arrays = self._batch_arrays(sequences, num_scored, total)
     started = time.perf_counter()
     memory = self._fresh_memory()
-    log_probs = np.zeros(self.batch_size, np.float64)
-    missed = np.zeros(self.batch_size, np.int64)
+    per_call = []                      # read on the host once the batch is dispatched
     for offset in range(0, total, group * c):
       window = {name: value[:, offset:offset + group * c] for name, value in arrays.items()}
       memory, sums, misses = self._call(self.params, self.model_state, memory, window, c)
-      log_probs += np.asarray(sums, np.float64)
-      missed += np.asarray(misses)
+      per_call.append((sums, misses))
+    fetched = jax.device_get(per_call)      # one transfer for the batch, not one per call
+    log_probs = np.sum([np.asarray(sums, np.float64) for sums, _ in fetched], axis=0)
+    missed = np.sum([misses for _, misses in fetched], axis=0)
     self.counts.seconds += time.perf_counter() - started
     self.counts.tokens += int(arrays['input_mask'].sum())
     self.counts.positions += int(arrays['input_mask'].size)
