@@ -19,6 +19,9 @@ import logging
 import os
 
 # Read by etils at each call and by gcsfs at import: set before either sees a gs:// path.
+# gcsfs itself (with aiohttp, requests and google-auth: a third of a second) is imported by
+# fsspec when a gs:// path is first opened, so a local run and a command line error never
+# pay for it.
 os.environ.setdefault('EPATH_USE_TF', 'false')
 # gcsfs's experimental layer first asks the storage control API (gRPC) what kind of bucket
 # it writes to; plain buckets need no such call, and a server without that API stalls it.
@@ -26,7 +29,6 @@ os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
 
 from etils import epath  # pylint: disable=g-import-not-at-top,wrong-import-position
 import fsspec  # pylint: disable=g-import-not-at-top,wrong-import-position
-from gcsfs import retry as gcsfs_retry  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from longformer_jax.config.errors import ConfigError  # pylint: disable=wrong-import-position
 
@@ -137,7 +139,9 @@ def check_bucket(path: 'str | os.PathLike', flag: str) -> None:
   if not is_remote(text):
     return
   bucket = text[len('gs://'):].split('/', 1)[0]
-  filesystem, _ = fsspec.core.url_to_fs(text)
+  filesystem, _ = fsspec.core.url_to_fs(text)   # imports gcsfs
+  # deferred: gcsfs (a third of a second with its clients), loaded by fsspec just above
+  from gcsfs import retry as gcsfs_retry  # pylint: disable=g-import-not-at-top
   try:
     with _quiet_client_log():
       exists = filesystem.exists(bucket)

@@ -30,11 +30,9 @@ import os
 import re
 import sys
 
-import aiohttp
-
 from longformer_jax.config.errors import UserError
 # paths sets gcsfs's environment (no experimental bucket-type lookups) before gcsfs loads.
-from longformer_jax.storage.paths import gcsfs_retry
+from longformer_jax.storage import paths  # pylint: disable=unused-import
 
 STORAGE_FAILURE_STATUS = 75         # sysexits' EX_TEMPFAIL: try again later
 _MAX_CAUSE_CHARACTERS = 300
@@ -62,14 +60,31 @@ class StorageTimeoutError(StorageError):
   it was abandoned, still running, and the process must end without waiting for it."""
 
 
+def _client_error_types() -> 'tuple[type, type]':
+  """aiohttp's and gcsfs's error classes, or classes nothing raises while they are unloaded.
+
+  Neither is imported here: only a gs:// path loads them (through fsspec), and an error
+  of theirs cannot exist before they are loaded. A local run never pays for the import.
+  """
+  aiohttp = sys.modules.get('aiohttp')
+  gcsfs_retry = sys.modules.get('gcsfs.retry')
+  return (aiohttp.ClientError if aiohttp is not None else _NeverRaised,
+          gcsfs_retry.HttpError if gcsfs_retry is not None else _NeverRaised)
+
+
+class _NeverRaised(Exception):
+  """Stands for an error class whose library is not loaded."""
+
+
 def is_transient(error: BaseException) -> bool:
   """Whether `error` (or an error it was raised from) is a failure that may pass if tried
   again: no connection, a cut or timed-out one, a server's 5xx or 429."""
+  client_error, http_error = _client_error_types()
   for link in chain(error):
-    if isinstance(link, (aiohttp.ClientError, ConnectionError, TimeoutError,
-                         asyncio.TimeoutError)):
+    if isinstance(link, (client_error, ConnectionError, TimeoutError, asyncio.TimeoutError)):
       return True
-    if isinstance(link, gcsfs_retry.HttpError):
+    if isinstance(link, http_error):
+      gcsfs_retry = sys.modules['gcsfs.retry']
       return gcsfs_retry.is_retriable(link)     # GCS's own list: 408, 429, 5xx, ...
     if any(word in str(link) for word in _TRANSIENT_WORDS):
       return True
@@ -78,8 +93,9 @@ def is_transient(error: BaseException) -> bool:
 
 def is_storage_failure(error: BaseException) -> bool:
   """Whether `error`, or an error it was raised from, is the storage's (not a bug's)."""
+  client_error, http_error = _client_error_types()
   for link in chain(error):
-    if isinstance(link, (OSError, aiohttp.ClientError, gcsfs_retry.HttpError, StorageError)):
+    if isinstance(link, (OSError, client_error, http_error, StorageError)):
       return True
     if any(word in str(link) for word in _TRANSFER_STATUSES):
       return True

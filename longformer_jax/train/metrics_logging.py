@@ -33,7 +33,6 @@ import tempfile
 import time
 from typing import Any, TextIO
 
-import tensorboardX
 import tqdm
 
 from longformer_jax.checkpoint.storage_bound import StorageBound
@@ -85,6 +84,9 @@ class MetricsLogger:
           jsonl.write_text(self._jsonl_path.read_text(encoding='utf-8'), encoding='utf-8')
         self._uploaded_at = -math.inf
       self._jsonl = open(jsonl, 'a', encoding='utf-8')
+      # deferred: tensorboardX imports PyTorch where installed (a second), which a command
+      # that stops at a bad flag should not wait for
+      import tensorboardX  # pylint: disable=g-import-not-at-top
       self._tensorboard = tensorboardX.SummaryWriter(logdir=os.fspath(tensorboard),
                                                      purge_step=purge_step)
 

@@ -93,3 +93,18 @@ def test_config_file_argument_after_colon_reaches_get_config():
     experiment_config(f'{path}:fixd', [])
   with pytest.raises(ConfigError, match='takes no argument'):
     experiment_config(os.path.join(REPO_ROOT, 'configs', 'default.py') + ':fixed', [])
+
+
+@pytest.mark.parametrize('script', ['train.py', 'eval.py', 'generate.py', 'memory_check.py'])
+def test_a_bad_flag_is_answered_before_the_storage_and_logging_clients_load(script):
+  """gcsfs (with aiohttp and google-auth) loads with the first gs:// path and tensorboardX
+  (which imports PyTorch where installed) with the first metrics written: a command that
+  stops at a bad flag imports neither (Python's own import log says what was imported)."""
+  result = subprocess.run([sys.executable, '-X', 'importtime', script, '--config.seed=one'],
+                          cwd=REPO_ROOT, text=True, capture_output=True, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert result.returncode == 2
+  imported = {line.rsplit('|', 1)[-1].strip() for line in result.stderr.splitlines()
+              if line.startswith('import time:')}
+  assert 'jax' in imported     # the log is read right
+  assert not {'gcsfs', 'aiohttp', 'tensorboardX', 'torch'} & imported
