@@ -28,7 +28,8 @@ it raises `CheckpointMismatchError` and nothing is moved.
 A parameters-only checkpoint (an import's, `save_params`) holds `params` (one
 safetensors file, checkpoint/safetensors_params.py) and `data` instead;
 `restore_params` reads the parameters of either kind without the optimizer state.
-`orbax_noise` hides the tracebacks a failed Orbax read leaves behind.
+`orbax_noise` hides the tracebacks a failed Orbax read leaves behind; `array_writes` has a
+one-process run write each replicated array whole.
 """
 
 import itertools
@@ -40,6 +41,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from longformer_jax.checkpoint import orbax_noise, saved_layout
+from longformer_jax.checkpoint.array_writes import use_whole_array_writes
 from longformer_jax.checkpoint.checksums import state_checksums
 from longformer_jax.checkpoint.resume_checks import (  # the errors, re-exported here
     CheckpointMismatchError, CheckpointNotFoundError, CorruptCheckpointError,
@@ -73,6 +75,7 @@ class Checkpointer:
     if keep < 1:
       raise ValueError(f'keep must be >= 1 checkpoints, got {keep}.')
     orbax_noise.install()
+    use_whole_array_writes()
     self._directory = os.fspath(paths.as_path(workdir) / 'checkpoints')
     options = ocp.CheckpointManagerOptions(
         preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
