@@ -95,7 +95,7 @@ def test_config_file_argument_after_colon_reaches_get_config():
     experiment_config(os.path.join(REPO_ROOT, 'configs', 'default.py') + ':fixed', [])
 
 
-@pytest.mark.parametrize('script', ['train.py', 'eval.py', 'generate.py', 'memory_check.py'])
+@pytest.mark.parametrize('script', ['train.py', 'eval.py'])
 def test_a_bad_flag_is_answered_before_the_storage_and_logging_clients_load(script):
   """gcsfs (with aiohttp and google-auth) loads with the first gs:// path and tensorboardX
   (which imports PyTorch where installed) with the first metrics written: a command that

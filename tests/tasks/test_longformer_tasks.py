@@ -170,12 +170,14 @@ def test_encoder_is_bidirectional_and_passes_global_flags_to_attention():
 # ---- training ---------------------------------------------------------------------
 
 
+@pytest.mark.slow       # 80 steps; the heads' losses are checked against numpy above
 def test_classifier_learns_the_synthetic_task():
   before, after = fit(tiny_task_config('classification'), 80)
   assert after['loss'] < 0.3 * before['loss']
   assert after['accuracy'] > 0.9
 
 
+@pytest.mark.slow       # 300 steps
 def test_span_extractor_learns_the_synthetic_task():
   before, after = fit(tiny_task_config('qa'), 300)
   assert after['loss'] < 0.75 * before['loss']

@@ -46,7 +46,7 @@ def run_toy_loop(profiler: StepProfiler, numbers) -> None:
 
 def run_config(**train_overrides):
   config = tiny_config(attention='xl')
-  config.train.update(num_steps=20, log_every=5, eval_every=0, checkpoint_every=20)
+  config.train.update(num_steps=8, log_every=2, eval_every=0, checkpoint_every=8)
   config.train.update(**train_overrides)
   config.eval.max_tokens = 2048
   return config
@@ -55,17 +55,17 @@ def run_config(**train_overrides):
 @pytest.fixture(scope='module')
 def profiled_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('profiled'))
-  _, metrics = train_script.train(run_config(profile_steps='10,15'), workdir)
+  _, metrics = train_script.train(run_config(profile_steps='4,6'), workdir)
   return workdir, metrics
 
 
-def test_a_20_step_run_traces_steps_10_to_15(profiled_run):
+def test_an_8_step_run_traces_steps_4_to_6(profiled_run):
   workdir, metrics = profiled_run
   directory = os.path.join(workdir, 'profile', 'train')
   names = [os.path.basename(path) for path in trace_files(directory)]
   assert any(name.endswith('.xplane.pb') for name in names), names       # XProf / TensorBoard
-  assert traced_steps(directory, 'train') == list(range(10, 16))
-  assert metrics['step'] == 20
+  assert traced_steps(directory, 'train') == [4, 5, 6]
+  assert metrics['step'] == 8
   lines = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
   rates = [line['tokens_per_s'] for line in lines if line['split'] == 'train']
   assert len(rates) == 4 and all(np.isfinite(rate) and rate > 0 for rate in rates)
@@ -108,7 +108,7 @@ def test_a_gs_workdir_gets_the_trace_uploaded(gcs_bucket, tmp_path):
     ('train', 'profile_steps', '15,10'),
     ('train', 'profile_steps', 'ten,15'),
     ('train', 'profile_steps', '0,3'),
-    ('train', 'profile_steps', '10,21'),        # past num_steps=20
+    ('train', 'profile_steps', '4,9'),          # past num_steps=8
     ('eval', 'profile_batches', '3'),
 ])
 def test_a_bad_window_names_its_key(tmp_path, section, key, value):
