@@ -25,6 +25,7 @@ each upload ends within `checkpoint.storage_timeout_s`, transient failures retri
 """
 
 import datetime
+import importlib
 import json
 import math
 import os
@@ -84,10 +85,7 @@ class MetricsLogger:
           jsonl.write_text(self._jsonl_path.read_text(encoding='utf-8'), encoding='utf-8')
         self._uploaded_at = -math.inf
       self._jsonl = open(jsonl, 'a', encoding='utf-8')
-      # deferred: tensorboardX imports PyTorch where installed (a second), which a command
-      # that stops at a bad flag should not wait for
-      import tensorboardX  # pylint: disable=g-import-not-at-top
-      self._tensorboard = tensorboardX.SummaryWriter(logdir=os.fspath(tensorboard),
+      self._tensorboard = _tensorboard_x().SummaryWriter(logdir=os.fspath(tensorboard),
                                                      purge_step=purge_step)
 
   def write(
@@ -323,3 +321,22 @@ def _format_duration(seconds: float | None) -> str:
   if seconds is None or not math.isfinite(seconds):
     return '?'
   return str(datetime.timedelta(seconds=round(seconds)))
+
+
+def _tensorboard_x():
+  """tensorboardX, imported without PyTorch.
+
+  tensorboardX imports PyTorch where it is installed, only to accept torch tensors as
+  values (a second or more, with CUDA's libraries several); the scalars written here are
+  floats. Unless the process has imported PyTorch already, the import is answered
+  "not installed" while tensorboardX loads (tests/train/test_metrics_logging.py).
+  """
+  if 'tensorboardX' in sys.modules or 'torch' in sys.modules:
+    return sys.modules.get('tensorboardX') or importlib.import_module('tensorboardX')
+  sys.modules['torch'] = None          # `import torch` raises ImportError while this holds
+  try:
+    # deferred: loaded with the first metrics written, so a bad flag is answered at once
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+  finally:
+    del sys.modules['torch']
+  return tensorboardX

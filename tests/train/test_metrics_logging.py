@@ -5,6 +5,9 @@ import json
 import math
 import pathlib
 import struct
+import subprocess
+import sys
+import textwrap
 
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +16,7 @@ from tensorboardX.proto import event_pb2
 
 from longformer_jax.train import metrics_logging
 from longformer_jax.train.metrics_logging import MetricsLogger, ProgressBar
+from tests.support.repo_paths import REPO_ROOT
 
 
 def _read_jsonl(workdir) -> list[dict]:
@@ -152,3 +156,25 @@ def test_eta_ignores_the_slow_first_step():
   assert eta.remaining_seconds(1, now=100.0) is None  # After a 100 s compile.
   assert eta.remaining_seconds(3, now=102.0) == pytest.approx(7.0)
   assert eta.remaining_seconds(10, now=109.0) == 0.0
+
+
+def test_writing_metrics_leaves_pytorch_unimported_and_importable(tmp_path):
+  """tensorboardX would import PyTorch (where installed) to accept torch tensors; the logger
+  writes floats and loads it without. PyTorch stays importable afterwards."""
+  script = textwrap.dedent(f'''
+      import importlib.util, sys
+      from longformer_jax.train.metrics_logging import MetricsLogger
+      with MetricsLogger({str(tmp_path)!r}) as logger:
+        logger.write(3, {{'loss': 2.5}})
+      print('tensorboardX' in sys.modules, 'torch' in sys.modules)
+      if importlib.util.find_spec('torch') is not None:
+        import torch
+        print('torch', torch.zeros(2).sum().item())
+      ''')
+  done = subprocess.run([sys.executable, '-c', script], cwd=REPO_ROOT, capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  lines = done.stdout.split('\n')
+  assert lines[0] == 'True False'
+  assert lines[1] in ('', 'torch 0.0')      # '' where PyTorch is not installed
+  assert _read_tensorboard_scalars(tmp_path) == {'train/loss': [(3, 2.5)]}
