@@ -15,11 +15,20 @@ even by rounding. e_i is recomputed each chunk from the stored h_i (memory
 values are stop-gradient; the spans' parameters w, b get gradients through
 the masks of every chunk in which the entry lies within the ramp).
 
-Auxiliary loss (same section): `expire_span_loss` = the mean of e_i over the
-chunk's valid tokens (each token is counted once, in the chunk where it
-arrives), i.e. sum_i e_i / T; its weight alpha is
-`model.aux_loss_weights.expire_span_loss`. Statistic: `memory_occupancy`,
-the fraction of memory slots in use after the chunk.
+Auxiliary loss, `expire_span_loss`, weighted by alpha =
+`model.aux_loss_weights.expire_span_loss`, in one of two forms (`loss`):
+  * 'mean_span', the paper's (same section): the mean of e_i over the chunk's valid
+    tokens (each token counted once, in the chunk where it arrives), sum_i e_i / T;
+  * 'ramp', the authors' code (facebookresearch/transformer-sequential,
+    models/expire_span.py): only pairs on the ramp (0 < m_ti < 1) are penalised,
+    sum over them of r_ti, divided by R and by the chunk's valid queries, averaged over
+    rows. A span is pushed down only while its entry is being phased out, so a span
+    that must stay long is not penalised for the queries that still read it whole.
+Statistic: `memory_occupancy`, the fraction of memory slots in use after the chunk.
+
+Pre-division (the authors' `--expire-span-pre-div`): e_i = L * sigmoid(w . h_i / p + b)
+with p = `pre_div`: the span predictor moves p times slower than the rest of the layer,
+so spans do not swing with every step (their enwik8 and copy-task runs use 64).
 
 Memory: a fixed-capacity (`mem_len`, an upper bound) store of entries in a
 `FifoMemory` container. After each chunk, an entry is kept iff it is valid,
@@ -63,6 +72,10 @@ class ExpireSpanConfig(Section):
   init_fraction: float = 0.5    # e_i / L at initialisation (sets the span bias)
   shorten: bool = False         # random memory shortening in training
   clamp_len: int = -1           # clamp relative distances to this (-1: off)
+  pre_div: float = 1.0          # p: e_i = L sigmoid(w . h_i / p + b) (the authors' pre-division)
+  loss: str = 'mean_span'       # 'mean_span' (the paper's formula) or 'ramp' (the authors' code)
+
+  LOSSES = ('mean_span', 'ramp')
 
   def validate(self, env) -> None:
     self.require(self.max_span >= 0, 'max_span', 'must be >= 0 (0: model.mem_len)')
@@ -70,6 +83,9 @@ class ExpireSpanConfig(Section):
     self.require(0.0 < self.init_fraction < 1.0, 'init_fraction', 'must be in (0, 1)')
     self.require(self.clamp_len == -1 or self.clamp_len > 0, 'clamp_len',
                  'must be -1 (off) or > 0')
+    self.require(self.pre_div > 0, 'pre_div', 'must be > 0')
+    self.require(self.loss in self.LOSSES, 'loss',
+                 f'{self.loss!r}: use one of {", ".join(self.LOSSES)}')
     if env is not None:
       self.require(self.max_span > 0 or env.model.mem_len > 0, 'max_span',
                    'must be > 0 when model.mem_len is 0 (0 takes mem_len)')
@@ -81,6 +97,24 @@ def soft_expire_mask(spans: jax.Array, q_positions: jax.Array, k_positions: jax.
   elapsed = (q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)
   remaining = spans.astype(jnp.float32)[:, None, :] - elapsed
   return jnp.clip(1.0 + remaining / ramp, 0.0, 1.0)
+
+
+def ramp_loss(spans: jax.Array, ctx: AttentionContext, context: fifo.FifoMemory,
+              attendable: jax.Array, ramp: float) -> jax.Array:
+  """The authors' span penalty: the mean over rows of sum_{t, i on the ramp} r_ti / (R * T).
+
+  `spans [b, k]` (after random shortening, as in their code), `attendable [b, q, k]`
+  (the pairs a query may read: valid, same document, causal, within reach); T = the row's
+  valid queries; r_ti = e_i - (t - i). Its gradient lowers e_i by 1 / (R * T) for each query
+  that reads entry i on its ramp.
+  """
+  elapsed = (ctx.positions[:, :, None] - context.positions[:, None, :]).astype(jnp.float32)
+  remaining = spans.astype(jnp.float32)[:, None, :] - elapsed                # [b, q, k]
+  soft = jnp.clip(1.0 + remaining / ramp, 0.0, 1.0)
+  on_ramp = (soft > 0) & (soft < 1) & attendable & ctx.valid[:, :, None]
+  queries = jnp.maximum(jnp.sum(ctx.valid.astype(jnp.float32), axis=1), 1.0)
+  per_row = jnp.sum(jnp.where(on_ramp, remaining, 0.0), axis=(1, 2)) / (ramp * queries)
+  return jnp.mean(per_row)
 
 
 def next_query(ctx: AttentionContext) -> tuple[jax.Array, jax.Array]:
@@ -120,8 +154,8 @@ class ExpireSpanAttention(XLAttention):
     shared: the layer's shape and `mem_len` (attention/shared_settings.py).
     config: `ExpireSpanConfig`: `max_span` (L, see `largest_span`), `ramp` (R, the length
       of the soft phase-out), `init_fraction` (e_i / L at w = 0: sets the initial b; w has
-      the usual fan-in init), `shorten` (random memory shortening in training) and XL's
-      `clamp_len`.
+      the usual fan-in init), `shorten` (random memory shortening in training), XL's
+      `clamp_len`, `pre_div` (p) and `loss` (the penalty's form, see the module docstring).
   """
   config: ExpireSpanConfig = ExpireSpanConfig()
 
@@ -147,12 +181,13 @@ class ExpireSpanAttention(XLAttention):
     return fifo.create(batch_size, shared.mem_len, (shared.d_model,), dtype)
 
   def expire_spans(self, h: jax.Array) -> jax.Array:
-    """e_i = L * sigmoid(w . h_i + b): `[b, k, d_model]` -> float32 `[b, k]`."""
+    """e_i = L * sigmoid(w . h_i / p + b): `[b, k, d_model]` -> float32 `[b, k]`."""
     score = projection(1, kernel_axes=('embed', None), name='expire_span', dtype=self.dtype)(h)
     fraction = self.config.init_fraction
     bias_init = nn.initializers.constant(math.log(fraction / (1 - fraction)))
     bias = self.param('expire_span_bias', bias_init, (), jnp.float32)
-    return self.largest_span * jax.nn.sigmoid(score[..., 0].astype(jnp.float32) + bias)
+    score = score[..., 0].astype(jnp.float32) / self.config.pre_div
+    return self.largest_span * jax.nn.sigmoid(score + bias)
 
   @nn.compact
   def __call__(self, x: jax.Array, state: fifo.FifoMemory, ctx: AttentionContext):
@@ -181,9 +216,12 @@ class ExpireSpanAttention(XLAttention):
                                  context.positions, ramp)[:, 0] > 0))
     new_state = keep_newest(jax.lax.stop_gradient(context), alive, memory.capacity)
 
-    valid = ctx.valid.astype(jnp.float32)
-    chunk_spans = spans[:, memory.capacity:]
-    loss = jnp.sum(chunk_spans * valid) / jnp.maximum(jnp.sum(valid), 1.0)
+    if self.config.loss == 'ramp':
+      loss = ramp_loss(mask_spans, ctx, context, mask, ramp)
+    else:
+      valid = ctx.valid.astype(jnp.float32)
+      chunk_spans = spans[:, memory.capacity:]
+      loss = jnp.sum(chunk_spans * valid) / jnp.maximum(jnp.sum(valid), 1.0)
     occupancy = jnp.mean(new_state.valid.astype(jnp.float32)) if memory.capacity \
         else jnp.zeros((), jnp.float32)
     return y, new_state, {'expire_span_loss': loss, 'memory_occupancy': occupancy}

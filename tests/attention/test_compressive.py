@@ -277,6 +277,32 @@ def test_rate_one_identity_compression_equals_xl(function):
   assert np.asarray(state.compressed.valid).any()       # the compressed memory was used
 
 
+def test_reconstruction_loss_is_zero_exactly_when_the_compression_reproduces_the_memories():
+  """Rate 1 and the identity convolution: the compressed slots are the evicted memories, so
+  attention over them reproduces attention over the memories (loss 0); a convolution that
+  halves them does not (loss > 0)."""
+  num_chunks = 5
+  xs = jax.random.normal(jax.random.PRNGKey(5), (num_chunks, B, C, D))
+  ctxs = stream_contexts(num_chunks)
+  module = CompressiveAttention(config=CompressiveConfig(function='conv', rate=1),
+                                shared=shared_settings(num_heads=H, head_dim=HD, d_model=D))
+  state0 = CompressiveMemory(memory=fifo.create(B, N_M, (D,)), compressed=fifo.create(B, N_CM, (D,)),
+                             usage=jnp.zeros((B, N_M)), usage_count=jnp.zeros((B, N_M)))
+  params = jax.jit(module.init)(jax.random.PRNGKey(0), xs[0], state0, ctxs[0])['params']
+  apply = jax.jit(module.apply)
+  for scale, exact in ((1.0, True), (0.5, False)):
+    params['compression'] = {'conv': {'kernel': scale * jnp.eye(D)[None], 'bias': jnp.zeros(D)}}
+    state, losses = state0, []
+    for x, ctx in zip(xs, ctxs):
+      _, state, aux = apply({'params': params}, x, state, ctx)
+      losses.append(float(aux['reconstruction_loss']))
+    assert np.asarray(state.compressed.valid).any()
+    if exact:
+      assert max(losses) < 1e-10, losses
+    else:
+      assert max(losses) > 1e-4, losses
+
+
 # ---- gradients: the reconstruction loss trains only the compression network --
 
 def compression_leaf(path) -> bool:

@@ -37,9 +37,27 @@ def numpy_sinusoid(distance: float, dim: int) -> np.ndarray:
   return np.concatenate([np.sin(distance * inv_freq), np.cos(distance * inv_freq)])
 
 
-def reference_spans(p, h):
-  score = h @ p['expire_span']['kernel'][:, 0] + p['expire_span_bias']
+def reference_spans(p, h, pre_div=1.0):
+  score = (h / pre_div) @ p['expire_span']['kernel'][:, 0] + p['expire_span_bias']
   return L / (1.0 + np.exp(-score))
+
+
+def reference_ramp_loss(spans, k_pos, k_seg, k_valid, q_pos, q_seg):
+  """The authors' penalty by loops: per row, r_ti = e_i - (t - i) summed over the pairs a
+  query reads on the ramp (0 < m_ti < 1), divided by R and the row's queries; rows averaged."""
+  rows = []
+  for b in range(spans.shape[0]):
+    total = 0.0
+    for t in range(q_pos.shape[1]):
+      for i in range(spans.shape[1]):
+        distance = q_pos[b, t] - k_pos[b, i]
+        if not k_valid[b, i] or k_seg[b, i] != q_seg[b, t] or distance < 0:
+          continue
+        m = reference_soft_mask(spans[b, i], q_pos[b, t], k_pos[b, i])
+        if 0 < m < 1:
+          total += spans[b, i] - distance
+    rows.append(total / (R * q_pos.shape[1]))
+  return np.mean(rows)
 
 
 def reference_soft_mask(e, t, i):
@@ -156,6 +174,34 @@ def test_layer_matches_float64_reference(layer_params):
   assert 0 < float(aux['memory_occupancy']) < 1
 
 
+def test_pre_division_and_the_authors_ramp_loss_match_their_formulas(layer_params):
+  """e_i = L sigmoid(w . h_i / p + b) with p = 8 (outputs and kept entries follow those
+  spans), and the 'ramp' penalty against its loop (facebookresearch/transformer-sequential)."""
+  x, memory, ctx = layer_inputs()
+  module = ExpireSpanAttention(config=ExpireSpanConfig(max_span=L, ramp=R, pre_div=8.0,
+                                                       loss='ramp'), shared=SHARED)
+  # w scaled by p: the spans, hence the outputs, equal the undivided layer's ...
+  scaled = dict(layer_params, expire_span={'kernel': 8.0 * layer_params['expire_span']['kernel']})
+  y, state, aux = jax.jit(module.apply)({'params': scaled}, x, memory, ctx)
+  y_plain, state_plain, _ = apply_layer({'params': layer_params}, x, memory, ctx)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(y_plain), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(state.positions), np.asarray(state_plain.positions))
+  # ... and the penalty, a function of the spans, is the loop's on the formula's spans.
+  p = numpy_params(scaled)
+  cat = lambda *a: np.concatenate([np.asarray(t) for t in a], axis=1)
+  keys_src = cat(memory.values, x).astype(np.float64)
+  spans = reference_spans(p, keys_src, pre_div=8.0)
+  expected = reference_ramp_loss(spans, cat(memory.positions, ctx.positions),
+                                 cat(memory.segment_ids, ctx.segment_ids),
+                                 cat(memory.valid, ctx.valid), np.asarray(ctx.positions),
+                                 np.asarray(ctx.segment_ids))
+  assert expected < 0        # r_ti is negative on the ramp; its gradient lowers the spans
+  np.testing.assert_allclose(float(aux['expire_span_loss']), expected, rtol=1e-5)
+  penalty = jax.jit(jax.grad(
+      lambda params: module.apply({'params': params}, x, memory, ctx)[2]['expire_span_loss']))
+  assert float(penalty(scaled)['expire_span_bias']) > 0
+
+
 def test_dropped_entries_never_affect_outputs(layer_params):
   """The entry at position -10 is masked for every query: changing it changes nothing."""
   x, memory, ctx = layer_inputs()
@@ -229,7 +275,7 @@ def test_very_large_spans_equal_xl():
 @pytest.mark.parametrize('settings,key', [
     ({'max_span': -1}, 'max_span'), ({'ramp': 0}, 'ramp'),
     ({'init_fraction': 1.0}, 'init_fraction'), ({'init_fraction': 0.0}, 'init_fraction'),
-    ({'clamp_len': 0}, 'clamp_len')])
+    ({'clamp_len': 0}, 'clamp_len'), ({'pre_div': 0.0}, 'pre_div'), ({'loss': 'sum'}, 'loss')])
 def test_bad_settings_name_their_config_key(settings, key):
   with pytest.raises(ConfigError, match=rf'model\.expire_span\.{key}: '):
     tiny_config(attention='expire_span', expire_span=settings)
@@ -245,12 +291,13 @@ def test_max_span_zero_needs_a_memory_length():
 
 def test_attention_layer_reads_the_section():
   config = tiny_model_config(attention='expire_span', mem_len=12, expire_span={
-      'ramp': 4, 'init_fraction': 0.25, 'shorten': True, 'clamp_len': 9})
+      'ramp': 4, 'init_fraction': 0.25, 'shorten': True, 'clamp_len': 9, 'pre_div': 64.0,
+      'loss': 'ramp'})
   module = attention_layer(config, jnp.float32)
   assert isinstance(module, ExpireSpanAttention)
   assert (module.largest_span, module.config.ramp, module.config.init_fraction,
-          module.config.shorten, module.relative_settings()) == (
-              12, 4, 0.25, True, (9, 'gather'))    # max_span 0 takes mem_len
+          module.config.shorten, module.relative_settings(), module.config.pre_div,
+          module.config.loss) == (12, 4, 0.25, True, (9, 'gather'), 64.0, 'ramp')
 
 
 def test_old_flat_names_migrate_to_the_section():
