@@ -73,7 +73,8 @@ def test_trained_memory_names_the_setting_it_resizes():
 def test_every_trained_passkey_config_resolves():
   for name in passkey_memory.MEMORIES:
     config = experiment_config(f'configs/passkey_memory.py:{name}', [])
-    assert config.data.passkey_max_length == 2048 and config.data.chunk_len == 128
+    longest = passkey_memory.MEMORY_DATA.get(name, {}).get('passkey_max_length', 2048)
+    assert config.data.passkey_max_length == longest and config.data.chunk_len == 128
   with pytest.raises(ConfigError, match='--config'):
     passkey_memory.get_config('kNN')
 

@@ -1,0 +1,183 @@
+"""Reading-comprehension documents built like Attendre's TriviaQA template, in miniature.
+
+Attendre (Yang & Hua et al., 2024, sec. 4) puts the question before a long context, so a
+memory that evicts by attention must keep the question while the context streams past, and
+the context's attention to the question decides what else is kept. A document here is
+
+  Question: what is the <attribute> of <Entity>?
+  Context: <passage> <passage> ... <passage>
+  Answer: <value>.
+
+- Each passage is about one entity: two or three facts "<Entity>'s <attribute> is <value>."
+  among plain filler sentences.
+- Exactly one passage states the question's fact (`<Entity>'s <attribute> is`); it sits at a
+  uniform random depth of the context (or the depth asked for).
+- Distractor passages name the question's entity with other attributes, and other entities'
+  passages state the question's attribute with other values: neither the entity nor the
+  attribute alone finds the answer.
+- Entities are made-up names (syllables of a fixed list), values are words of fixed
+  lists per attribute: nothing a model could know beforehand. Everything is ASCII, so with
+  the byte tokenizer the offsets below are token offsets.
+
+A document is a pure function of its seed and its requested length and depth
+(`np.random.default_rng([seed, ...])`). It is scored by exact match of the greedy answer
+(`exact_match`). `partial_reader_answer` is the shortcut every score is read beside: a
+perfect reader that sees only the context's last bytes (a model whose memory keeps nothing
+older than its chunk) answers when the fact lies there and guesses otherwise.
+"""
+
+import collections
+import dataclasses
+import re
+
+import numpy as np
+
+from longformer_jax.config.errors import ConfigError
+
+SYLLABLES = ('ka', 'lo', 'mi', 'ren', 'to', 'sa', 'vi', 'dor', 'ne', 'pa', 'qui', 'bel',
+             'zu', 'fa', 'gor', 'hi', 'jen', 'mo', 'ri', 'tas', 'vel', 'wi', 'yo', 'ces')
+ATTRIBUTES = {
+    'city': ('Aldmere', 'Brisk', 'Corvale', 'Dunmoor', 'Eastwick', 'Fenhold', 'Gravon',
+             'Harlow', 'Ilmarsh', 'Jorvik', 'Kestrel', 'Lunford'),
+    'color': ('amber', 'azure', 'crimson', 'olive', 'ivory', 'teal', 'violet', 'ochre',
+              'silver', 'scarlet', 'jade', 'indigo'),
+    'animal': ('otter', 'heron', 'lynx', 'badger', 'falcon', 'marten', 'newt', 'bison',
+               'crane', 'ferret', 'gecko', 'ibex'),
+    'metal': ('cobalt', 'copper', 'nickel', 'zinc', 'tin', 'bronze', 'iron', 'lead',
+              'silver', 'gold', 'pewter', 'brass'),
+    'river': ('Ambel', 'Brue', 'Carn', 'Dove', 'Esk', 'Frome', 'Glen', 'Hull', 'Isle',
+              'Kent', 'Lune', 'Mole'),
+    'number': tuple(str(n) for n in range(11, 99, 7)),
+}
+FILLER = ('It rained in the morning. The road was long and quiet. People talked about the '
+          'harvest. Nobody was in a hurry that day. The market opened late. ')
+FILLER_SENTENCES = tuple(s.strip() + '.' for s in FILLER.split('.') if s.strip())
+
+QUESTION = 'Question: what is the {attribute} of {entity}?\nContext:'
+FACT = " {entity}'s {attribute} is {value}."
+ANSWER_PROMPT = '\nAnswer: '
+ANSWER_END = '.'
+# The smallest context that holds the answer passage and one distractor.
+MIN_CONTEXT = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class QaDocument:
+  """One document. `prompt` ends with 'Answer: '; `answer` is the value, without the '.'.
+
+  `answer_offset`: the byte offset in `prompt` where the answer passage starts; `depth`:
+  its place in the context, 0 (first) to 1 (last).
+  """
+  prompt: str
+  answer: str
+  entity: str
+  attribute: str
+  answer_offset: int
+  depth: float
+
+  @property
+  def text(self) -> str:
+    """The whole document, the answer and its '.' included (what a model trains on)."""
+    return self.prompt + self.answer + ANSWER_END
+
+  @property
+  def question(self) -> str:
+    return self.prompt[:self.prompt.index('\nContext:')]
+
+  @property
+  def context(self) -> str:
+    start = self.prompt.index('\nContext:') + len('\nContext:')
+    return self.prompt[start:len(self.prompt) - len(ANSWER_PROMPT)]
+
+
+def _name(rng: np.random.Generator) -> str:
+  syllables = rng.choice(len(SYLLABLES), size=int(rng.integers(2, 4)))
+  return ''.join(SYLLABLES[i] for i in syllables).capitalize()
+
+
+def _entities(rng: np.random.Generator, count: int) -> list:
+  names = []
+  while len(names) < count:
+    name = _name(rng)
+    if name not in names:
+      names.append(name)
+  return names
+
+
+def _passage(rng, entity: str, facts: list) -> str:
+  """Filler sentences with the facts `(attribute, value)` about `entity` among them."""
+  pieces = [FACT.format(entity=entity, attribute=a, value=v) for a, v in facts]
+  pieces += [' ' + FILLER_SENTENCES[i]
+             for i in rng.choice(len(FILLER_SENTENCES), size=int(rng.integers(1, 4)))]
+  order = rng.permutation(len(pieces))
+  return ''.join(pieces[i] for i in order)
+
+
+def make_document(seed: int, context_length: int, depth: float | None = None) -> QaDocument:
+  """A document whose context has about `context_length` bytes (passages are whole, so the
+  context ends within one passage of it); the answer passage at `depth` of the passages
+  (None: uniform random)."""
+  if context_length < MIN_CONTEXT:
+    raise ConfigError('context_length', f'{context_length} must be >= {MIN_CONTEXT}')
+  if depth is not None and not 0.0 <= depth <= 1.0:
+    raise ConfigError('depth', f'{depth} must be in [0, 1]')
+  rng = np.random.default_rng([seed, context_length, 0 if depth is None else 1 + int(depth * 1e6)])
+  attributes = sorted(ATTRIBUTES)
+  attribute = attributes[int(rng.integers(len(attributes)))]
+  names = _entities(rng, 64)
+  entity, others = names[0], names[1:]
+  answer = ATTRIBUTES[attribute][int(rng.integers(len(ATTRIBUTES[attribute])))]
+
+  def other_value(name, exclude):
+    values = [v for v in ATTRIBUTES[name] if v != exclude]
+    return values[int(rng.integers(len(values)))]
+
+  other_attributes = [a for a in attributes if a != attribute]
+  answer_passage = _passage(rng, entity, [(attribute, answer)] + [
+      (a, other_value(a, None)) for a in rng.choice(other_attributes, 1, replace=False)])
+  passages = []
+  size = len(answer_passage)
+  while size < context_length or len(passages) < 2:
+    if len(passages) % 4 == 1:      # a distractor: the question's entity, other attributes
+      facts = [(a, other_value(a, None))
+               for a in rng.choice(other_attributes, int(rng.integers(1, 3)), replace=False)]
+      passage = _passage(rng, entity, facts)
+    else:                           # another entity, often with the question's attribute
+      name = others[int(rng.integers(len(others)))]
+      chosen = list(rng.choice(attributes, int(rng.integers(2, 4)), replace=False))
+      facts = [(a, other_value(a, answer if a == attribute else None)) for a in chosen]
+      passage = _passage(rng, name, facts)
+    passages.append(passage)
+    size += len(passage)
+  slot = int(rng.integers(len(passages) + 1)) if depth is None else round(depth * len(passages))
+  passages.insert(slot, answer_passage)
+  head = QUESTION.format(attribute=attribute, entity=entity)
+  offset = len(head) + sum(len(p) for p in passages[:slot])
+  prompt = head + ''.join(passages) + ANSWER_PROMPT
+  return QaDocument(prompt=prompt, answer=answer, entity=entity, attribute=attribute,
+                    answer_offset=offset, depth=slot / (len(passages) - 1))
+
+
+def fact_pattern(entity: str, attribute: str) -> str:
+  """The text that states an entity's attribute (up to its value)."""
+  return FACT.format(entity=entity, attribute=attribute, value='')[:-2]
+
+
+def exact_match(prediction: str, answer: str) -> bool:
+  """The greedy answer up to its first '.' or newline, stripped, equals the value."""
+  return re.split(r'[.\n]', prediction, maxsplit=1)[0].strip() == answer
+
+
+def partial_reader_answer(document: QaDocument, seen: int) -> str:
+  """The answer of a perfect reader that sees the question and only the context's last
+  `seen` bytes: the stated value where the question's fact lies within them, else a guess
+  (the attribute's first value; right 1 time in 12)."""
+  tail = document.context[-seen:]
+  pattern = re.escape(fact_pattern(document.entity, document.attribute)) + r' ([^.]+)\.'
+  found = re.search(pattern, tail)
+  return found.group(1) if found else ATTRIBUTES[document.attribute][0]
+
+
+def value_counts(documents) -> collections.Counter:
+  """How often each (attribute, answer) pair is the answer: the majority baseline."""
+  return collections.Counter((d.attribute, d.answer) for d in documents)
