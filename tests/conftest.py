@@ -96,6 +96,7 @@ def _release_compiled_programs():
   import jax  # pylint: disable=g-import-not-at-top
   jax.clear_caches()
   gc.collect()
+  gc.freeze()     # what outlives the module (its imports) is not walked again
 
 
 @pytest.fixture(scope='module')
