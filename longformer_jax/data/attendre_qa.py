@@ -19,6 +19,12 @@ the context's attention to the question decides what else is kept. A document he
   lists per attribute: nothing a model could know beforehand. Everything is ASCII, so with
   the byte tokenizer the offsets below are token offsets.
 
+The built-in corpus `attendre_qa` (`data.corpus='attendre_qa'`, `load_documents`) holds
+such documents, their contexts `data.passkey_min_length` to `data.passkey_max_length`
+bytes (default 256 to 1,024; the passkey corpus's length settings), for language-model
+training with the memory in the loop: 4,096 training documents, 128 each for valid and
+test, fixed seeds per split.
+
 A document is a pure function of its seed and its requested length and depth
 (`np.random.default_rng([seed, ...])`). It is scored by exact match of the greedy answer
 (`exact_match`). `partial_reader_answer` is the shortcut every score is read beside: a
@@ -33,6 +39,7 @@ import re
 import numpy as np
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.data.document import Document
 
 SYLLABLES = ('ka', 'lo', 'mi', 'ren', 'to', 'sa', 'vi', 'dor', 'ne', 'pa', 'qui', 'bel',
              'zu', 'fa', 'gor', 'hi', 'jen', 'mo', 'ri', 'tas', 'vel', 'wi', 'yo', 'ces')
@@ -59,6 +66,11 @@ ANSWER_PROMPT = '\nAnswer: '
 ANSWER_END = '.'
 # The smallest context that holds the answer passage and one distractor.
 MIN_CONTEXT = 256
+DEFAULT_MAX_CONTEXT = 1024
+
+SPLITS = ('train', 'valid', 'test')
+SPLIT_SEEDS = {'train': 2001, 'valid': 2002, 'test': 2003}
+SPLIT_SIZES = {'train': 4096, 'valid': 128, 'test': 128}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,3 +193,34 @@ def partial_reader_answer(document: QaDocument, seen: int) -> str:
 def value_counts(documents) -> collections.Counter:
   """How often each (attribute, answer) pair is the answer: the majority baseline."""
   return collections.Counter((d.attribute, d.answer) for d in documents)
+
+
+def load_documents(split: str, max_length: int = 0, min_length: int = 0,
+                   spread: str = 'uniform') -> list[Document]:
+  """The `attendre_qa` corpus split: `SPLIT_SIZES[split]` documents (their whole text, the
+  answer included), contexts of `max(min_length, MIN_CONTEXT)` to `max_length` bytes
+  (0: DEFAULT_MAX_CONTEXT), uniform or log-uniform in length, answer depths uniform.
+
+  Raises:
+    ConfigError: an unknown split ('eval.split'), or lengths below MIN_CONTEXT
+      ('data.passkey_max_length').
+  """
+  if split not in SPLITS:
+    raise ConfigError('eval.split', f'unknown split {split!r} of the attendre_qa corpus; '
+                      f'expected one of {SPLITS}')
+  longest = max_length or DEFAULT_MAX_CONTEXT
+  shortest = max(min_length, MIN_CONTEXT)
+  if longest < shortest:
+    raise ConfigError('data.passkey_max_length', f'corpus attendre_qa needs contexts of at '
+                      f'least {shortest} bytes, got {longest}')
+  documents = []
+  for index in range(SPLIT_SIZES[split]):
+    rng = np.random.default_rng([SPLIT_SEEDS[split], index])
+    if spread == 'log_uniform':
+      length = int(round(np.exp(rng.uniform(np.log(shortest), np.log(longest)))))
+    else:
+      length = int(rng.integers(shortest, longest + 1))
+    document = make_document(SPLIT_SEEDS[split] * 1_000_000 + index, length)
+    documents.append(Document(name=f'attendre_qa/{split}/{index}',
+                              data=document.text.encode('ascii')))
+  return documents

@@ -8,14 +8,14 @@ import ml_collections
 import numpy as np
 
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.data import passkey
+from longformer_jax.data import attendre_qa, passkey
 from longformer_jax.data import stdlib_corpus
 from longformer_jax.data import text_files_corpus
 from longformer_jax.data import tfds_corpus
 from longformer_jax.data.document import Document
 from longformer_jax.data.tokenizer_interface import Tokenizer
 
-CORPORA = ('stdlib', 'tiny_shakespeare', 'pg19', 'passkey')
+CORPORA = ('stdlib', 'tiny_shakespeare', 'pg19', 'passkey', 'attendre_qa')
 
 
 def load_corpus(data_config: ml_collections.ConfigDict,
@@ -24,7 +24,9 @@ def load_corpus(data_config: ml_collections.ConfigDict,
   `data_config.corpus`; tfds corpora read `data_config.tfds_data_dir` (a `gs://` one
   through a local copy in `data_config.tfds_cache_dir`); `passkey`
   is synthetic (`data/passkey.py`), documents of `data.passkey_min_length` to
-  `data.passkey_max_length` bytes (default: up to `data_config.chunk_len - 1`).
+  `data.passkey_max_length` bytes (default: up to `data_config.chunk_len - 1`);
+  `attendre_qa` is synthetic too (`data/attendre_qa.py`), its contexts of
+  `data.passkey_min_length` to `data.passkey_max_length` bytes (default 256 to 1,024).
 
   A `data_config.corpus` with a `/` or a glob character (`*`, `?`, `[`) is a
   directory or glob of the user's own text files (`text_files_corpus`).
@@ -44,6 +46,9 @@ def load_corpus(data_config: ml_collections.ConfigDict,
         split, data_config.passkey_max_length or data_config.chunk_len - 1,
         min_length=data_config.passkey_min_length, spread=data_config.passkey_lengths,
         max_key='data.passkey_max_length' if data_config.passkey_max_length else 'data.chunk_len')
+  if name == 'attendre_qa':   # question-first reading comprehension (data/attendre_qa.py)
+    return attendre_qa.load_documents(split, data_config.passkey_max_length,
+                                      data_config.passkey_min_length, data_config.passkey_lengths)
   if text_files_corpus.is_text_files_corpus(name):
     return text_files_corpus.load_documents(name, split)
   raise ConfigError('data.corpus',

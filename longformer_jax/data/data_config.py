@@ -16,6 +16,7 @@ import dataclasses
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
+from longformer_jax.data import attendre_qa
 from longformer_jax.data.lra.document_matching import RetrievalConfig
 from longformer_jax.data.lra.listops import ListOpsConfig
 from longformer_jax.data.lra.pathfinder import PathfinderConfig
@@ -60,6 +61,7 @@ class DataConfig(Section):
   target_len: int = 128              # seq2seq: target tokens, EOS included
   # corpus='passkey' (data/passkey.py): document lengths of every split, in tokens. 0: the
   # shortest that holds needle and question / chunk_len - 1 (one document per chunk).
+  # corpus='attendre_qa' (data/attendre_qa.py): context lengths in bytes; 0: 256 / 1,024.
   passkey_min_length: int = 0
   passkey_max_length: int = 0
   passkey_lengths: str = 'uniform'   # uniform | log_uniform (as many documents per octave)
@@ -103,10 +105,19 @@ class DataConfig(Section):
         key, value = next(iter(changed.items()))
         raise ConfigError(f'data.{name}.{key}', f'{value!r} is read only by corpus={corpus!r} '
                           f'(corpus is {self.corpus!r})')
-    if self.corpus != 'passkey':
+    if self.corpus == 'attendre_qa':     # the lengths are its contexts'; no curriculum
+      self.require(self.passkey_curriculum_steps == 0, 'passkey_curriculum_steps',
+                   "is read only by corpus='passkey'")
+      longest = self.passkey_max_length or attendre_qa.DEFAULT_MAX_CONTEXT
+      self.require(self.passkey_min_length <= longest, 'passkey_min_length',
+                   f'is above the longest context ({longest} bytes)')
+      self.require(longest >= attendre_qa.MIN_CONTEXT, 'passkey_max_length',
+                   f'{longest}: corpus attendre_qa needs contexts of at least '
+                   f'{attendre_qa.MIN_CONTEXT} bytes')
+    elif self.corpus != 'passkey':
       for name in PASSKEY_KEYS:
         self.require(getattr(self, name) == getattr(self.defaults(), name), name,
-                     "is read only by corpus='passkey'")
+                     "is read only by corpus='passkey' or 'attendre_qa'")
     else:
       longest = self.passkey_max_length or self.chunk_len - 1
       self.require(self.passkey_min_length <= longest, 'passkey_min_length',

@@ -2,13 +2,18 @@
 
 import re
 
+import ml_collections
 import numpy as np
 import pytest
 
+import train as train_script
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import attendre_qa
 from longformer_jax.data.attendre_qa import (ATTRIBUTES, QUESTION, exact_match, fact_pattern,
                                              make_document, partial_reader_answer)
+from longformer_jax.data.corpus import load_corpus
+from longformer_jax.data.data_config import DataConfig
+from tests.support.tiny_models import tiny_config
 
 DOCUMENTS = [make_document(seed, 2048) for seed in range(200)]
 
@@ -84,3 +89,43 @@ def test_bad_values_name_their_key(kwargs, key):
     make_document(0, **kwargs)
   assert error.value.key.endswith(key)
   assert attendre_qa.MIN_CONTEXT == 256
+
+
+def qa_data(**values):
+  return ml_collections.ConfigDict(
+      DataConfig.build(dict(corpus='attendre_qa', chunk_len=128, **values), 'config.data')
+      .to_dict())
+
+
+def test_the_corpus_holds_whole_documents_of_the_configured_contexts():
+  documents = load_corpus(qa_data(passkey_min_length=300, passkey_max_length=900), 'valid')
+  assert len(documents) == attendre_qa.SPLIT_SIZES['valid']
+  texts = [d.data.decode('ascii') for d in documents]
+  assert all(re.fullmatch(r"Question: what is the \w+ of \w+\?\nContext:.*\nAnswer: [^.]+\.",
+                          text, re.S) for text in texts)
+  contexts = [len(t.split('\nContext:')[1].split('\nAnswer:')[0]) for t in texts]
+  assert min(contexts) >= 300 and max(contexts) <= 900 + 400
+  assert [d.data for d in load_corpus(qa_data(passkey_min_length=300, passkey_max_length=900),
+                                      'valid')] == [d.data for d in documents]
+  assert len(load_corpus(qa_data(), 'test')) == attendre_qa.SPLIT_SIZES['test']
+
+
+def test_corpus_settings_name_their_key():
+  with pytest.raises(ConfigError, match='config.data.passkey_curriculum_steps'):
+    qa_data(passkey_curriculum_steps=10)
+  with pytest.raises(ConfigError, match='config.data.passkey_max_length'):
+    qa_data(passkey_max_length=200)
+  with pytest.raises(ConfigError, match='config.data.passkey_min_length'):
+    qa_data(passkey_min_length=2000)
+  with pytest.raises(ConfigError, match='config.eval.split'):
+    load_corpus(qa_data(), 'dev')
+
+
+@pytest.mark.slow      # a train.py smoke run on the corpus, an Attendre memory in the loop
+def test_a_tiny_attendre_model_trains_on_the_corpus(tmp_path):
+  config = tiny_config(attention='attendre', mem_len=0,
+                       attendre={'memory_size': 16, 'policy': 'lra_max', 'admission': 'score'})
+  config.data.update(corpus='attendre_qa', passkey_max_length=300)
+  config.train.update(num_steps=2, checkpoint_every=2)
+  state, metrics = train_script.train(config, str(tmp_path))
+  assert int(state.step) == 2 and np.isfinite(metrics['loss'])
