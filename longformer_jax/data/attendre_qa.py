@@ -39,6 +39,7 @@ import re
 import numpy as np
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.data import passkey
 from longformer_jax.data.document import Document
 
 SYLLABLES = ('ka', 'lo', 'mi', 'ren', 'to', 'sa', 'vi', 'dor', 'ne', 'pa', 'qui', 'bel',
@@ -77,8 +78,8 @@ SPLIT_SIZES = {'train': 4096, 'valid': 128, 'test': 128}
 class QaDocument:
   """One document. `prompt` ends with 'Answer: '; `answer` is the value, without the '.'.
 
-  `answer_offset`: the byte offset in `prompt` where the answer passage starts; `depth`:
-  its place in the context, 0 (first) to 1 (last).
+  `answer_offset`, `answer_passage_len`: where in `prompt` the answer passage starts, and its
+  bytes; `depth`: its place in the context, 0 (first) to 1 (last).
   """
   prompt: str
   answer: str
@@ -86,6 +87,7 @@ class QaDocument:
   attribute: str
   answer_offset: int
   depth: float
+  answer_passage_len: int = 0
 
   @property
   def text(self) -> str:
@@ -167,7 +169,25 @@ def make_document(seed: int, context_length: int, depth: float | None = None) ->
   offset = len(head) + sum(len(p) for p in passages[:slot])
   prompt = head + ''.join(passages) + ANSWER_PROMPT
   return QaDocument(prompt=prompt, answer=answer, entity=entity, attribute=attribute,
-                    answer_offset=offset, depth=slot / (len(passages) - 1))
+                    answer_offset=offset, depth=slot / (len(passages) - 1),
+                    answer_passage_len=len(answer_passage))
+
+
+def grid_document(seed: int, context_length: int, depth: float, index: int,
+                  encode=passkey.byte_encode) -> passkey.PasskeyDocument:
+  """Document `index` of a passkey-grid cell (evaluation/passkey_grid.py, `task=attendre_qa`)
+  in the grid's form: the answer passage is the needle, the value and its '.' the answer
+  (all of its tokens right under teacher forcing = the greedy answer's exact match). The
+  pieces are encoded one by one, so the offsets are exact with any tokenizer."""
+  document = make_document(seed * 1_000_003 + index, context_length, depth)
+  start, end = document.answer_offset, document.answer_offset + document.answer_passage_len
+  pieces = [encode(text) for text in (document.prompt[:start], document.prompt[start:end],
+                                      document.prompt[end:], document.answer + ANSWER_END)]
+  tokens = np.concatenate(pieces).astype(np.int32)
+  return passkey.PasskeyDocument(
+      tokens=tokens, key=document.answer, depth=float(depth), needle_start=pieces[0].size,
+      answer_start=tokens.size - pieces[3].size, answer_len=pieces[3].size,
+      needle_len=pieces[1].size)
 
 
 def fact_pattern(entity: str, attribute: str) -> str:

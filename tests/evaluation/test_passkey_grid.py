@@ -197,6 +197,42 @@ def test_chunked_scores_equal_a_plain_loop_over_the_implied_context(tiny_models,
   assert nll.min() > 0
 
 
+def test_reading_comprehension_cells_score_as_the_plain_loop(tiny_models):
+  """`task=attendre_qa`: the question-first documents in the grid's form (the answer passage
+  the needle, the value and its '.' the answer) score as the plain loop scores them."""
+  models, mesh, rules = tiny_models
+  trained, plain_config, params = models[1]
+  grid = passkey_grid.parse_grid('task=attendre_qa;lengths=256;depths=0,100;documents=1;'
+                                 'memories=xl:40', default_chunk=CHUNK)
+  cells = passkey_grid.grid_documents(grid, passkey.byte_encode)
+  assert [(length, depth) for length, depth, _ in cells] == [(256, 0), (256, 100)]
+  documents = [d for _, _, d in cells]
+  for document in documents:
+    text = bytes(document.tokens.astype(np.uint8)).decode('ascii')
+    assert text.startswith('Question: what is the ')
+    answer = document.tokens[document.answer_start:document.answer_start + document.answer_len]
+    assert bytes(answer.astype(np.uint8)).decode() == document.key + '.'
+    needle = document.tokens[document.needle_start:document.needle_start + document.needle_len]
+    assert f' is {document.key}.' in bytes(needle.astype(np.uint8)).decode()
+  assert documents[0].needle_start < documents[1].needle_start
+  scorer = PasskeyScorer(passkey_grid.memory_model_config(trained, VOCAB, grid.memories[0]),
+                         batch_size=8, chunk_len=CHUNK, mesh=mesh, rules=rules,
+                         param_shardings=sharding.replicated(mesh))
+  scores = scorer.score(params, documents, BOS, PAD)
+  correct, nll = reference_scores(plain_config, params, documents, 40)
+  np.testing.assert_array_equal(scores['correct'], correct)
+  np.testing.assert_allclose(scores['nll'], nll, rtol=2e-5)
+
+
+@pytest.mark.parametrize('spec, message', [
+    ('task=trivia', "task 'trivia': choose from passkey, attendre_qa"),
+    ('task=attendre_qa;lengths=128', 'lengths are context bytes, at least 256, got 128')])
+def test_a_bad_reading_comprehension_grid_names_the_setting(spec, message):
+  with pytest.raises(ConfigError, match='eval.passkey_grid') as error:
+    passkey_grid.parse_grid(spec, default_chunk=CHUNK)
+  assert message in str(error.value)
+
+
 @pytest.fixture(scope='module')
 def trained_passkey(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('passkey'))
