@@ -1,0 +1,115 @@
+"""Attendre's exact-match tables (its Tables 2-3, in miniature) from reading-comprehension grids.
+
+Each input is a `passkey_grid.json` that eval.py wrote with `task=attendre_qa`
+(docs/attendre_qa.md). Every memory of a grid becomes one row of
+`benchmarks/results/attendre_qa.json`:
+
+  policy      the eviction policy ('fifo', 'lra_max', 'lfa', ...), 'sinks', 'xl', or
+              'none' (no memory: each chunk alone)
+  kv_memory   the K/V memory's entries (0 for 'none')
+  q_memory    the Q memory's entries (0: the grid offers none)
+  admission   'score' or 'always' where the memory reads it, else null
+  chunk       the evaluation chunk
+  em          exact match over every cell (0-1); `em_by_length` per context length
+  documents   documents scored; `seed` the grid's document seed; `model` the run scored
+
+    python -m benchmarks.attendre_qa_table GRID.json [GRID.json ...] \\
+        --model=NAME [--model=NAME ...] --out=benchmarks/results/attendre_qa.json
+
+prints the rows as a markdown table (policy by memory size, one column per context length)
+and writes them, replacing the rows of the same model, policy, memory, admission and chunk.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+KEY = ('model', 'policy', 'kv_memory', 'q_memory', 'admission', 'chunk')
+
+
+def grid_rows(grid: dict, model: str) -> list[dict]:
+  """The rows of one grid (module docstring)."""
+  if grid.get('task') != 'attendre_qa':
+    raise ValueError(f'not a reading-comprehension grid (task {grid.get("task")!r})')
+  rows = []
+  for memory in grid['memories']:
+    cells = [c for c in grid['cells'] if c['memory'] == memory['memory']]
+    variant = memory.get('variant')
+    if variant == 'attendre':
+      policy = memory['policy']
+    elif variant == 'trained':
+      policy = 'trained'
+    else:
+      policy = memory['memory'].split(':')[0]
+    by_length = {}
+    for cell in cells:
+      by_length.setdefault(cell['length'], []).append(cell['accuracy'])
+    admission = memory.get('admission')
+    rows.append(dict(
+        model=model, policy=policy,
+        kv_memory=0 if policy == 'none' else int(memory.get('memory_size', 0)),
+        q_memory=0, admission=admission if admission not in (None, '-') else None,
+        chunk=int(grid['chunk']),
+        em=float(np.mean([c['accuracy'] for c in cells])),
+        em_by_length={str(k): float(np.mean(v)) for k, v in sorted(by_length.items())},
+        documents=int(sum(c['n'] for c in cells)), seed=int(grid['seed'])))
+  return rows
+
+
+def merge(old: list[dict], new: list[dict]) -> list[dict]:
+  """`old` less the rows `new` replaces (same KEY), then `new`."""
+  replaced = {tuple(r[k] for k in KEY) for r in new}
+  return [r for r in old if tuple(r.get(k) for k in KEY) not in replaced] + new
+
+
+def markdown(rows: list[dict]) -> str:
+  lengths = sorted({int(k) for r in rows for k in r['em_by_length']})
+  lines = ['| model | policy | K/V memory | admission | chunk | '
+           + ' | '.join(f'EM at {n:,}' for n in lengths) + ' | EM |',
+           '|---|---|---:|---|---:|' + '---:|' * (len(lengths) + 1)]
+  for r in rows:
+    cells = [f"{r['em_by_length'][str(n)]:.2f}" if str(n) in r['em_by_length'] else ''
+             for n in lengths]
+    lines.append(f"| {r['model']} | {r['policy']} | {r['kv_memory']:,} | "
+                 f"{r['admission'] or ''} | {r['chunk']} | " + ' | '.join(cells)
+                 + f" | {r['em']:.2f} |")
+  return '\n'.join(lines)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('grids', nargs='+')
+  parser.add_argument('--model', action='append', required=True,
+                      help='the run each grid scored (one per grid, or one for all)')
+  parser.add_argument('--out', default='benchmarks/results/attendre_qa.json')
+  args = parser.parse_args(argv)
+  models = args.model * len(args.grids) if len(args.model) == 1 else args.model
+  if len(models) != len(args.grids):
+    print('error: --model: give one per grid, or one for all', file=sys.stderr)
+    return 2
+  rows = []
+  for path, model in zip(args.grids, models):
+    try:
+      with open(path, encoding='utf-8') as f:
+        rows += grid_rows(json.load(f), model)
+    except (OSError, ValueError, KeyError) as error:
+      print(f'error: {path}: {error}', file=sys.stderr)
+      return 2
+  old = []
+  if os.path.exists(args.out):
+    with open(args.out, encoding='utf-8') as f:
+      old = json.load(f)['rows']
+  merged = merge(old, rows)
+  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
+  with open(args.out + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump({'rows': merged}, f, indent=1)
+  os.replace(args.out + '.tmp', args.out)
+  print(markdown(merged))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,42 @@
+"""benchmarks/attendre_qa_table.py: a reading-comprehension grid's memories as table rows."""
+
+import json
+
+from benchmarks import attendre_qa_table
+
+
+def grid(**extra):
+  cells = [dict(memory=m, length=n, depth=d, accuracy=a, n=4)
+           for m, values in (('attendre_lra_max:128', (1.0, 0.5, 0.75, 0.25)),
+                             ('attendre_fifo:128', (0.5, 0.0, 0.25, 0.0)),
+                             ('none', (0.25, 0.25, 0.0, 0.0)))
+           for (n, d), a in zip(((1024, 0), (1024, 100), (2048, 0), (2048, 100)), values)]
+  memories = [dict(memory='attendre_lra_max:128', variant='attendre', policy='lra_max',
+                   memory_size=128, admission='score'),
+              dict(memory='attendre_fifo:128', variant='attendre', policy='fifo',
+                   memory_size=128, admission='-'),
+              dict(memory='none', variant='vanilla', policy='fifo', memory_size=0)]
+  return dict(dict(task='attendre_qa', chunk=128, seed=0, memories=memories, cells=cells),
+              **extra)
+
+
+def test_each_memory_becomes_a_row_with_its_exact_match():
+  rows = {r['policy']: r for r in attendre_qa_table.grid_rows(grid(), 'qa_model')}
+  assert rows['lra_max'] == dict(model='qa_model', policy='lra_max', kv_memory=128, q_memory=0,
+                                 admission='score', chunk=128, em=0.625,
+                                 em_by_length={'1024': 0.75, '2048': 0.5}, documents=16,
+                                 seed=0)
+  assert rows['fifo']['admission'] is None and rows['fifo']['em'] == 0.1875
+  assert rows['none']['kv_memory'] == 0 and rows['none']['em'] == 0.125
+
+
+def test_the_command_merges_rows_and_refuses_a_passkey_grid(tmp_path, capsys):
+  path, out = tmp_path / 'grid.json', tmp_path / 'rows.json'
+  path.write_text(json.dumps(grid()))
+  assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
+  assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
+  assert len(json.loads(out.read_text())['rows']) == 3          # replaced, not repeated
+  assert '| a | lra_max | 128 | score | 128 | 0.75 | 0.50 | 0.62 |' in capsys.readouterr().out
+  path.write_text(json.dumps(grid(task='passkey')))
+  assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 2
+  assert 'not a reading-comprehension grid' in capsys.readouterr().err
