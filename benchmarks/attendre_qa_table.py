@@ -1,6 +1,6 @@
 """Attendre's exact-match tables (its Tables 2-3, in miniature) from reading-comprehension grids.
 
-Each input is a `passkey_grid.json` that eval.py wrote with `task=attendre_qa`
+Each input is a `passkey_grid.json` that eval.py wrote with `kind=attendre_qa`
 (docs/attendre_qa.md). Every memory of a grid becomes one row of
 `benchmarks/results/attendre_qa.json`:
 
@@ -32,8 +32,8 @@ KEY = ('model', 'policy', 'kv_memory', 'q_memory', 'admission', 'chunk')
 
 def grid_rows(grid: dict, model: str) -> list[dict]:
   """The rows of one grid (module docstring)."""
-  if grid.get('task') != 'attendre_qa':
-    raise ValueError(f'not a reading-comprehension grid (task {grid.get("task")!r})')
+  if grid.get('kind') != 'attendre_qa':
+    raise ValueError(f'not a reading-comprehension grid (kind {grid.get("kind")!r})')
   rows = []
   for memory in grid['memories']:
     cells = [c for c in grid['cells'] if c['memory'] == memory['memory']]

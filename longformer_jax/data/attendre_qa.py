@@ -175,7 +175,7 @@ def make_document(seed: int, context_length: int, depth: float | None = None) ->
 
 def grid_document(seed: int, context_length: int, depth: float, index: int,
                   encode=passkey.byte_encode) -> passkey.PasskeyDocument:
-  """Document `index` of a passkey-grid cell (evaluation/passkey_grid.py, `task=attendre_qa`)
+  """Document `index` of a passkey-grid cell (evaluation/passkey_grid.py, `kind=attendre_qa`)
   in the grid's form: the answer passage is the needle, the value and its '.' the answer
   (all of its tokens right under teacher forcing = the greedy answer's exact match). The
   pieces are encoded one by one, so the offsets are exact with any tokenizer."""

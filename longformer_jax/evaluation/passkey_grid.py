@@ -31,7 +31,7 @@ Settings (`;` separates them, `,` the values of one):
                        (evaluation/trained_memory.py: kNN memory_size, Attendre memory_size,
                        sinks window, else mem_len)
 - `chunk`: the evaluation chunk (default `eval.chunk_len`, else the training one).
-- `task` (default passkey): `attendre_qa` scores Attendre-style reading comprehension
+- `kind` (default passkey): `attendre_qa` scores Attendre-style reading comprehension
   (data/attendre_qa.py, docs/attendre_qa.md) instead: the question first, `lengths` the
   context's bytes (>= 256), `depths` the answer passage's place in the context, the
   accuracy the exact match of the answer and its full stop (all its tokens right under
@@ -98,8 +98,8 @@ from longformer_jax.models.model_config import resolve_model
 
 GRID_KEY = 'eval.passkey_grid'
 GRID_SETTINGS = ('lengths', 'max_length', 'depths', 'documents', 'seed', 'memories',
-                 'memory_size', 'chunk', 'task')
-TASKS = ('passkey', 'attendre_qa')
+                 'memory_size', 'chunk', 'kind')
+DOCUMENT_KINDS = ('passkey', 'attendre_qa')
 FIRST_LENGTH = 256
 # Memory name -> (sweep variant, policy); 'attendre_<policy>' names are added below.
 MEMORY_KINDS = {'none': ('vanilla', 'fifo'), 'xl': ('vanilla', 'fifo'),
@@ -141,7 +141,7 @@ class PasskeyGrid:
   seed: int
   chunk: int
   memories: tuple                # GridMemory
-  task: str = 'passkey'          # or 'attendre_qa' (data/attendre_qa.py)
+  kind: str = 'passkey'          # the documents: or 'attendre_qa' (data/attendre_qa.py)
 
 
 def _ints(settings: dict, key: str, default: list) -> list:
@@ -181,7 +181,7 @@ def parse_grid(spec: str, default_chunk: int) -> PasskeyGrid:
     settings = memory_sweep.parse_settings(spec)
   except ConfigError as error:
     raise ConfigError(GRID_KEY, error.message) from None
-  for key in ('documents', 'seed', 'memory_size', 'chunk', 'max_length', 'task'):
+  for key in ('documents', 'seed', 'memory_size', 'chunk', 'max_length', 'kind'):
     require(len(settings.get(key, [''])) == 1, GRID_KEY, f'{key} takes one value')
   require(not ('lengths' in settings and 'max_length' in settings), GRID_KEY,
           'give lengths or max_length, not both')
@@ -194,11 +194,11 @@ def parse_grid(spec: str, default_chunk: int) -> PasskeyGrid:
   size = _ints(settings, 'memory_size', [256])[0]
   chunk = _ints(settings, 'chunk', [default_chunk])[0]
   names = settings.pop('memories', ['none'])
-  task = settings.pop('task', ['passkey'])[0]
-  require(task in TASKS, GRID_KEY, f'task {task!r}: choose from {", ".join(TASKS)}'
-          f'{closest_name(task, TASKS)}')
-  if task == 'attendre_qa':
-    require(min(lengths) >= attendre_qa.MIN_CONTEXT, GRID_KEY, f'task attendre_qa: lengths are '
+  kind = settings.pop('kind', ['passkey'])[0]
+  require(kind in DOCUMENT_KINDS, GRID_KEY, f'kind {kind!r}: choose from '
+          f'{", ".join(DOCUMENT_KINDS)}{closest_name(kind, DOCUMENT_KINDS)}')
+  if kind == 'attendre_qa':
+    require(min(lengths) >= attendre_qa.MIN_CONTEXT, GRID_KEY, f'kind attendre_qa: lengths are '
             f'context bytes, at least {attendre_qa.MIN_CONTEXT}, got {min(lengths)}')
   require(all(n > 0 for n in lengths), GRID_KEY, f'lengths must be > 0, got {lengths}')
   require(all(0 <= d <= 100 for d in depths), GRID_KEY,
@@ -219,7 +219,7 @@ def parse_grid(spec: str, default_chunk: int) -> PasskeyGrid:
   labels = [m.label for m in memories]
   require(len(set(labels)) == len(labels), GRID_KEY, f'a memory is given twice: {labels}')
   return PasskeyGrid(tuple(sorted(set(lengths))), tuple(sorted(set(depths))), documents, seed,
-                     chunk, tuple(memories), task)
+                     chunk, tuple(memories), kind)
 
 
 def memory_model_config(trained_model, vocab_size: int, memory: GridMemory):
@@ -243,7 +243,7 @@ def grid_documents(grid: PasskeyGrid, encode) -> list:
     for depth in grid.depths:
       for index in range(grid.documents):
         try:
-          if grid.task == 'attendre_qa':
+          if grid.kind == 'attendre_qa':
             document = attendre_qa.grid_document(grid.seed, length, depth / 100, index, encode)
           else:
             document = passkey.seeded_document(grid.seed, length, depth / 100, index, encode)
@@ -337,11 +337,11 @@ def write_grid(grid: PasskeyGrid, cells: list[dict], out_dir: str, header: dict,
     memories.append(dict(memory.describe(trained_model), heatmap=name,
                          **(costs or {}).get(memory.label, {})))
   axes = dict(AXES, depths=list(grid.depths), lengths=list(grid.lengths))
-  if grid.task == 'attendre_qa':
+  if grid.kind == 'attendre_qa':
     axes.update(rows='depth of the answer passage in percent of the context (0: first)',
                 columns='context length in bytes (the question and answer come on top)',
                 colour='exact match of the answer and its full stop: red 0, yellow 0.5, green 1')
-  result = dict(header, task=grid.task, documents_per_cell=grid.documents, seed=grid.seed,
+  result = dict(header, kind=grid.kind, documents_per_cell=grid.documents, seed=grid.seed,
                 chunk=grid.chunk, axes=axes, memories=memories, cells=cells)
   with open(os.path.join(out_dir, 'passkey_grid.json'), 'w') as f:
     json.dump(result, f, indent=2)

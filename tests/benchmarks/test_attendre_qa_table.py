@@ -16,7 +16,7 @@ def grid(**extra):
               dict(memory='attendre_fifo:128', variant='attendre', policy='fifo',
                    memory_size=128, admission='-'),
               dict(memory='none', variant='vanilla', policy='fifo', memory_size=0)]
-  return dict(dict(task='attendre_qa', chunk=128, seed=0, memories=memories, cells=cells),
+  return dict(dict(kind='attendre_qa', chunk=128, seed=0, memories=memories, cells=cells),
               **extra)
 
 
@@ -37,6 +37,6 @@ def test_the_command_merges_rows_and_refuses_a_passkey_grid(tmp_path, capsys):
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
   assert len(json.loads(out.read_text())['rows']) == 3          # replaced, not repeated
   assert '| a | lra_max | 128 | score | 128 | 0.75 | 0.50 | 0.62 |' in capsys.readouterr().out
-  path.write_text(json.dumps(grid(task='passkey')))
+  path.write_text(json.dumps(grid(kind='passkey')))
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 2
   assert 'not a reading-comprehension grid' in capsys.readouterr().err

@@ -198,11 +198,11 @@ def test_chunked_scores_equal_a_plain_loop_over_the_implied_context(tiny_models,
 
 
 def test_reading_comprehension_cells_score_as_the_plain_loop(tiny_models):
-  """`task=attendre_qa`: the question-first documents in the grid's form (the answer passage
+  """`kind=attendre_qa`: the question-first documents in the grid's form (the answer passage
   the needle, the value and its '.' the answer) score as the plain loop scores them."""
   models, mesh, rules = tiny_models
   trained, plain_config, params = models[1]
-  grid = passkey_grid.parse_grid('task=attendre_qa;lengths=256;depths=0,100;documents=1;'
+  grid = passkey_grid.parse_grid('kind=attendre_qa;lengths=256;depths=0,100;documents=1;'
                                  'memories=xl:40', default_chunk=CHUNK)
   cells = passkey_grid.grid_documents(grid, passkey.byte_encode)
   assert [(length, depth) for length, depth, _ in cells] == [(256, 0), (256, 100)]
@@ -225,8 +225,8 @@ def test_reading_comprehension_cells_score_as_the_plain_loop(tiny_models):
 
 
 @pytest.mark.parametrize('spec, message', [
-    ('task=trivia', "task 'trivia': choose from passkey, attendre_qa"),
-    ('task=attendre_qa;lengths=128', 'lengths are context bytes, at least 256, got 128')])
+    ('kind=trivia', "kind 'trivia': choose from passkey, attendre_qa"),
+    ('kind=attendre_qa;lengths=128', 'lengths are context bytes, at least 256, got 128')])
 def test_a_bad_reading_comprehension_grid_names_the_setting(spec, message):
   with pytest.raises(ConfigError, match='eval.passkey_grid') as error:
     passkey_grid.parse_grid(spec, default_chunk=CHUNK)
