@@ -32,7 +32,6 @@ perfect reader that sees only the context's last bytes (a model whose memory kee
 older than its chunk) answers when the fact lies there and guesses otherwise.
 """
 
-import collections
 import dataclasses
 import re
 
@@ -208,11 +207,6 @@ def partial_reader_answer(document: QaDocument, seen: int) -> str:
   pattern = re.escape(fact_pattern(document.entity, document.attribute)) + r' ([^.]+)\.'
   found = re.search(pattern, tail)
   return found.group(1) if found else ATTRIBUTES[document.attribute][0]
-
-
-def value_counts(documents) -> collections.Counter:
-  """How often each (attribute, answer) pair is the answer: the majority baseline."""
-  return collections.Counter((d.attribute, d.answer) for d in documents)
 
 
 def load_documents(split: str, max_length: int = 0, min_length: int = 0,
