@@ -37,13 +37,10 @@ def grid_rows(grid: dict, model: str) -> list[dict]:
   rows = []
   for memory in grid['memories']:
     cells = [c for c in grid['cells'] if c['memory'] == memory['memory']]
-    variant = memory.get('variant')
-    if variant == 'attendre':
-      policy = memory['policy']
-    elif variant == 'trained':
-      policy = 'trained'
-    else:
-      policy = memory['memory'].split(':')[0]
+    # Attendre's memories by their policy; the others ('none', 'xl', 'sinks', 'trained')
+    # by the name their label starts with.
+    attendre = memory.get('variant') == 'attendre'
+    policy = memory['policy'] if attendre else memory['memory'].split(':')[0]
     by_length = {}
     for cell in cells:
       by_length.setdefault(cell['length'], []).append(cell['accuracy'])

@@ -99,19 +99,18 @@ def soft_expire_mask(spans: jax.Array, q_positions: jax.Array, k_positions: jax.
   return jnp.clip(1.0 + remaining / ramp, 0.0, 1.0)
 
 
-def ramp_loss(spans: jax.Array, ctx: AttentionContext, context: fifo.FifoMemory,
-              attendable: jax.Array, ramp: float) -> jax.Array:
+def ramp_loss(soft: jax.Array, ctx: AttentionContext, attendable: jax.Array,
+              ramp: float) -> jax.Array:
   """The authors' span penalty: the mean over rows of sum_{t, i on the ramp} r_ti / (R * T).
 
-  `spans [b, k]` (after random shortening, as in their code), `attendable [b, q, k]`
-  (the pairs a query may read: valid, same document, causal, within reach); T = the row's
-  valid queries; r_ti = e_i - (t - i). Its gradient lowers e_i by 1 / (R * T) for each query
-  that reads entry i on its ramp.
+  `soft [b, q, k]`: the layer's masks m_ti, from the spans after random shortening (as in
+  their code); `attendable [b, q, k]`: the pairs a query may read (valid, same document,
+  causal, within reach); T = the row's valid queries. On the ramp (0 < m_ti < 1) the mask is
+  unclipped, so r_ti = e_i - (t - i) = R (m_ti - 1), with the same gradient; it lowers e_i
+  by 1 / (R * T) for each query that reads entry i on its ramp.
   """
-  elapsed = (ctx.positions[:, :, None] - context.positions[:, None, :]).astype(jnp.float32)
-  remaining = spans.astype(jnp.float32)[:, None, :] - elapsed                # [b, q, k]
-  soft = jnp.clip(1.0 + remaining / ramp, 0.0, 1.0)
   on_ramp = (soft > 0) & (soft < 1) & attendable & ctx.valid[:, :, None]
+  remaining = ramp * (soft - 1.0)                                            # r_ti
   queries = jnp.maximum(jnp.sum(ctx.valid.astype(jnp.float32), axis=1), 1.0)
   per_row = jnp.sum(jnp.where(on_ramp, remaining, 0.0), axis=(1, 2)) / (ramp * queries)
   return jnp.mean(per_row)
@@ -217,7 +216,7 @@ class ExpireSpanAttention(XLAttention):
     new_state = keep_newest(jax.lax.stop_gradient(context), alive, memory.capacity)
 
     if self.config.loss == 'ramp':
-      loss = ramp_loss(mask_spans, ctx, context, mask, ramp)
+      loss = ramp_loss(soft, ctx, mask, ramp)
     else:
       valid = ctx.valid.astype(jnp.float32)
       chunk_spans = spans[:, memory.capacity:]

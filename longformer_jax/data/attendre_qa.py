@@ -85,8 +85,8 @@ class QaDocument:
   entity: str
   attribute: str
   answer_offset: int
+  answer_passage_len: int
   depth: float
-  answer_passage_len: int = 0
 
   @property
   def text(self) -> str:
@@ -229,11 +229,8 @@ def load_documents(split: str, max_length: int = 0, min_length: int = 0,
                       f'least {shortest} bytes, got {longest}')
   documents = []
   for index in range(SPLIT_SIZES[split]):
-    rng = np.random.default_rng([SPLIT_SEEDS[split], index])
-    if spread == 'log_uniform':
-      length = int(round(np.exp(rng.uniform(np.log(shortest), np.log(longest)))))
-    else:
-      length = int(rng.integers(shortest, longest + 1))
+    length = passkey.document_length(np.random.default_rng([SPLIT_SEEDS[split], index]),
+                                     shortest, longest, spread)
     document = make_document(SPLIT_SEEDS[split] * 1_000_000 + index, length)
     documents.append(Document(name=f'attendre_qa/{split}/{index}',
                               data=document.text.encode('ascii')))

@@ -138,6 +138,14 @@ def seeded_document(seed: int, length: int, depth: float, index: int,
   return passkey_document(length, depth, random_key(rng), encode)
 
 
+def document_length(rng: np.random.Generator, shortest: int, longest: int, spread: str) -> int:
+  """A corpus document's length in [shortest, longest]: uniform, or with `spread='log_uniform'`
+  log-uniform (as many documents per octave). Shared with data/attendre_qa.py."""
+  if spread == 'log_uniform':
+    return int(round(np.exp(rng.uniform(np.log(shortest), np.log(longest)))))
+  return int(rng.integers(shortest, longest + 1))
+
+
 def load_documents(split: str, max_length: int, min_length: int = 0, spread: str = 'uniform',
                    max_key: str = 'data.chunk_len') -> list[Document]:
   """The `passkey` corpus split: `SPLIT_SIZES[split]` byte documents, depths uniform in
@@ -160,10 +168,7 @@ def load_documents(split: str, max_length: int, min_length: int = 0, spread: str
   documents = []
   for index in range(SPLIT_SIZES[split]):
     rng = np.random.default_rng([SPLIT_SEEDS[split], index])
-    if spread == 'log_uniform':
-      length = int(round(np.exp(rng.uniform(np.log(shortest), np.log(max_length)))))
-    else:
-      length = int(rng.integers(shortest, max_length + 1))
+    length = document_length(rng, shortest, max_length, spread)
     depth = float(rng.uniform(0.0, 1.0))
     document = passkey_document(length, depth, random_key(rng))
     documents.append(Document(name=f'passkey/{split}/{index}',

@@ -332,11 +332,10 @@ def _tensorboard_x():
   "not installed" while tensorboardX loads (tests/train/test_metrics_logging.py).
   """
   if 'tensorboardX' in sys.modules or 'torch' in sys.modules:
-    return sys.modules.get('tensorboardX') or importlib.import_module('tensorboardX')
+    return importlib.import_module('tensorboardX')
   sys.modules['torch'] = None          # `import torch` raises ImportError while this holds
   try:
     # deferred: loaded with the first metrics written, so a bad flag is answered at once
-    import tensorboardX  # pylint: disable=g-import-not-at-top
+    return importlib.import_module('tensorboardX')
   finally:
     del sys.modules['torch']
-  return tensorboardX
