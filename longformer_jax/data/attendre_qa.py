@@ -233,5 +233,6 @@ def load_documents(split: str, max_length: int = 0, min_length: int = 0,
                                      shortest, longest, spread)
     document = make_document(SPLIT_SEEDS[split] * 1_000_000 + index, length)
     documents.append(Document(name=f'attendre_qa/{split}/{index}',
-                              data=document.text.encode('ascii')))
+                              data=document.text.encode('ascii'),
+                              answer_start=len(document.prompt)))
   return documents

@@ -94,6 +94,33 @@ def tokenize_documents(tokenizer: Tokenizer, documents: Sequence[Document],
   return encoded
 
 
+def tokenize_answered_documents(tokenizer: Tokenizer, documents: Sequence[Document]
+                                ) -> tuple[list[np.ndarray], list[int]]:
+  """Encodes each document as its prompt's tokens followed by its answer's (`data.loss_on='answer'`).
+
+  The two parts are encoded apart, so the answer's first token is exact with any tokenizer
+  (for the byte tokenizer the tokens equal `tokenize_documents`').
+
+  Returns:
+    The int32 [num_tokens] arrays, and per document the index of its answer's first token.
+
+  Raises:
+    ValueError: naming the document, if it has no answer (`Document.answer_start` < 1),
+      or a part is empty or cannot be encoded.
+  """
+  encoded, starts = [], []
+  for document in documents:
+    start = document.answer_start
+    if not 0 < start < len(document.data):
+      raise ValueError(f'document {document.name!r} has no answer to train on '
+                       f'(answer_start={start}); data.loss_on=\'answer\' needs one')
+    prompt, answer = (_tokenize_document(tokenizer, Document(document.name, part))
+                      for part in (document.data[:start], document.data[start:]))
+    encoded.append(np.concatenate([prompt, answer]).astype(np.int32))
+    starts.append(prompt.size)
+  return encoded, starts
+
+
 def cut_into_pieces(docs: Sequence[np.ndarray], min_count: int) -> list[np.ndarray]:
   """At least `min_count` documents: each document cut into k contiguous pieces.
 

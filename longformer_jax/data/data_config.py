@@ -27,6 +27,8 @@ TOKENIZERS = ('byte', 'sentencepiece', 'hf', 'listops')
 LRA_SECTIONS = {'listops': 'listops', 'pathfinder': 'pathfinder', 'lra_text': 'lra_text',
                 'lra_retrieval': 'lra_retrieval'}
 PASSKEY_LENGTHS = ('uniform', 'log_uniform')
+LOSS_ON = ('all', 'answer')
+ANSWERED_CORPORA = ('passkey', 'attendre_qa')   # their documents end with an answer
 PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths',
                 'passkey_curriculum_steps')
 
@@ -68,6 +70,10 @@ class DataConfig(Section):
   # Length curriculum (data/curriculum_streams.py): the first N training steps (units of
   # phase 0's step) read documents of one chunk at most, then the passkey_* lengths. 0: off.
   passkey_curriculum_steps: int = 0
+  # Language model: which targets the training loss counts. all | answer: only the answers of
+  # corpus passkey / attendre_qa (the tokens after 'Answer: ' / the question, the final '.'
+  # included), as an instruction-tuned reader is trained. Evaluation counts every token.
+  loss_on: str = 'all'
   # The Long Range Arena's generated tasks (docs/lra.md): corpus listops | pathfinder | lra_text
   # | lra_retrieval.
   listops: ListOpsConfig = ListOpsConfig()
@@ -97,6 +103,10 @@ class DataConfig(Section):
                  'passkey_max_length', 'passkey lengths must be >= 0 (0: the default)')
     self.require(self.passkey_curriculum_steps >= 0, 'passkey_curriculum_steps',
                  'must be >= 0 (0: off)')
+    self.require(self.loss_on in LOSS_ON, 'loss_on', f'must be one of {LOSS_ON}')
+    self.require(self.loss_on == 'all' or self.corpus in ANSWERED_CORPORA, 'loss_on',
+                 f"'answer' needs a corpus whose documents end with an answer "
+                 f"{ANSWERED_CORPORA}; corpus is {self.corpus!r}")
     self.require((self.corpus == 'listops') == (self.tokenizer == 'listops'), 'tokenizer',
                  "must be 'listops' exactly when data.corpus is 'listops' (its fixed vocabulary)")
     for corpus, name in LRA_SECTIONS.items():

@@ -12,9 +12,14 @@ class Document:
       relative file path, a book id and title, ...); used in error messages.
     data: the document's raw bytes (UTF-8 for text corpora; the built-in
       corpus may hold any bytes).
+    answer_start: for documents that end with the answer to a question
+      (corpora passkey, attendre_qa), the byte offset where the answer
+      starts; -1 for other documents. `data.loss_on='answer'` trains on
+      the answers alone.
   """
   name: str
   data: bytes
+  answer_start: int = -1
 
   def __repr__(self) -> str:
     return f'Document(name={self.name!r}, {len(self.data)} bytes)'

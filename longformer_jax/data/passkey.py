@@ -172,5 +172,6 @@ def load_documents(split: str, max_length: int, min_length: int = 0, spread: str
     depth = float(rng.uniform(0.0, 1.0))
     document = passkey_document(length, depth, random_key(rng))
     documents.append(Document(name=f'passkey/{split}/{index}',
-                              data=document.tokens.astype(np.uint8).tobytes()))
+                              data=document.tokens.astype(np.uint8).tobytes(),
+                              answer_start=document.answer_start))
   return documents

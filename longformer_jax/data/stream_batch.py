@@ -109,17 +109,20 @@ def make_run(doc_ids: np.ndarray, lengths: np.ndarray,
 
 @dataclasses.dataclass
 class RowWindow:
-  """A slice of one row's stream being filled: tokens, segment ids and
-  document-start flags, each [n]."""
+  """A slice of one row's stream being filled: tokens, segment ids,
+  document-start flags and whether each token counts as a target (False
+  before a document's answer under `data.loss_on='answer'`), each [n]."""
   tokens: np.ndarray
   segment_ids: np.ndarray
   doc_start: np.ndarray
+  counted: np.ndarray
 
   @classmethod
   def filled(cls, size: int, token: int, segment: int) -> 'RowWindow':
     return cls(tokens=np.full([size], token, dtype=np.int32),
                segment_ids=np.full([size], segment, dtype=np.int32),
-               doc_start=np.zeros([size], dtype=bool))
+               doc_start=np.zeros([size], dtype=bool),
+               counted=np.ones([size], dtype=bool))
 
 
 def copy_bos_prefixed(out: np.ndarray, at: int, doc: np.ndarray, first: int,
@@ -133,8 +136,12 @@ def copy_bos_prefixed(out: np.ndarray, at: int, doc: np.ndarray, first: int,
 
 def copy_from_run(window: RowWindow, at: int, run: DocumentRun,
                    begin: int, end: int, docs: Sequence[np.ndarray],
-                   bos_id: int) -> None:
+                   bos_id: int, answer_starts: np.ndarray | None = None) -> None:
   """Copies run tokens [begin, end) to window slots [at, at + end - begin).
+
+  With `answer_starts` (int [num_docs], the index of each document's answer's
+  first token), a slot counts as a target only from its document's answer on
+  (the BOS and the prompt do not); without it every slot counts.
 
   Requires 0 <= begin < end <= run.length.
   """
@@ -150,6 +157,10 @@ def copy_from_run(window: RowWindow, at: int, run: DocumentRun,
                        stop - doc_begin, bos_id)
     window.segment_ids[slot:slot + stop - position] = run.first_segment + k
     window.doc_start[slot] = position == doc_begin
+    if answer_starts is not None:
+      # Slot q of [BOS] + doc holds doc token q - 1: it counts from q - 1 = answer start on.
+      first_counted = doc_begin + 1 + int(answer_starts[run.doc_ids[k]])
+      window.counted[slot:slot + stop - position] = np.arange(position, stop) >= first_counted
     position, k = stop, k + 1
 
 

@@ -32,7 +32,8 @@ class TrainStreams:
 
   def __init__(self, docs: Sequence[np.ndarray], num_rows: int,
                tokens_per_step: int, seed: int, bos_id: int,
-               process_index: int = 0, process_count: int = 1):
+               process_index: int = 0, process_count: int = 1,
+               answer_starts: Sequence[int] | None = None):
     """Args:
       docs: tokenized documents, int [n_i] each, without BOS.
       num_rows: global number of streams (`data.batch_size`).
@@ -42,6 +43,9 @@ class TrainStreams:
       bos_id: the token written in front of every document.
       process_index, process_count: this process serves global rows
         [process_index * num_rows / process_count, ...) of num_rows.
+      answer_starts: per document, the index of its answer's first token;
+        a batch's `target_mask` then holds only the answers' tokens
+        (`data.loss_on='answer'`). None: every target counts.
 
     Raises:
       ConfigError: num_rows not divisible by process_count, or fewer
@@ -63,6 +67,12 @@ class TrainStreams:
     self.bos_id = int(bos_id)
     self._docs = as_token_arrays(docs)
     self._lengths = np.array([d.size + 1 for d in self._docs], dtype=np.int64)
+    self._answer_starts = None
+    if answer_starts is not None:
+      self._answer_starts = np.asarray(answer_starts, dtype=np.int64).reshape(-1)
+      if self._answer_starts.size != len(self._docs):
+        raise ValueError(f'{self._answer_starts.size} answer starts for '
+                         f'{len(self._docs)} documents')
     # Row i's stream ends after epoch e at _epoch_ends[e, i] (cumulative).
     self._epoch_ends = np.zeros([0, self.rows.size], dtype=np.int64)
     self._epoch_runs_cache: dict[int, list[DocumentRun]] = {}
@@ -121,7 +131,7 @@ class TrainStreams:
       stop = min(end, int(self._epoch_ends[epoch, row]))
       run = self._epoch_runs(epoch)[row]
       copy_from_run(window, position - begin, run, position - epoch_begin,
-                     stop - epoch_begin, self._docs, self.bos_id)
+                     stop - epoch_begin, self._docs, self.bos_id, self._answer_starts)
       position = stop
     return window
 
@@ -141,7 +151,8 @@ class TrainStreams:
                for row in range(self.rows.size)]
     self._forget_epochs_before(
         min(self._epoch_at(row, begin) for row in range(self.rows.size)))
-    target_mask = np.ones([self.rows.size, self.tokens_per_step], dtype=bool)
+    # The target of input slot t is stream token t + 1: it counts where that token does.
+    target_mask = np.stack([w.counted[1:] for w in windows])
     return stack_batch(windows, begin, self.tokens_per_step, target_mask)
 
   def next_batch(self) -> StreamBatch:

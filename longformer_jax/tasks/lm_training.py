@@ -19,7 +19,7 @@ import ml_collections
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.corpus import (cut_into_pieces, curriculum_documents, load_corpus,
-                                        tokenize_documents)
+                                        tokenize_answered_documents, tokenize_documents)
 from longformer_jax.data.curriculum_streams import CurriculumStreams
 from longformer_jax.data.phased_streams import PhasedStreams
 from longformer_jax.data.train_streams import TrainStreams
@@ -57,24 +57,27 @@ class LanguageModelTraining:
     self.phased = len(self.phases) > 1
     self.tokenizer = make_tokenizer(config.data)
     skip = config.data.skip_undecodable
-    train_docs = cut_into_pieces(
-        tokenize_documents(self.tokenizer, load_corpus(config.data, 'train'), skip),
-        config.data.batch_size)
     self.valid_docs = tokenize_documents(self.tokenizer, load_corpus(config.data, 'valid'), skip)
     # Streams are read in units of phase 0's step; a phase-p step is several units.
     tokens_per_unit = config.data.chunk_len * config.data.chunks_per_step
-    def streams_of(docs):
+    def streams_of(documents):
+      answer_starts = None
+      if config.data.loss_on == 'answer':     # the loss counts the answers alone
+        docs, answer_starts = tokenize_answered_documents(self.tokenizer, documents)
+      else:
+        docs = cut_into_pieces(tokenize_documents(self.tokenizer, documents, skip),
+                               config.data.batch_size)
       return TrainStreams(docs, config.data.batch_size, tokens_per_unit, config.seed,
-                          self.tokenizer.bos_id, jax.process_index(), jax.process_count())
-    unit_streams = streams_of(train_docs)
+                          self.tokenizer.bos_id, jax.process_index(), jax.process_count(),
+                          answer_starts)
+    unit_streams = streams_of(load_corpus(config.data, 'train'))
     if config.data.passkey_curriculum_steps:      # short passkey documents first
       if config.data.passkey_curriculum_steps >= config.train.num_steps:
         raise ConfigError('data.passkey_curriculum_steps', f'{config.data.passkey_curriculum_steps} '
                           f'leaves no step of train.num_steps={config.train.num_steps} for the '
                           f'long documents')
-      short_docs = tokenize_documents(self.tokenizer, curriculum_documents(config.data), skip)
-      unit_streams = CurriculumStreams(streams_of(short_docs), unit_streams,
-                                       config.data.passkey_curriculum_steps)
+      unit_streams = CurriculumStreams(streams_of(curriculum_documents(config.data)),
+                                       unit_streams, config.data.passkey_curriculum_steps)
     self.streams = PhasedStreams(unit_streams)
     num_steps = config.train.num_steps
     self.optimizer = phasing.phased_optimizer(make_optimizer(config.optimizer, num_steps),
