@@ -22,7 +22,7 @@ the context's attention to the question decides what else is kept. A document he
 The built-in corpus `attendre_qa` (`data.corpus='attendre_qa'`, `load_documents`) holds
 such documents, their contexts `data.passkey_min_length` to `data.passkey_max_length`
 bytes (default 256 to 1,024; the passkey corpus's length settings), for language-model
-training with the memory in the loop: 4,096 training documents, 128 each for valid and
+training with the memory in the loop: 16,384 training documents, 128 each for valid and
 test, fixed seeds per split.
 
 A document is a pure function of its seed and its requested length and depth
@@ -70,7 +70,7 @@ DEFAULT_MAX_CONTEXT = 1024
 
 SPLITS = ('train', 'valid', 'test')
 SPLIT_SEEDS = {'train': 2001, 'valid': 2002, 'test': 2003}
-SPLIT_SIZES = {'train': 4096, 'valid': 128, 'test': 128}
+SPLIT_SIZES = {'train': 16384, 'valid': 128, 'test': 128}
 
 
 @dataclasses.dataclass(frozen=True)
