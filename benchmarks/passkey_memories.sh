@@ -24,6 +24,7 @@ grid_for() {   # the memories each model is scored with
     knn) echo "trained:$MAX,trained:512" ;;    # the whole document; a FIFO of 512
     # LRA-max as trained, and the same weights evicting FIFO or LFA (the eviction alone differs)
     attendre_lra_max) echo "trained,attendre_fifo:128,attendre_lfa:128" ;;
+    attendre_lra_max_score) echo "trained,attendre_lra_max:128,attendre_fifo:128,attendre_lfa:128" ;;
     eval_time) echo "none,xl:128,sinks:128,attendre_fifo:128,attendre_lra_max:128,attendre_lfa:128,knn:2048" ;;
     *) echo "trained" ;;
   esac

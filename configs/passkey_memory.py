@@ -25,6 +25,7 @@ One config file, the memory after the colon:
 | knn | layer 2 of 2 a Memorizing layer: kNN memory of 2,048 (key, value) pairs, top 32; local cache of 128 in both layers | 2,048 |
 | knn_no_cache | the same without the local cache | 2,048 |
 | attendre_lra_max / attendre_lfa | Attendre K/V memory of 128 entries, evicting by attention | what the policy keeps |
+| attendre_lra_max_score | the same LRA-max memory admitting new entries by score (mean - std) | what the policy keeps |
 | attendre_fifo | the same memory evicting first-in first-out (the control) | 128 |
 | expire_span | Expire-Span: capacity 1,024, spans up to 4,096 learnt per token | learnt |
 | expire_span_recipe | the same with the authors' recipe: spans up to 16,384, ramp 64, pre-division 64, their ramp-only penalty at 1e-6, random shortening, spans starting at 0.1 of the largest; documents up to 4,096 bytes | learnt |
@@ -60,6 +61,11 @@ MEMORIES = {
             'memorizing': {'memory_size': 2048, 'top_k': 32, 'normalize_qk': True}},
     'attendre_lra_max': {'attention': 'attendre', 'mem_len': 0,
                          'attendre': {'memory_size': 128, 'policy': 'lra_max'}},
+    # The paper's admission: a new entry starts at mean - 1 * std of the memory's scores and
+    # replaces an old one only if that beats it (docs/attendre_qa.md, "The mechanism").
+    'attendre_lra_max_score': {'attention': 'attendre', 'mem_len': 0,
+                               'attendre': {'memory_size': 128, 'policy': 'lra_max',
+                                            'admission': 'score'}},
     'attendre_lfa': {'attention': 'attendre', 'mem_len': 0,
                      'attendre': {'memory_size': 128, 'policy': 'lfa'}},
     'attendre_fifo': {'attention': 'attendre', 'mem_len': 0,
