@@ -306,7 +306,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
       description='Trains a SentencePiece model on the train split of a '
       'corpus and prints the path of the .model file.')
   parser.add_argument('--corpus', default='stdlib',
-                      help='stdlib | tiny_shakespeare | pg19')
+                      help='stdlib | tiny_shakespeare | pg19 | passkey | attendre_qa')
   parser.add_argument('--vocab_size', type=int, default=4096)
   parser.add_argument('--out', required=True,
                       help='output path prefix (writes PREFIX.model)')
@@ -330,9 +330,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> str:
   """Runs the command line; returns (and prints) the .model path."""
   args = _parse_args(argv)
-  data_config = ml_collections.ConfigDict({
-      'corpus': args.corpus, 'tfds_data_dir': args.tfds_data_dir,
-      'tfds_cache_dir': args.tfds_cache_dir})
+  # Every data setting at its default but these: the corpora read their own (passkey and
+  # attendre_qa their lengths).
+  data_config = ml_collections.ConfigDict(DataConfig.build(
+      {'corpus': args.corpus, 'tfds_data_dir': args.tfds_data_dir,
+       'tfds_cache_dir': args.tfds_cache_dir}, 'data').to_dict())
   documents = corpus.load_corpus(data_config, 'train')
   if args.max_documents > 0:
     documents = documents[:args.max_documents]

@@ -204,3 +204,13 @@ def test_command_line_trains_on_the_stdlib_corpus(tmp_path, capsys):
   assert tokenizer.vocab_size == 600
   source = 'import os\n\ndef main():\n    return os.getcwd()\n'
   assert tokenizer.decode(tokenizer.encode(source)) == source
+
+
+def test_command_line_trains_on_a_generated_corpus(tmp_path):
+  """The generated corpora read their own data settings (passkey its document lengths)."""
+  path = sentencepiece_tokenizer.main([
+      '--corpus=passkey', '--vocab_size=300', f'--out={tmp_path / "passkey"}',
+      '--max_documents=40', '--max_sentences=5000'])
+  tokenizer = SentencePieceTokenizer.load(path)
+  text = 'The pass key is 71942. Remember it. What is the pass key? The pass key is 71942.'
+  assert tokenizer.decode(tokenizer.encode(text)) == text
