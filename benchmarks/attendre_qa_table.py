@@ -9,6 +9,8 @@ Each input is a `passkey_grid.json` that eval.py wrote with `kind=attendre_qa`
   kv_memory   the K/V memory's entries (0 for 'none')
   q_memory    the Q memory's entries (0: the grid offers none)
   admission   'score' or 'always' where the memory reads it, else null
+  settings    the grid's other memory settings the memory reads ('lfa_gamma', 'top_k',
+              'order', 'rope_max_distance', ...), {} for none
   chunk       the evaluation chunk
   em          exact match over every cell (0-1); `em_by_length` per context length
   documents   documents scored; `seed` the grid's document seed; `model` the run scored
@@ -17,7 +19,8 @@ Each input is a `passkey_grid.json` that eval.py wrote with `kind=attendre_qa`
         --model=NAME [--model=NAME ...] --out=benchmarks/results/attendre_qa.json
 
 prints the rows as a markdown table (policy by memory size, one column per context length)
-and writes them, replacing the rows of the same model, policy, memory, admission and chunk.
+and writes them, replacing the rows of the same model, policy, memory, admission, chunk and
+settings.
 """
 
 import argparse
@@ -27,7 +30,17 @@ import sys
 
 import numpy as np
 
-KEY = ('model', 'policy', 'kv_memory', 'q_memory', 'admission', 'chunk')
+KEY = ('model', 'policy', 'kv_memory', 'q_memory', 'admission', 'chunk', 'settings')
+# What a grid's memory entry says besides its settings (evaluation/passkey_grid.py).
+DESCRIPTION = ('memory', 'variant', 'policy', 'memory_size', 'chunk', 'admission', 'heatmap',
+               'size_key', 'peak_host_bytes', 'peak_host_exact', 'seconds_per_1k_tokens',
+               'memory_bytes')
+NOT_READ = '-'     # a grid setting the memory does not read
+
+
+def memory_settings(memory: dict) -> dict:
+  """The grid settings a memory reads, besides its admission."""
+  return {k: v for k, v in sorted(memory.items()) if k not in DESCRIPTION and v != NOT_READ}
 
 
 def grid_rows(grid: dict, model: str) -> list[dict]:
@@ -48,8 +61,8 @@ def grid_rows(grid: dict, model: str) -> list[dict]:
     rows.append(dict(
         model=model, policy=policy,
         kv_memory=0 if policy == 'none' else int(memory.get('memory_size', 0)),
-        q_memory=0, admission=admission if admission not in (None, '-') else None,
-        chunk=int(grid['chunk']),
+        q_memory=0, admission=admission if admission not in (None, NOT_READ) else None,
+        chunk=int(grid['chunk']), settings=memory_settings(memory),
         em=float(np.mean([c['accuracy'] for c in cells])),
         em_by_length={str(k): float(np.mean(v)) for k, v in sorted(by_length.items())},
         documents=int(sum(c['n'] for c in cells)), seed=int(grid['seed'])))
@@ -58,20 +71,23 @@ def grid_rows(grid: dict, model: str) -> list[dict]:
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
   """`old` less the rows `new` replaces (same KEY), then `new`."""
-  replaced = {tuple(r[k] for k in KEY) for r in new}
-  return [r for r in old if tuple(r.get(k) for k in KEY) not in replaced] + new
+  key = lambda row: tuple(json.dumps(row.get(k, {}) if k == 'settings' else row.get(k),
+                                     sort_keys=True) for k in KEY)
+  replaced = {key(r) for r in new}
+  return [r for r in old if key(r) not in replaced] + new
 
 
 def markdown(rows: list[dict]) -> str:
   lengths = sorted({int(k) for r in rows for k in r['em_by_length']})
-  lines = ['| model | policy | K/V memory | admission | chunk | '
+  lines = ['| model | policy | K/V memory | admission | settings | chunk | '
            + ' | '.join(f'EM at {n:,}' for n in lengths) + ' | EM |',
-           '|---|---|---:|---|---:|' + '---:|' * (len(lengths) + 1)]
+           '|---|---|---:|---|---|---:|' + '---:|' * (len(lengths) + 1)]
   for r in rows:
     cells = [f"{r['em_by_length'][str(n)]:.2f}" if str(n) in r['em_by_length'] else ''
              for n in lengths]
+    settings = ', '.join(f'{k}={v}' for k, v in r.get('settings', {}).items())
     lines.append(f"| {r['model']} | {r['policy']} | {r['kv_memory']:,} | "
-                 f"{r['admission'] or ''} | {r['chunk']} | " + ' | '.join(cells)
+                 f"{r['admission'] or ''} | {settings} | {r['chunk']} | " + ' | '.join(cells)
                  + f" | {r['em']:.2f} |")
   return '\n'.join(lines)
 
@@ -98,7 +114,7 @@ def main(argv=None) -> int:
   old = []
   if os.path.exists(args.out):
     with open(args.out, encoding='utf-8') as f:
-      old = json.load(f)['rows']
+      old = [dict({'settings': {}}, **row) for row in json.load(f)['rows']]   # rows of before
   merged = merge(old, rows)
   os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
   with open(args.out + '.tmp', 'w', encoding='utf-8') as f:

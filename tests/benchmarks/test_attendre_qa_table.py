@@ -23,7 +23,7 @@ def grid(**extra):
 def test_each_memory_becomes_a_row_with_its_exact_match():
   rows = {r['policy']: r for r in attendre_qa_table.grid_rows(grid(), 'qa_model')}
   assert rows['lra_max'] == dict(model='qa_model', policy='lra_max', kv_memory=128, q_memory=0,
-                                 admission='score', chunk=128, em=0.625,
+                                 admission='score', chunk=128, settings={}, em=0.625,
                                  em_by_length={'1024': 0.75, '2048': 0.5}, documents=16,
                                  seed=0)
   assert rows['fifo']['admission'] is None and rows['fifo']['em'] == 0.1875
@@ -36,7 +36,23 @@ def test_the_command_merges_rows_and_refuses_a_passkey_grid(tmp_path, capsys):
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
   assert len(json.loads(out.read_text())['rows']) == 3          # replaced, not repeated
-  assert '| a | lra_max | 128 | score | 128 | 0.75 | 0.50 | 0.62 |' in capsys.readouterr().out
+  assert '| a | lra_max | 128 | score |  | 128 | 0.75 | 0.50 | 0.62 |' in capsys.readouterr().out
   path.write_text(json.dumps(grid(kind='passkey')))
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 2
   assert 'not a reading-comprehension grid' in capsys.readouterr().err
+
+
+def test_memories_that_differ_in_a_setting_are_rows_of_their_own(tmp_path, capsys):
+  """LFA-0 and LFA-gamma share policy and size: their `lfa_gamma` keeps them apart."""
+  path, out = tmp_path / 'grid.json', tmp_path / 'rows.json'
+  plain, decayed = grid(), grid()
+  for memory in decayed['memories']:
+    memory['lfa_gamma'] = 0.99 if memory['variant'] == 'attendre' else '-'
+  for name, data in (('plain', plain), ('decayed', decayed)):
+    path.write_text(json.dumps(data))
+    assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
+  rows = json.loads(out.read_text())['rows']
+  assert len(rows) == 5                 # the non-Attendre memories do not read it: replaced
+  assert sorted(json.dumps(r['settings']) for r in rows if r['policy'] == 'lra_max') == [
+      '{"lfa_gamma": 0.99}', '{}']
+  assert 'lfa_gamma=0.99' in capsys.readouterr().out
