@@ -55,8 +55,8 @@ GRID = [
     ('stages_1', KernelTuning(num_stages=1)),
     ('stages_3', KernelTuning(num_stages=3)),
     ('warps_8', KernelTuning(num_warps=8)),
-    ('block_32_warps_2', KernelTuning(block=32, num_warps=2, max_visits=64)),
-    ('block_128_warps_8', KernelTuning(block=128, num_warps=8, max_visits=16)),
+    ('block_32_warps_2', KernelTuning(block_q=32, block_k=32, num_warps=2, max_visits=64)),
+    ('block_128_warps_8', KernelTuning(block_q=128, block_k=128, num_warps=8, max_visits=16)),
 ]
 
 
@@ -141,10 +141,11 @@ def main():
       print(f'budget of {args.budget_s:.0f} s spent: stopping before {pattern} {name}')
       break
     if tuning is None:
-      forward, block = kernel_forward(before, rule, block=64), 64
+      forward, blocks = kernel_forward(before, rule, block=64), (64, 64)
     else:
-      forward, block = kernel_forward(block_sparse_attention, rule, tuning=tuning), tuning.block
-    kept = block_tables(rule, n, block).kept_fraction
+      forward = kernel_forward(block_sparse_attention, rule, tuning=tuning)
+      blocks = (tuning.block_q, tuning.block_k)
+    kept = block_tables(rule, n, *blocks).kept_fraction
     try:
       fn = fwd_bwd(forward)
       first, times = time_calls(fn, inputs, args.repeats)
