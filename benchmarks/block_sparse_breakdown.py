@@ -60,15 +60,17 @@ def kernel_calls(rule, tuning, q, k, v):
   def forward_kernel(q, k, v):
     return kernel._call(kernel._forward_kernel, rows, masks, tuning, interpret,
                         (q, k, v, seg, seg),
-                        [(True, kernel._part_dtype(rows, q.dtype)), (False, jnp.float32)])
+                        [(True, kernel._part_dtype(rows, q.dtype)), (False, jnp.float32)],
+                        tuning.block_q)
 
   def dq_kernel(q, k, v):
     return kernel._call(kernel._dq_kernel, rows, masks, tuning, interpret, (q, k, v) + rest,
-                        [(True, kernel._part_dtype(rows, q.dtype))])
+                        [(True, kernel._part_dtype(rows, q.dtype))], tuning.block_q)
 
   def dkdv_kernel(q, k, v):
     return kernel._call(kernel._dkdv_kernel, columns, masks, tuning, interpret,
-                        (q, k, v) + rest, [(True, kernel._part_dtype(columns, k.dtype))] * 2)
+                        (q, k, v) + rest, [(True, kernel._part_dtype(columns, k.dtype))] * 2,
+                        tuning.block_k)
 
   return {'forward_kernel': forward_kernel, 'dq_kernel': dq_kernel, 'dkdv_kernel': dkdv_kernel}
 
@@ -97,7 +99,7 @@ def main():
     for call, fn in kernel_calls(rule, tuning, *scaled).items():
       row[call] = median_ms(fn, scaled, args.repeats)
     row['rest'] = row['fwd_bwd'] - row['forward_kernel'] - row['dq_kernel'] - row['dkdv_kernel']
-    tables = block_tables(rule, n, tuning.block)
+    tables = block_tables(rule, n, tuning.block_q, tuning.block_k)
     visits = int(tables.kv_count.sum()) * inputs[0].shape[2]
     row['visited_blocks'] = visits
     row['us_per_block_fwd_bwd'] = row['fwd_bwd'] * 1e3 / visits

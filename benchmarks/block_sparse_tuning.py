@@ -1,7 +1,8 @@
 """Where the Pallas block-sparse kernel's time goes on a GPU: a sweep of its static shape.
 
     JAX_PLATFORMS=cuda python benchmarks/block_sparse_tuning.py --out tuning.json \
-        [--seq_len 16384] [--repeats 10] [--before path/to/block_sparse_flash.py] [--budget_s 300]
+        [--seq_len 16384] [--repeats 10] [--before path/to/block_sparse_flash.py] \
+        [--budget_s 300] [--tunings block_128x64_warps_4,block_128x64_warps_8]
 
 For the Sparse Transformer's strided and BigBird's patterns of
 `benchmarks/pallas_gpu_cases.py` (batch 1, 8 heads of 64, bfloat16), each
@@ -14,14 +15,18 @@ by the fraction of blocks the pattern keeps (over cuDNN's 50.2%).
 
 The grid isolates one change at a time from the default (`KernelTuning()`):
 no row split (`max_visits=None`), other splits, Triton's warps and stages,
-blocks of 32 and 128 (the first sweep's other shapes, 4 warps at blocks of 32
-and 128, were slower still: docs/benchmarks.md). `--before FILE` also times an earlier version of the
+square blocks of 32 and 128 (the first sweep's other shapes, 4 warps at blocks of 32
+and 128, were slower still: docs/benchmarks.md), and query blocks of 128 over key
+blocks of 64 with 4 and 8 warps (`block_q=128, block_k=64`: half the programs, each
+key block loaded once per 128 queries; `kept_fraction` and the target then count
+128 x 64 tiles). `--before FILE` also times an earlier version of the
 kernel file (its `block_sparse_attention(..., block=64)`). Every row's
 gradients are compared with the default's (max |difference| / max |default|), so
 a faster shape that computes something else is seen. Rows are written to
 `--out` as they finish; `--budget_s` stops the sweep before the machine's
-time runs out. GPU only (`--reference xla --seq_len 512` runs it anywhere, in Pallas
-interpret mode, as a smoke test).
+time runs out; `--tunings` times only the named rows (and the default). GPU
+only (`--reference xla --seq_len 512` runs it anywhere, in Pallas interpret
+mode, as a smoke test).
 """
 
 import argparse
@@ -49,14 +54,17 @@ from longformer_jax.attention.core.block_sparse_tables import block_tables
 CUDNN_CAUSAL_FRACTION = 0.502     # 256 x 256 blocks of 64: the causal half and its diagonal
 GRID = [
     ('default', KernelTuning()),
+    # Not yet timed on a GPU: second, so that a sweep cut short by --budget_s still has them.
+    ('block_128x64_warps_4', KernelTuning(block_q=128, block_k=64)),
+    ('block_128x64_warps_8', KernelTuning(block_q=128, block_k=64, num_warps=8)),
     ('no_split', KernelTuning(max_visits=None)),
     ('split_16', KernelTuning(max_visits=16)),
     ('split_8', KernelTuning(max_visits=8)),
     ('stages_1', KernelTuning(num_stages=1)),
     ('stages_3', KernelTuning(num_stages=3)),
     ('warps_8', KernelTuning(num_warps=8)),
-    ('block_32_warps_2', KernelTuning(block=32, num_warps=2, max_visits=64)),
-    ('block_128_warps_8', KernelTuning(block=128, num_warps=8, max_visits=16)),
+    ('block_32_warps_2', KernelTuning(block_q=32, block_k=32, num_warps=2, max_visits=64)),
+    ('block_128_warps_8', KernelTuning(block_q=128, block_k=128, num_warps=8, max_visits=16)),
 ]
 
 
@@ -110,7 +118,16 @@ def main():
   parser.add_argument('--out', default='block_sparse_tuning.json')
   parser.add_argument('--reference', default='cudnn', choices=('cudnn', 'xla'),
                       help="the causal row's implementation ('xla': a smoke test off a GPU)")
+  parser.add_argument('--tunings', default=None,
+                      help='comma-separated grid rows to time (default all; the default '
+                           'row always runs first, as the gradients\' reference)')
   args = parser.parse_args()
+  names = [name for name, _ in GRID]
+  chosen = names if args.tunings is None else ['default'] + args.tunings.split(',')
+  unknown = sorted(set(chosen) - set(names))
+  if unknown:
+    parser.error(f'--tunings: {unknown} not in the grid {names}')
+  grid = [(name, tuning) for name, tuning in GRID if name in chosen]
   n, started = args.seq_len, time.perf_counter()
   inputs = cases.bf16_inputs(n, jax.random.PRNGKey(0))
   rows = []
@@ -131,20 +148,21 @@ def main():
   cudnn = cudnn_row('first')
   patterns = [('strided', cases.strided_rule()), ('bigbird', cases.bigbird_rule(n))]
   references = {}
-  plan = [(p, r, name, tuning) for name, tuning in GRID[:1] for p, r in patterns]
+  plan = [(p, r, name, tuning) for name, tuning in grid[:1] for p, r in patterns]
   if args.before:
     before = load_before(args.before)
     plan += [(p, r, 'before', None) for p, r in patterns]
-  plan += [(p, r, name, tuning) for name, tuning in GRID[1:] for p, r in patterns]
+  plan += [(p, r, name, tuning) for name, tuning in grid[1:] for p, r in patterns]
   for pattern, rule, name, tuning in plan:
     if time.perf_counter() - started > args.budget_s:
       print(f'budget of {args.budget_s:.0f} s spent: stopping before {pattern} {name}')
       break
     if tuning is None:
-      forward, block = kernel_forward(before, rule, block=64), 64
+      forward, blocks = kernel_forward(before, rule, block=64), (64, 64)
     else:
-      forward, block = kernel_forward(block_sparse_attention, rule, tuning=tuning), tuning.block
-    kept = block_tables(rule, n, block).kept_fraction
+      forward = kernel_forward(block_sparse_attention, rule, tuning=tuning)
+      blocks = (tuning.block_q, tuning.block_k)
+    kept = block_tables(rule, n, *blocks).kept_fraction
     try:
       fn = fwd_bwd(forward)
       first, times = time_calls(fn, inputs, args.repeats)

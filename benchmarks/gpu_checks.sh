@@ -15,7 +15,9 @@
 #    Transformer's strided and BigBird's patterns, and the XLA blocked kernels of the same
 #    patterns (what `auto` ran on a GPU before).
 # 3. block_sparse_tuning.py: the Pallas kernel's tuning grid beside cuDNN, in one process
-#    (about 45 s; docs/benchmarks.md, "Tuning the Pallas kernel").
+#    (about 45 s; docs/benchmarks.md, "Tuning the Pallas kernel"). The rows of 128 x 64
+#    tiles, not yet timed, run right after the default, so the budget cuts old rows first;
+#    their gradients against the default's are the compiled check of those tiles.
 # 4. train_throughput.py: tokens/s and MFU of an XL model with pg19_xl.py's widths (4 layers)
 #    on the built-in corpus, bfloat16 (the MFU over the float32 rate is printed; divide by
 #    the bfloat16 rate of step 0 for the bfloat16 figure).

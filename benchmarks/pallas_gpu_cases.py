@@ -54,7 +54,7 @@ def forward_with(rule_for):
     segments, valid = jnp.zeros((1, n), jnp.int32), jnp.ones((1, n), bool)
     return block_sparse_flash.block_sparse_attention(
         q * jnp.asarray(HEAD_DIM ** -0.5, q.dtype), k, v, segments, valid, mask=rule_for(n),
-        tuning=block_sparse_flash.KernelTuning(block=BLOCK))
+        tuning=block_sparse_flash.KernelTuning(block_q=BLOCK, block_k=BLOCK))
   return forward
 
 

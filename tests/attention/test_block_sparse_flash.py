@@ -27,10 +27,11 @@ from tests.support.bigbird_loop_reference import reference_mask as loop_referenc
 from tests.support.splash_mask_reference import SUMMARY, STRIDE, compare, compare_with_mask
 
 BLOCK = 16
-TUNING = block_sparse_flash.KernelTuning(block=BLOCK)
+TUNING = block_sparse_flash.KernelTuning(block_q=BLOCK, block_k=BLOCK)
 # Rows of more than 2 visits split over several programs, merged by log-sum-exp (forward)
 # and summed (gradients): every row of these tests' patterns past the first few.
-SPLIT = block_sparse_flash.KernelTuning(block=BLOCK, max_visits=2, split_over_mean=0.0)
+SPLIT = block_sparse_flash.KernelTuning(block_q=BLOCK, block_k=BLOCK, max_visits=2,
+                                        split_over_mean=0.0)
 TUNINGS = pytest.mark.parametrize('tuning', [TUNING, SPLIT], ids=['one_program_a_row', 'split'])
 
 

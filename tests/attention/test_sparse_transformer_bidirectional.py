@@ -196,7 +196,7 @@ def test_pallas_block_sparse_kernel_matches_dense_reference():
   """Blocks of 16 over a chunk of 40: the block tables of the bidirectional rules."""
   chunk = 40
   kernel = functools.partial(block_sparse_flash.block_sparse_attention,
-                             tuning=block_sparse_flash.KernelTuning(block=16))
+                             tuning=block_sparse_flash.KernelTuning(block_q=16, block_k=16))
   splash_masks.compare_with_mask(sparse_kernel('strided', 'merged', kernel),
                                  kernel_mask('strided', 'merged', 2, chunk), chunk)
 

@@ -7,11 +7,14 @@ Transformer's `Strided` / `Fixed`, BigBird's `BigBirdBlocks`, `BlockLocal`,
 ids; a query with no allowed key gives 0), with a kernel that a GPU compiles:
 
 - the rule is evaluated once, in numpy, when the kernel is traced, into a
-  table per query block of the key blocks it touches (`block_sparse_tables.py`):
-  empty blocks are never visited, so the work is the fraction of blocks the
-  pattern keeps; a block the rule keeps only in part gets its element mask
-  from a small table of distinct partial masks, and whole blocks, visited
-  first, load no mask at all;
+  table per query block (`block_q` slots) of the key blocks (`block_k` slots,
+  block_q = m * block_k) it touches (`block_sparse_tables.py`): empty tiles are
+  never visited, so the work is the fraction of tiles the pattern keeps; a
+  tile the rule keeps only in part gets its element mask `[block_q, block_k]`
+  from a small table of distinct partial masks, and whole tiles, visited
+  first, load no mask at all. A query block of m sub-blocks visits the union
+  of their key blocks: m times fewer programs, each key block loaded once per
+  query block instead of once per sub-block;
 - forward: one program per (row, head, query block) runs an online softmax
   (flash attention, float32 accumulation) over its key blocks and writes the
   output and its log-sum-exp;
@@ -48,15 +51,26 @@ NO_KEY = -1e30
 @dataclasses.dataclass(frozen=True)
 class KernelTuning:
   """The kernel's static shape on a GPU (measured in docs/benchmarks.md, "Tuning the Pallas
-  kernel"). block: query and key block (a power of two >= 16 for Triton); num_warps,
-  num_stages: Triton's; max_visits, split_over_mean: a row of more than `max_visits`
-  blocks is split over several programs when the longest row has more than
-  `split_over_mean` x the mean visits (`block_sparse_tables.program_table`)."""
-  block: int = 64
+  kernel"). block_q, block_k: the query and key blocks of a tile (powers of two >= 16 for
+  Triton, block_q a multiple of block_k); num_warps, num_stages: Triton's; max_visits,
+  split_over_mean: a row of more than `max_visits` blocks is split over several programs
+  when the longest row has more than `split_over_mean` x the mean visits
+  (`block_sparse_tables.program_table`)."""
+  block_q: int = 64
+  block_k: int = 64
   num_warps: int = 4
   num_stages: int = 2
   max_visits: Optional[int] = 32
   split_over_mean: float = 4.0
+
+  def __post_init__(self):
+    for field in ('block_q', 'block_k'):
+      size = getattr(self, field)
+      if not (isinstance(size, int) and size >= 16 and size & (size - 1) == 0):
+        raise ValueError(f'KernelTuning.{field}: {size!r} must be a power of two >= 16')
+    if self.block_q % self.block_k:
+      raise ValueError(f'KernelTuning.block_q: {self.block_q} must be a multiple of block_k '
+                       f'({self.block_k})')
 
   def compiler_params(self):
     # Triton, not Mosaic GPU (JAX's default GPU lowering for pallas_call): Mosaic GPU stages
@@ -74,8 +88,8 @@ def _dot_t(a, b):     # a @ b.T
 
 def _over_visits(table_refs, p, block, step, carry):
   """`carry = step(other, element_mask, carry)` over program p's visits, `other` the slice of
-  the visited block: whole blocks first with no mask loaded (`element_mask` None), then the
-  partial ones with their `[bq, bk]` mask."""
+  the visited block (of `block` slots): whole tiles first with no mask loaded
+  (`element_mask` None), then the partial ones with their `[block_q, block_k]` mask."""
   _, index_ref, mask_ref, count_ref, full_ref, masks_ref = table_refs
 
   def body(masked):
@@ -97,11 +111,11 @@ def _allowed(element_mask, q_seg, kv_seg):
 # for the log-sum-exp and delta), so that nothing is transposed around the kernels: a
 # program of head h reads `x_ref[0, slots, 0, :]` of its (batch, head) slice.
 
-def _forward_kernel(*refs, block):
+def _forward_kernel(*refs, block_q, block_k):
   table_refs = refs[:6]
   q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, out_ref, lse_ref = refs[6:]
   p = pl.program_id(2)
-  queries = pl.ds(table_refs[0][p] * block, block)
+  queries = pl.ds(table_refs[0][p] * block_q, block_q)
   q, q_seg = q_ref[0, queries, 0, :], q_seg_ref[0, queries]
 
   def step(keys, element_mask, carry):
@@ -115,19 +129,19 @@ def _forward_kernel(*refs, block):
     return (m_new, l * correction + jnp.sum(p_, axis=1),
             acc * correction[:, None] + _dot(p_.astype(v.dtype), v))
 
-  init = (jnp.full((block,), NO_KEY, jnp.float32), jnp.zeros((block,), jnp.float32),
-          jnp.zeros((block, v_ref.shape[-1]), jnp.float32))
-  m, l, acc = _over_visits(table_refs, p, block, step, init)
+  init = (jnp.full((block_q,), NO_KEY, jnp.float32), jnp.zeros((block_q,), jnp.float32),
+          jnp.zeros((block_q, v_ref.shape[-1]), jnp.float32))
+  m, l, acc = _over_visits(table_refs, p, block_k, step, init)
   has_key = l > 0
   out_ref[0, :, 0, :] = (acc / jnp.where(has_key, l, 1.0)[:, None]).astype(out_ref.dtype)
   lse_ref[0, :, 0] = jnp.where(has_key, m + jnp.log(jnp.where(has_key, l, 1.0)), -jnp.inf)
 
 
-def _dq_kernel(*refs, block):
+def _dq_kernel(*refs, block_q, block_k):
   table_refs = refs[:6]
   q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, do_ref, lse_ref, delta_ref, dq_ref = refs[6:]
   p = pl.program_id(2)
-  queries = pl.ds(table_refs[0][p] * block, block)
+  queries = pl.ds(table_refs[0][p] * block_q, block_q)
   q, do, q_seg = q_ref[0, queries, 0, :], do_ref[0, queries, 0, :], q_seg_ref[0, queries]
   lse, delta = lse_ref[0, queries, 0], delta_ref[0, queries, 0]
 
@@ -138,15 +152,15 @@ def _dq_kernel(*refs, block):
     ds = p_ * (_dot_t(do, v) - delta[:, None])
     return dq + _dot(ds.astype(k.dtype), k)
 
-  dq = _over_visits(table_refs, p, block, step, jnp.zeros(q.shape, jnp.float32))
+  dq = _over_visits(table_refs, p, block_k, step, jnp.zeros(q.shape, jnp.float32))
   dq_ref[0, :, 0, :] = dq.astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(*refs, block):
+def _dkdv_kernel(*refs, block_q, block_k):
   table_refs = refs[:6]
   q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref = refs[6:]
   p = pl.program_id(2)
-  keys = pl.ds(table_refs[0][p] * block, block)
+  keys = pl.ds(table_refs[0][p] * block_k, block_k)
   k, v, kv_seg = k_ref[0, keys, 0, :], v_ref[0, keys, 0, :], kv_seg_ref[0, keys]
 
   def step(queries, element_mask, carry):
@@ -154,30 +168,31 @@ def _dkdv_kernel(*refs, block):
     q, do = q_ref[0, queries, 0, :], do_ref[0, queries, 0, :]
     lse, delta = lse_ref[0, queries, 0], delta_ref[0, queries, 0]
     allowed = _allowed(element_mask, q_seg_ref[0, queries], kv_seg)
-    p_ = jnp.where(allowed, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)      # [bq, bk]
+    p_ = jnp.where(allowed, jnp.exp(_dot_t(q, k) - lse[:, None]), 0.0)      # [block_q, block_k]
     ds = p_ * (_dot_t(do, v) - delta[:, None])
     return (dk + _dot(ds.T.astype(q.dtype), q), dv + _dot(p_.T.astype(do.dtype), do))
 
   zeros = jnp.zeros(k.shape, jnp.float32)
-  dk, dv = _over_visits(table_refs, p, block, step, (zeros, zeros))
+  dk, dv = _over_visits(table_refs, p, block_q, step, (zeros, zeros))
   dk_ref[0, :, 0, :] = dk.astype(dk_ref.dtype)
   dv_ref[0, :, 0, :] = dv.astype(dv_ref.dtype)
 
 
 def _programs(rule, tuning, n):
   """The forward / dq side's and the dk, dv side's program tables, and the masks."""
-  t = block_tables(rule, n, tuning.block)
+  t = block_tables(rule, n, tuning.block_q, tuning.block_k)
   split = (tuning.max_visits, tuning.split_over_mean)
   return (program_table(t.kv_index, t.kv_mask, t.kv_count, t.kv_full, *split),
           program_table(t.q_index, t.q_mask, t.q_count, t.q_full, *split), t.masks)
 
 
-def _call(kernel, table: ProgramTable, masks, tuning, interpret, inputs, outputs):
+def _call(kernel, table: ProgramTable, masks, tuning, interpret, inputs, outputs, block):
   """One pallas_call, grid (batch, heads, programs): every input whole for its (batch, head);
-  each output `[b, programs * block, h(, d)]` written block by block (`outputs`: (with a
-  head_dim, dtype))."""
+  each output `[b, programs * block, h(, d)]` written block by block, `block` the size of
+  the programs' rows (block_q for the forward and dq, block_k for dk, dv; `outputs`:
+  (with a head_dim, dtype))."""
   b, _, h, d = inputs[0].shape
-  block, num = tuning.block, table.num_programs
+  num = table.num_programs
   arrays = device_arrays(table, masks)
 
   def whole(shape):
@@ -196,7 +211,8 @@ def _call(kernel, table: ProgramTable, masks, tuning, interpret, inputs, outputs
                                   lambda b_, h_, p, t=trailing: (b_, p, h_) + (0,) * len(t)))
     out_shape.append(jax.ShapeDtypeStruct((b, num * block, h) + trailing, dtype))
   return pl.pallas_call(
-      functools.partial(kernel, block=block), grid=(b, h, num),
+      functools.partial(kernel, block_q=tuning.block_q, block_k=tuning.block_k),
+      grid=(b, h, num),
       in_specs=[whole(a.shape) for a in arrays] + [slice_of(x.shape) for x in inputs],
       out_specs=out_specs, out_shape=out_shape, interpret=interpret,
       compiler_params=tuning.compiler_params())(*arrays, *inputs)
@@ -248,8 +264,8 @@ def _forward(rule, tuning, interpret, q, k, v, q_seg, kv_seg):
   n = q.shape[1]
   rows, _, masks = _programs(rule, tuning, n)
   out, lse = _call(_forward_kernel, rows, masks, tuning, interpret, (q, k, v, q_seg, kv_seg),
-                   [(True, _part_dtype(rows, q.dtype)), (False, jnp.float32)])
-  return _merge_softmax(out, lse, rows, tuning.block, n, q.dtype)
+                   [(True, _part_dtype(rows, q.dtype)), (False, jnp.float32)], tuning.block_q)
+  return _merge_softmax(out, lse, rows, tuning.block_q, n, q.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -269,12 +285,13 @@ def _attention_bwd(rule, tuning, interpret, residuals, d_out):
   rows, columns, masks = _programs(rule, tuning, n)
   inputs = (q, k, v, q_seg, kv_seg, d_out, lse, delta)
   (dq,) = _call(_dq_kernel, rows, masks, tuning, interpret, inputs,
-                [(True, _part_dtype(rows, q.dtype))])
+                [(True, _part_dtype(rows, q.dtype))], tuning.block_q)
   dk, dv = _call(_dkdv_kernel, columns, masks, tuning, interpret, inputs,
-                 [(True, _part_dtype(columns, k.dtype)), (True, _part_dtype(columns, v.dtype))])
-  return (_sum_parts(dq, rows, tuning.block, n, q.dtype),
-          _sum_parts(dk, columns, tuning.block, n, k.dtype),
-          _sum_parts(dv, columns, tuning.block, n, v.dtype), None, None)
+                 [(True, _part_dtype(columns, k.dtype)), (True, _part_dtype(columns, v.dtype))],
+                 tuning.block_k)
+  return (_sum_parts(dq, rows, tuning.block_q, n, q.dtype),
+          _sum_parts(dk, columns, tuning.block_k, n, k.dtype),
+          _sum_parts(dv, columns, tuning.block_k, n, v.dtype), None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -299,14 +316,15 @@ def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids
     segment_ids: `[batch, chunk]` int32 document ids; valid: `[batch, chunk]` bool keys.
     left, right: the window `Window(left, right)` when `mask` is None (as splash).
     mask: a rule on slot ids (splash_kernels' rules) for every head, or one per head.
-    tuning: block size, Triton's warps and stages, and the row split (`KernelTuning`).
+    tuning: query and key block sizes, Triton's warps and stages, and the row split
+      (`KernelTuning`).
     interpret: Pallas interpret mode (None: off on GPU only).
   Returns:
     `[batch, chunk, heads, head_dim]` in q's dtype; rows with no allowed key are 0.
   """
   batch, chunk, heads, _ = q.shape
   interpret = jax.default_backend() != 'gpu' if interpret is None else interpret
-  length = -(-chunk // tuning.block) * tuning.block
+  length = -(-chunk // tuning.block_q) * tuning.block_q      # a multiple of block_k too
   pad = length - chunk
   absent = jnp.min(segment_ids, axis=1, keepdims=True) - 1          # no real query has it
   in_chunk = jnp.arange(length) < chunk

@@ -3,10 +3,12 @@
 A rule on slot ids (splash_kernels' rules) is evaluated once, in numpy, when the
 kernel is traced, into:
 
-- `BlockTables`: for each query block the key blocks it touches (and the
-  transpose), each with the id of its element mask in a small table of
-  distinct partial masks (id 0 is the full block). Whole blocks come first in
-  each row, so the kernel visits them without loading a mask.
+- `BlockTables`: for each query block (`block_q` slots) the key blocks
+  (`block_k` slots, block_q a multiple of block_k) it touches (and the
+  transpose), each with the id of its tile's element mask in a small table of
+  distinct partial masks `[block_q, block_k]` (id 0 is the whole tile). Whole
+  tiles come first in each row, so the kernel visits them without loading a
+  mask.
 - `ProgramTable`: the work of one side split into programs. A row with more
   visits than `max_visits` (BigBird's global key blocks, which every query
   block visits) becomes several programs whose partial results are merged
@@ -27,10 +29,11 @@ MAX_PARTIAL_MASKS = 4096
 class BlockTables:
   """Which key blocks each query block visits (and the transpose), as int32 numpy arrays.
 
-  kv_index, kv_mask `[nq, max_k]`: key block and partial-mask id of visit t of query
-  block i (`kv_count[i]` visits, the first `kv_full[i]` of them whole blocks); q_index,
-  q_mask `[nk, max_q]`, `q_count [nk]`, `q_full [nk]`: the same seen from key block j;
-  masks `[num, bq, bk]` int8 (id 0: the full block).
+  Query blocks are `bq` slots and key blocks `bk` (`bq` a multiple of `bk`). kv_index,
+  kv_mask `[nq, max_k]`: key block and partial-mask id of visit t of query block i
+  (`kv_count[i]` visits, the first `kv_full[i]` of them whole tiles); q_index, q_mask
+  `[nk, max_q]`, `q_count [nk]`, `q_full [nk]`: the same seen from key block j; masks
+  `[num, bq, bk]` int8 (id 0: the whole tile).
   """
   kv_index: np.ndarray
   kv_mask: np.ndarray
@@ -44,24 +47,29 @@ class BlockTables:
 
   @property
   def kept_fraction(self) -> float:
-    """The fraction of (query block, key block) pairs visited."""
+    """The fraction of (query block, key block) tiles visited."""
     return float(self.kv_count.sum()) / (self.kv_index.shape[0] * self.q_index.shape[0])
 
 
 @functools.lru_cache(maxsize=64)
-def block_tables(rule, length: int, block: int) -> BlockTables:
-  """`rule.allows` on slot ids of a `length`-slot chunk, classified block by block."""
-  nb = length // block
+def block_tables(rule, length: int, block_q: int, block_k: Optional[int] = None) -> BlockTables:
+  """`rule.allows` on slot ids of a `length`-slot chunk, classified tile by tile: query
+  blocks of `block_q` slots against key blocks of `block_k` (None: `block_q`). A tile is
+  visited when any of its elements is allowed (so a query block of m = block_q / block_k
+  sub-blocks visits the union of their key blocks), and is whole only when all are."""
+  block_k = block_q if block_k is None else block_k
+  nq, nk = length // block_q, length // block_k
   ids = np.arange(length)
-  distinct = {np.ones((block, block), bool).tobytes(): 0}
-  masks = [np.ones((block, block), bool)]
-  visits_q = [[] for _ in range(nb)]
-  visits_k = [[] for _ in range(nb)]
-  for i in range(nb):
-    q_ids = ids[i * block:(i + 1) * block, None]
-    allowed_row = np.asarray(rule.allows(q_ids, ids[None, :]), bool)       # [block, length]
-    for j in range(nb):
-      piece = allowed_row[:, j * block:(j + 1) * block]
+  whole = np.ones((block_q, block_k), bool)
+  distinct = {whole.tobytes(): 0}
+  masks = [whole]
+  visits_q = [[] for _ in range(nq)]
+  visits_k = [[] for _ in range(nk)]
+  for i in range(nq):
+    q_ids = ids[i * block_q:(i + 1) * block_q, None]
+    allowed_row = np.asarray(rule.allows(q_ids, ids[None, :]), bool)     # [block_q, length]
+    for j in range(nk):
+      piece = allowed_row[:, j * block_k:(j + 1) * block_k]
       if not piece.any():
         continue
       key = piece.tobytes()
@@ -69,17 +77,17 @@ def block_tables(rule, length: int, block: int) -> BlockTables:
         distinct[key] = len(masks)
         masks.append(piece.copy())
         if len(masks) > MAX_PARTIAL_MASKS:
-          raise ValueError(f'{rule} has more than {MAX_PARTIAL_MASKS} distinct partial blocks '
-                           f'of {block} slots')
+          raise ValueError(f'{rule} has more than {MAX_PARTIAL_MASKS} distinct partial tiles '
+                           f'of {block_q} x {block_k} slots')
       visits_q[i].append((j, distinct[key]))
       visits_k[j].append((i, distinct[key]))
 
   def table(visits):
     width = max(1, max(len(v) for v in visits))
-    index = np.zeros((nb, width), np.int32)
-    mask = np.zeros((nb, width), np.int32)
+    index = np.zeros((len(visits), width), np.int32)
+    mask = np.zeros((len(visits), width), np.int32)
     for row, v in enumerate(visits):
-      ordered = sorted(v, key=lambda visit: visit[1] != 0)     # whole blocks first, stable
+      ordered = sorted(v, key=lambda visit: visit[1] != 0)     # whole tiles first, stable
       for t, (other, mask_id) in enumerate(ordered):
         index[row, t], mask[row, t] = other, mask_id
     count = np.array([len(v) for v in visits], np.int32)
