@@ -1,6 +1,6 @@
 """Ahead-of-time memory check: per-device bytes of a config's train step, nothing allocated.
 
-  python memory_check.py --config=configs/NAME.py [--config.KEY=VALUE ...]
+  python memory_check.py --config=configs/NAME.py [--config.KEY=VALUE ...] [--vocab_size=N]
 
 Builds the train state's shapes and shardings with `jax.eval_shape`
 (`longformer_jax/train/initialization.abstract_train_state`), jits the train
@@ -20,6 +20,7 @@ Task 'lm' (every phase of a phased run); a bad setting prints one line.
 
 import dataclasses
 import functools
+from typing import Any
 
 if __name__ == '__main__':
   from longformer_jax.cpu_malloc import reexec_with_cpu_malloc_settings
@@ -86,29 +87,46 @@ def _abstract_batch(batch_size: int, length: int, batch_sharding) -> dict:
               doc_start=bool_array, input_mask=bool_array, target_mask=bool_array)
 
 
-def train_step_memory(config: ml_collections.ConfigDict, devices=None) -> list[StepMemory]:
-  """Compiles (never runs) each phase's train step of the checked `config`; its memory per device.
+@dataclasses.dataclass(frozen=True)
+class PhaseStep:
+  """One training phase's train step, jitted as training jits it, and its abstract arguments.
+
+  `step.lower(state, batch).compile()` compiles it; `model` is the phase's `DecoderLM`."""
+  phase: int
+  chunk_len: int
+  model: DecoderLM
+  step: Any
+  state: Any                      # the abstract train state (shapes, dtypes, shardings)
+  batch: dict                     # the abstract batch (`_abstract_batch`)
+
+
+def phase_steps(config: ml_collections.ConfigDict, devices=None,
+                vocab_size: int = 0) -> tuple[jax.sharding.Mesh, list[PhaseStep]]:
+  """The mesh and each phase's jitted train step of the checked `config`; nothing allocated.
 
   Args:
     config: a complete experiment config (`validate_config`), task 'lm'.
     devices: the mesh's devices (default: all).
+    vocab_size: the tokenizer's vocabulary size; 0 loads the config's tokenizer to read it
+      (a plan for a machine that has the tokenizer's file when this one does not gives it).
   """
   streamed = ' or '.join(repr(name) for name in readers('carries_memory'))
   require(task_for(config.task).carries_memory, 'task',
           f'{config.task!r}: the memory check compiles the train step of task {streamed} only')
+  require(vocab_size >= 0, '--vocab_size', 'must be >= 0 (0: the tokenizer\'s)')
   devices = list(jax.devices() if devices is None else devices)
   check_mesh(config, len(devices))
   mesh = make_mesh(config.parallel.mesh_shape, devices)
   rules = config.parallel.logical_axis_rules
   batch_sharding = sharding.batch_sharding(mesh, rules)
-  vocab_size = make_tokenizer(config.data).vocab_size
+  vocab_size = vocab_size or make_tokenizer(config.data).vocab_size
   phases = phasing.training_phases(config)
   num_steps = config.train.num_steps
   optimizer = phasing.phased_optimizer(make_optimizer(config.optimizer, num_steps), phases)
   learning_rate_fn = phasing.phased_learning_rate(
       learning_rate_schedule(config.optimizer, num_steps), phases)
   batch_size = config.data.batch_size
-  reports = []
+  result = []
   for phase in phases:
     model = DecoderLM(lm_model_config(phasing.phase_model_config(config.model, phase),
                                       vocab_size))
@@ -122,18 +140,39 @@ def train_step_memory(config: ml_collections.ConfigDict, devices=None) -> list[S
         out_shardings=(state_shardings, sharding.replicated(mesh)),
         donate_argnums=0)
     length = phase.chunk_len * config.data.chunks_per_step
-    with sharding.activation_sharding(mesh, rules, config.parallel):
-      compiled = step.lower(abstract_state,
-                            _abstract_batch(batch_size, length, batch_sharding)).compile()
-    analysis = compiled.memory_analysis()
-    reports.append(StepMemory(
-        phase=phase.index, chunk_len=phase.chunk_len,
-        argument=int(analysis.argument_size_in_bytes),
-        output=int(analysis.output_size_in_bytes),
-        alias=int(analysis.alias_size_in_bytes),
-        temp=int(analysis.temp_size_in_bytes),
-        generated_code=int(analysis.generated_code_size_in_bytes)))
-  return reports
+    result.append(PhaseStep(phase=phase.index, chunk_len=phase.chunk_len, model=model,
+                            step=step, state=abstract_state,
+                            batch=_abstract_batch(batch_size, length, batch_sharding)))
+  return mesh, result
+
+
+def compile_step(config: ml_collections.ConfigDict, mesh, phase_step: PhaseStep):
+  """`phase_step`'s train step lowered and compiled in the config's activation sharding."""
+  with sharding.activation_sharding(mesh, config.parallel.logical_axis_rules, config.parallel):
+    return phase_step.step.lower(phase_step.state, phase_step.batch).compile()
+
+
+def step_memory(phase_step: PhaseStep, compiled) -> StepMemory:
+  """XLA's per-device bytes of `phase_step`'s `compiled` program."""
+  analysis = compiled.memory_analysis()
+  return StepMemory(
+      phase=phase_step.phase, chunk_len=phase_step.chunk_len,
+      argument=int(analysis.argument_size_in_bytes),
+      output=int(analysis.output_size_in_bytes),
+      alias=int(analysis.alias_size_in_bytes),
+      temp=int(analysis.temp_size_in_bytes),
+      generated_code=int(analysis.generated_code_size_in_bytes))
+
+
+def train_step_memory(config: ml_collections.ConfigDict, devices=None,
+                      vocab_size: int = 0) -> list[StepMemory]:
+  """Compiles (never runs) each phase's train step of the checked `config`; its memory per device.
+
+  Args: as `phase_steps`.
+  """
+  mesh, steps_of_phases = phase_steps(config, devices, vocab_size)
+  return [step_memory(phase_step, compile_step(config, mesh, phase_step))
+          for phase_step in steps_of_phases]
 
 
 def _mib(num_bytes: int) -> str:
@@ -162,13 +201,17 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise ConfigError('--config', f'unexpected arguments: {argv[1:]}')
   config = validate_config(command_line.flag_config())
-  reports = train_step_memory(config)
+  reports = train_step_memory(config, vocab_size=flags.FLAGS.vocab_size)
   print(format_report(config, jax.device_count(), reports))
 
 
 def define_flags() -> None:
   flags.DEFINE_string('config', command_line.DEFAULT_CONFIG,
                       'Experiment config file (configs/NAME.py).')
+  flags.DEFINE_integer('vocab_size', 0,
+                       "The tokenizer's vocabulary size, given instead of loading the config's "
+                       'tokenizer (for a plan whose tokenizer file is on another machine); '
+                       "0: the tokenizer's.")
   flags.DEFINE_bool('debug', False, 'Show the traceback of configuration errors.')
 
 

@@ -76,3 +76,17 @@ def test_command_line_error_is_one_line(tmp_path):
   assert result.returncode == 2, result.stderr
   assert result.stderr.strip().splitlines() == [
       'error: config.parallel.mesh_shape: (2, 1, 1, 3) has 6 devices but 8 are available (cpu)']
+
+
+def test_a_given_vocabulary_size_replaces_the_tokenizer():
+  """`vocab_size` (`--vocab_size`) sizes the embedding without loading a tokenizer: a
+  SentencePiece config whose model file is not on this machine still builds its step."""
+  values = tiny_config(8, (8, 1, 1)).to_dict()
+  values['data'].update(tokenizer='sentencepiece', sentencepiece_model='/nonexistent/spm.model')
+  config = validate_config(ml_collections.ConfigDict(values))
+  _, (phase,) = memory_check.phase_steps(config, vocab_size=1000)
+  multiple = config.model.vocab_multiple          # the model pads the vocabulary up to it
+  assert phase.state.params['embedding']['embedding'].shape == (-(-1000 // multiple) * multiple,
+                                                                32)
+  with pytest.raises(ConfigError, match='--vocab_size'):
+    memory_check.phase_steps(config, vocab_size=-1)
