@@ -27,22 +27,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longformer_jax.attention.compressive import CompressiveMemory
+from benchmarks.passkey_reading import read_documents
+from longformer_jax.attention import compressive
 from longformer_jax.data import passkey
-from longformer_jax.evaluation.passkey_scoring import document_batch
 from longformer_jax.evaluation.run_restore import read_run
-from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.resolved_model import lm_model_config
-from longformer_jax.train.lm_objective import chunk_context
 
 
 def content_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-  """Softmax attention of `q [n, h, e]` over `keys, values [m, h, e]` -> `[n, h, e]` (float64)."""
-  logits = np.einsum('nhe,mhe->hnm', q, keys) / np.sqrt(q.shape[-1])
-  logits -= logits.max(axis=-1, keepdims=True)
-  weights = np.exp(logits)
-  weights /= weights.sum(axis=-1, keepdims=True)
-  return np.einsum('hnm,mhe->nhe', weights, values)
+  """The layer's content attention (`attention.compressive.content_attention`) of
+  `q [n, h, e]` over every one of `keys, values [m, h, e]` -> `[n, h, e]`."""
+  out = compressive.content_attention(
+      jnp.asarray(q[None], jnp.float32), jnp.asarray(keys[None], jnp.float32),
+      jnp.asarray(values[None], jnp.float32), jnp.ones([1, 1, q.shape[0], keys.shape[0]], bool))
+  return np.asarray(out[0], np.float64)
 
 
 def relative_error(estimate: np.ndarray, target: np.ndarray) -> float:
@@ -62,23 +60,15 @@ def layer_inputs(sown, num_layers: int) -> list:
 
 def compressed_memories(memory) -> list:
   return [m for m in jax.tree_util.tree_leaves(memory, is_leaf=lambda x: isinstance(
-      x, CompressiveMemory)) if isinstance(m, CompressiveMemory)]
+      x, compressive.CompressiveMemory)) if isinstance(m, compressive.CompressiveMemory)]
 
 
 def report(config, tokenizer, params, length, depths, documents):
   model_config = lm_model_config(config.model, tokenizer.vocab_size)
-  model = DecoderLM(model_config)
   chunk_len = config.eval.chunk_len or config.data.chunk_len
   rate = model_config.compressive.rate
   blocks = nn.meta.unbox(params)['blocks']
-
-  @jax.jit
-  def step(memory, chunk):
-    (_, memory, _), sown = model.apply(
-        {'params': params}, chunk['inputs'], memory, chunk_context(chunk, deterministic=True),
-        mutable=['intermediates'],
-        capture_intermediates=lambda m, name: name == '__call__' and m.name == 'attention_norm')
-    return memory, sown['intermediates']
+  capture = lambda m, name: name == '__call__' and m.name == 'attention_norm'
 
   print(f'rate {rate}, mem_len {model_config.mem_len}, compressed_mem_len '
         f'{model_config.compressive.compressed_mem_len}, chunk {chunk_len}, length {length}; '
@@ -90,22 +80,13 @@ def report(config, tokenizer, params, length, depths, documents):
   for depth in depths:
     docs = [passkey.seeded_document(0, length, depth / 100, i, tokenizer.encode)
             for i in range(documents)]
-    arrays = document_batch(docs, len(docs), chunk_len, tokenizer.bos_id, tokenizer.pad_id)
-    width = arrays['inputs'].shape[1]
-    memory = DecoderLM.init_state(model_config, len(docs))
-    answer_chunk = [(d.answer_start + 1) // chunk_len for d in docs]
-    inputs, held = None, None
-    for index, begin in enumerate(range(0, width, chunk_len)):
-      if held is None and index == max(answer_chunk):
-        held = compressed_memories(memory)
-      chunk = {k: jnp.asarray(v[:, begin:begin + chunk_len]) for k, v in arrays.items()}
-      memory, sown = step(memory, chunk)
-      layers = layer_inputs(sown, model_config.num_layers)
-      inputs = layers if inputs is None else [np.concatenate([a, b], 1)
-                                              for a, b in zip(inputs, layers)]
-    if len(set(answer_chunk)) > 1 or held is None:
+    reading = read_documents(model_config, params, docs, chunk_len, tokenizer, capture=capture,
+                             per_chunk=lambda sown: layer_inputs(sown, model_config.num_layers))
+    if not reading.answers_in_one_chunk:
       print(f'| {depth}% | answer chunks differ across documents; skipped |')
       continue
+    held = compressed_memories(reading.memory_at_answer)
+    inputs = reading.per_layer
     for layer, x in enumerate(inputs):
       weights = {n: np.asarray(blocks[f'layer_{layer}']['attention'][n]['kernel'], np.float64)
                  for n in ('query', 'key', 'value')}

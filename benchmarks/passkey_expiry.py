@@ -21,17 +21,14 @@ import argparse
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.passkey_reading import read_documents
 from longformer_jax.data import passkey
 from longformer_jax.evaluation import span_report
-from longformer_jax.evaluation.passkey_scoring import document_batch
 from longformer_jax.evaluation.run_restore import read_run
 from longformer_jax.memory import fifo
-from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.resolved_model import lm_model_config
-from longformer_jax.train.lm_objective import chunk_context
 
 
 def per_layer(spans) -> list:
@@ -46,15 +43,7 @@ def per_layer(spans) -> list:
 
 def expire_report(config, tokenizer, params, lengths, depths, documents, chunk_len):
   model_config = lm_model_config(config.model, tokenizer.vocab_size)
-  model = DecoderLM(model_config)
-
-  @jax.jit
-  def step(memory, chunk):
-    (_, memory, _), sown = model.apply(
-        {'params': params}, chunk['inputs'], memory, chunk_context(chunk, deterministic=True),
-        mutable=['intermediates'], capture_intermediates=lambda m, name: name == 'expire_spans')
-    return memory, sown['intermediates']
-
+  capture = lambda m, name: name == 'expire_spans'
   print(f'max_span {model_config.expire_span.max_span}, mem_len {model_config.mem_len}, '
         f'chunk {chunk_len}; spans in tokens (mean over the tokens, then the documents)')
   print('| length | depth | layer | needle | key digits | filler (mean / median / max) | needle -> answer '
@@ -63,21 +52,13 @@ def expire_report(config, tokenizer, params, lengths, depths, documents, chunk_l
   for length, depth in [(n, p / 100) for n in lengths for p in depths]:
     docs = [passkey.seeded_document(0, length, depth, i, tokenizer.encode)
             for i in range(documents)]
-    arrays = document_batch(docs, len(docs), chunk_len, tokenizer.bos_id, tokenizer.pad_id)
-    width = arrays['inputs'].shape[1]
-    spans = None
-    memory = DecoderLM.init_state(model_config, len(docs))
-    answer_chunk = [(d.answer_start + 1) // chunk_len for d in docs]   # inputs are shifted by BOS
-    held = None
-    for index, begin in enumerate(range(0, width, chunk_len)):
-      if held is None and index == max(answer_chunk):
-        held = memory         # the memory as the answer's chunk starts (same chunk for all rows)
-      chunk = {k: jnp.asarray(v[:, begin:begin + chunk_len]) for k, v in arrays.items()}
-      memory, sown = step(memory, chunk)
-      layers = [a[:, -chunk_len:] for a in per_layer(sown)]
-      spans = layers if spans is None else [np.concatenate([s, a], 1) for s, a in zip(spans, layers)]
-    memories = [m for m in jax.tree_util.tree_leaves(held, is_leaf=lambda x: isinstance(
-        x, fifo.FifoMemory)) if isinstance(m, fifo.FifoMemory)]
+    reading = read_documents(
+        model_config, params, docs, chunk_len, tokenizer, capture=capture,
+        per_chunk=lambda sown: [a[:, -chunk_len:] for a in per_layer(sown)])
+    spans, width = reading.per_layer, reading.arrays['inputs'].shape[1]
+    memories = [m for m in jax.tree_util.tree_leaves(
+        reading.memory_at_answer, is_leaf=lambda x: isinstance(x, fifo.FifoMemory))
+                if isinstance(m, fifo.FifoMemory)]
     for layer, s in enumerate(spans):
       needle, digits, filler, fmed, fmax, distance, kept = [], [], [], [], [], [], []
       for row, d in enumerate(docs):
