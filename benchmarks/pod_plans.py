@@ -17,8 +17,9 @@ donation, activation sharding rules) and compiled, never run. A row holds:
 - the best-case step time, program FLOPs per chip over the chip's bfloat16 peak, and the
   MFU bound, model over program FLOPs (what MFU would be if every matmul ran at peak);
 - the sharding of the largest state arrays, read from the compiled program's input
-  shardings: global shape, `PartitionSpec`, and the shape each device holds; and how many
-  collectives of each kind the partitioned program issues.
+  shardings: global shape, `PartitionSpec`, and the shape each device holds; the largest
+  arrays the partitioned program materialises (per device: shape and producing op); and
+  how many collectives of each kind it issues.
 
 These are the CPU compiler's figures for the TPU's mesh; docs/scaling.md ("Pod plans")
 says where a TPU's compiler would differ. Rows are merged into `--out` by plan.
@@ -30,6 +31,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -72,6 +74,35 @@ def largest_arrays(abstract_state, shardings, count: int = LARGEST) -> list[dict
   return rows[:count]
 
 
+_DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2,
+                'f32': 4, 's32': 4, 'u32': 4, 'f64': 8, 's64': 8, 'u64': 8}
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%\S+ = (\w+)\[([\d,]*)\][^ ]* ([\w-]+)\(')
+
+
+def largest_buffers(hlo_text: str, count: int = 5) -> list[dict]:
+  """The largest per-device arrays the compiled program materialises: instructions outside
+  fusion bodies (what a fusion computes inside never reaches memory), by shape and producing
+  op, with how many instructions produce that shape."""
+  seen = {}
+  in_fusion = False
+  for line in hlo_text.splitlines():
+    if line and not line[0].isspace():          # a computation's header or its closing brace
+      in_fusion = 'fused' in line.split('(')[0] or 'fusion' in line.split('(')[0]
+      continue
+    match = _INSTRUCTION.match(line)
+    if in_fusion or not match or match.group(1) not in _DTYPE_BYTES:
+      continue
+    dtype, dims, op = match.groups()
+    shape = [int(d) for d in dims.split(',') if d]
+    key = (dtype, tuple(shape), op)
+    seen[key] = seen.get(key, 0) + 1
+  rows = [{'dtype': dtype, 'shape': list(shape), 'op': op, 'instructions': n,
+           'bytes': math.prod(shape) * _DTYPE_BYTES[dtype]}
+          for (dtype, shape, op), n in seen.items()]
+  rows.sort(key=lambda row: -row['bytes'])
+  return rows[:count]
+
+
 def collective_counts(hlo_text: str) -> dict:
   """How many of each collective the compiled (partitioned) program issues, by HLO op name
   (`-start` halves of asynchronous pairs counted, `-done` not)."""
@@ -110,6 +141,7 @@ def measure_plan(name: str, config_spec: str, overrides: tuple = ()) -> dict:
   compiled = memory_check.compile_step(config, mesh, phase_step)
   compile_s = time.perf_counter() - started
   memory = memory_check.step_memory(phase_step, compiled)
+  hlo_text = compiled.as_text()
   devices = mesh.devices.size
   program, model = counts['program'].matmul_flops, counts['model'].matmul_flops
   params = sum(math.prod(leaf.shape)
@@ -132,7 +164,8 @@ def measure_plan(name: str, config_spec: str, overrides: tuple = ()) -> dict:
       'best_case_step_s': step_s, 'mfu_bound': model / program,
       'best_case_tokens_per_s_per_chip': rows * length / devices / step_s,
       'largest_arrays': largest_arrays(phase_step.state, compiled.input_shardings[0][0]),
-      'collectives': collective_counts(compiled.as_text()),
+      'collectives': collective_counts(hlo_text),
+      'largest_buffers': largest_buffers(hlo_text),
       'compile_s': compile_s,
   }
 

@@ -77,3 +77,22 @@ def test_the_8b_131k_v5e_plan_compiles_on_8_devices_with_its_axes():
   assert row['collectives']['collective-permute'] > 0
   assert 0.5 < row['mfu_bound'] < 1.0
   assert row['while_loops'] == 0
+  assert row['largest_buffers'] and all(b['bytes'] > 0 for b in row['largest_buffers'])
+
+
+def test_largest_buffers_skip_fusion_bodies():
+  hlo = '\n'.join([
+      '%fused_computation.1 (param_0: f32[8,1000]) -> f32[8,1000] {',
+      '  %big = f32[8,1000,50]{2,1,0} broadcast(f32[8,1000]{1,0} %param_0), dimensions={0,1}',
+      '  ROOT %r = f32[8,1000]{1,0} reduce(f32[8,1000,50]{2,1,0} %big, f32[] %c), dimensions={2}',
+      '}',
+      'ENTRY %main (p: bf16[8,1000]) -> f32[8,1000] {',
+      '  %p = bf16[8,1000]{1,0} parameter(0)',
+      '  %f = f32[8,1000]{1,0} fusion(bf16[8,1000]{1,0} %p), kind=kLoop',
+      '  ROOT %g = f32[8,1000]{1,0} fusion(f32[8,1000]{1,0} %f), kind=kLoop',
+      '}'])
+  rows = pod_plans.largest_buffers(hlo)
+  assert rows[0] == {'dtype': 'f32', 'shape': [8, 1000], 'op': 'fusion', 'instructions': 2,
+                     'bytes': 32000}
+  assert rows[1]['dtype'] == 'bf16' and rows[1]['op'] == 'parameter'
+  assert all(row['op'] != 'broadcast' for row in rows)
