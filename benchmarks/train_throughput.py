@@ -10,12 +10,15 @@ Tokens/s is the second half's tokens over its time; the spread is the mean
 step time of each window (median, min, max).
 
 MFU is the model's training FLOPs per token (`longformer_jax/models/flop_count.py`)
-times tokens/s over the float32 matmul rate, measured twice next to the timed
+times tokens/s over the matmul rate (float32, or bfloat16 with `--rate_dtype=bfloat16`), measured twice next to the timed
 half so that both see its load: when the loop reads the last step of the first
 half (the device idle, before the timed windows start) and right after training
-returns. MFU uses the mean of the two. The last line is `tokens_per_s=... mfu=...`.
+returns. MFU uses the mean of the two. With `--peak_memory` (GPU, TPU) it also prints
+the device's peak bytes in use against memory_check.py's prediction for the config. The
+last line is `tokens_per_s=... mfu=...`.
 """
 
+import functools
 import json
 import os
 import statistics
@@ -32,6 +35,7 @@ if __name__ == '__main__':
 
 from absl import flags
 import jax
+import jax.numpy as jnp
 
 from benchmarks.matmul_rate import measure
 from longformer_jax import command_line
@@ -71,8 +75,9 @@ class MatmulProbeTask:
   the matmul rate into `rate_before`.
   """
 
-  def __init__(self, task, probe_step: int):
+  def __init__(self, task, probe_step: int, measure_rate=None):
     self._task = task
+    self._measure_rate = measure_rate      # None: `measure()`, the float32 rate
     self._probe_step = probe_step
     self._steps = 0
     self._probe_metrics = None
@@ -93,8 +98,21 @@ class MatmulProbeTask:
   def host_metrics(self, device_metrics) -> dict:
     metrics = self._task.host_metrics(device_metrics)
     if self.rate_before is None and device_metrics is self._probe_metrics:
-      self.rate_before = measure()
+      self.rate_before = (self._measure_rate or measure)()
     return metrics
+
+
+def peak_memory_line(stats, predicted_bytes: int) -> str:
+  """The device's measured peak (`Device.memory_stats()['peak_bytes_in_use']`, the whole
+  process's: the state, the step's temporaries, the matmul probe's operands) against
+  memory_check.py's prediction for the same config (its phase-0 `total`)."""
+  if not stats or 'peak_bytes_in_use' not in stats:
+    return (f'peak memory: not reported by this backend; memory_check predicts '
+            f'{predicted_bytes / 2**30:.2f} GiB per device')
+  peak = int(stats['peak_bytes_in_use'])
+  return (f'peak_bytes={peak} ({peak / 2**30:.2f} GiB) predicted_bytes={predicted_bytes} '
+          f'({predicted_bytes / 2**30:.2f} GiB): prediction / measured = '
+          f'{predicted_bytes / peak:.3f}')
 
 
 def window_rates(workdir: str, first_step: int, rate_name: str = 'tokens_per_s') -> list:
@@ -114,9 +132,12 @@ def main(argv):
   config.train.update(num_steps=steps, log_every=steps // (2 * windows), eval_every=0,
                       checkpoint_every=10 * steps, async_checkpointing=False)
   probes = []
+  rate_dtype = jnp.dtype(flags.FLAGS.rate_dtype)
+  measure_rate = functools.partial(measure, dtype=rate_dtype)
 
   def probed_task(task_config, param_import=None):
-    probes.append(MatmulProbeTask(real_task(task_config, param_import), steps // 2))
+    probes.append(MatmulProbeTask(real_task(task_config, param_import), steps // 2,
+                                  measure_rate))
     return probes[-1]
 
   real_task = LM_TASK.training_task
@@ -127,7 +148,7 @@ def main(argv):
       train_script.train(config, workdir)
     if not probes:
       sys.exit(f'train_throughput: config.task={config.task!r}: only language models are timed')
-    rate_after = measure()
+    rate_after = measure_rate()
     rates = window_rates(workdir, steps // 2)
   if not rates:   # train() stops early on SIGTERM (a time limit) and on a diverged loss
     sys.exit(f'train_throughput: no training window ended after step {steps // 2} of {steps}: '
@@ -147,7 +168,7 @@ def main(argv):
         f'attention={model_config.attention} layers={model_config.num_layers} '
         f'd_model={model_config.d_model} chunk={config.data.chunk_len} '
         f'mem_len={model_config.mem_len} batch={config.data.batch_size} steps={steps}')
-  print(f'float32 matmul rate ({rate_before.size}^3, best): before the timed half '
+  print(f'{rate_dtype.name} matmul rate ({rate_before.size}^3, best): before the timed half '
         f'{rate_before.best_flops_per_s / 1e9:.1f} GFLOP/s, after '
         f'{rate_after.best_flops_per_s / 1e9:.1f} GFLOP/s (medians '
         f'{rate_before.median_flops_per_s / 1e9:.1f}, {rate_after.median_flops_per_s / 1e9:.1f}); '
@@ -156,11 +177,21 @@ def main(argv):
   print(f'step seconds over {summary["windows"]} windows of the timed half: median '
         f'{summary["step_seconds"]:.4f}, min {summary["step_seconds_min"]:.4f}, '
         f'max {summary["step_seconds_max"]:.4f}')
+  if flags.FLAGS.peak_memory:
+    import memory_check  # deferred: a root script; only this option compiles the step again
+    predicted = memory_check.train_step_memory(config)[0].total
+    print(peak_memory_line(jax.local_devices()[0].memory_stats(), predicted))
   print(f'tokens_per_s={tokens_per_s:.1f} mfu={mfu:.3f}')
 
 
 if __name__ == '__main__':
   flags.DEFINE_integer('steps', 60, 'Training steps to run (rounded down to a multiple of 2 x windows).')
+  flags.DEFINE_enum('rate_dtype', 'float32', ['float32', 'bfloat16'],
+                    'The matmul rate MFU divides by: float32, or bfloat16 (the ceiling of a '
+                    'bfloat16 model on a GPU or TPU).')
+  flags.DEFINE_bool('peak_memory', False,
+                    "Print the device's peak bytes in use (GPU, TPU) against memory_check.py's "
+                    'prediction for the same config.')
   flags.DEFINE_integer('windows', 5, 'Timing windows in the second half (the step-time spread).')
   command_line.define_flags('unused: the run goes to a temporary folder')
   command_line.run(main)

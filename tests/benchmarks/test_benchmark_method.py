@@ -202,3 +202,18 @@ def test_matmul_shapes_count_two_flops_per_multiply_add():
     for letters, shape in zip(inputs, (left, right)):
       for letter, size in zip(letters, shape):
         assert sizes.setdefault(letter, size) == size, equation
+
+
+def test_peak_memory_line_compares_the_prediction_with_the_measured_peak():
+  line = train_throughput.peak_memory_line({'peak_bytes_in_use': 2 * 2**30}, int(2.2 * 2**30))
+  assert 'prediction / measured = 1.100' in line and 'peak_bytes=2147483648' in line
+  assert 'not reported' in train_throughput.peak_memory_line(None, 2**30)
+  assert 'not reported' in train_throughput.peak_memory_line({}, 2**30)
+
+
+def test_probe_measures_with_the_rate_it_is_given():
+  probe = train_throughput.MatmulProbeTask(_FakeTask(), probe_step=1,
+                                           measure_rate=lambda: 'bfloat16 rate')
+  _, metrics, _ = probe.train_step(0)
+  probe.host_metrics(metrics)
+  assert probe.rate_before == 'bfloat16 rate'
