@@ -7,7 +7,7 @@ Each input is a `passkey_grid.json` that eval.py wrote with `kind=attendre_qa`
   policy      the eviction policy ('fifo', 'lra_max', 'lfa', ...), 'sinks', 'xl', or
               'none' (no memory: each chunk alone)
   kv_memory   the K/V memory's entries (0 for 'none')
-  q_memory    the Q memory's entries (0: the grid offers none)
+  q_memory    the Q memory's queries per layer (the memory's `q_memory_size`; 0: none)
   admission   'score' or 'always' where the memory reads it, else null
   settings    the grid's other memory settings the memory reads ('lfa_gamma', 'top_k',
               'order', 'rope_max_distance', ...), {} for none
@@ -19,8 +19,8 @@ Each input is a `passkey_grid.json` that eval.py wrote with `kind=attendre_qa`
         --model=NAME [--model=NAME ...] --out=benchmarks/results/attendre_qa.json
 
 prints the rows as a markdown table (policy by memory size, one column per context length)
-and writes them, replacing the rows of the same model, policy, memory, admission, chunk and
-settings.
+and writes them, replacing the rows of the same model, policy, K/V and Q memory, admission,
+chunk and settings.
 """
 
 import argparse
@@ -32,9 +32,9 @@ import numpy as np
 
 KEY = ('model', 'policy', 'kv_memory', 'q_memory', 'admission', 'chunk', 'settings')
 # What a grid's memory entry says besides its settings (evaluation/passkey_grid.py).
-DESCRIPTION = ('memory', 'variant', 'policy', 'memory_size', 'chunk', 'admission', 'heatmap',
-               'size_key', 'peak_host_bytes', 'peak_host_exact', 'seconds_per_1k_tokens',
-               'memory_bytes')
+DESCRIPTION = ('memory', 'variant', 'policy', 'memory_size', 'q_memory_size', 'chunk',
+               'admission', 'heatmap', 'size_key', 'peak_host_bytes', 'peak_host_exact',
+               'seconds_per_1k_tokens', 'memory_bytes')
 NOT_READ = '-'     # a grid setting the memory does not read
 
 
@@ -61,7 +61,7 @@ def grid_rows(grid: dict, model: str) -> list[dict]:
     rows.append(dict(
         model=model, policy=policy,
         kv_memory=0 if policy == 'none' else int(memory.get('memory_size', 0)),
-        q_memory=0, admission=admission if admission not in (None, NOT_READ) else None,
+        q_memory=int(memory.get('q_memory_size', 0)), admission=admission if admission not in (None, NOT_READ) else None,
         chunk=int(grid['chunk']), settings=memory_settings(memory),
         em=float(np.mean([c['accuracy'] for c in cells])),
         em_by_length={str(k): float(np.mean(v)) for k, v in sorted(by_length.items())},
@@ -79,14 +79,14 @@ def merge(old: list[dict], new: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
   lengths = sorted({int(k) for r in rows for k in r['em_by_length']})
-  lines = ['| model | policy | K/V memory | admission | settings | chunk | '
+  lines = ['| model | policy | K/V memory | Q memory | admission | settings | chunk | '
            + ' | '.join(f'EM at {n:,}' for n in lengths) + ' | EM |',
-           '|---|---|---:|---|---|---:|' + '---:|' * (len(lengths) + 1)]
+           '|---|---|---:|---:|---|---|---:|' + '---:|' * (len(lengths) + 1)]
   for r in rows:
     cells = [f"{r['em_by_length'][str(n)]:.2f}" if str(n) in r['em_by_length'] else ''
              for n in lengths]
     settings = ', '.join(f'{k}={v}' for k, v in r.get('settings', {}).items())
-    lines.append(f"| {r['model']} | {r['policy']} | {r['kv_memory']:,} | "
+    lines.append(f"| {r['model']} | {r['policy']} | {r['kv_memory']:,} | {r['q_memory']:,} | "
                  f"{r['admission'] or ''} | {settings} | {r['chunk']} | " + ' | '.join(cells)
                  + f" | {r['em']:.2f} |")
   return '\n'.join(lines)

@@ -24,7 +24,7 @@ Settings (`;` separates them, `,` the values of one):
     sinks              StreamingLLM: 4 sink tokens + a window of chunk + SIZE - 4
     attendre_<policy>  Attendre's K/V memory of SIZE entries with an eviction policy of
                        memory/policies.py (fifo, lru, lfu, lra, lra_last, lra_max, lra_sum, lfa,
-                       sink); no Q memory (see below)
+                       sink); with `q_memory`, also a Q memory (below)
     knn                Memorizing Transformer's kNN memory of SIZE entries (FIFO, joint gate)
     trained            the run's own memory as trained, for a model trained with its memory
                        in the loop (configs/passkey_memory.py); `trained:SIZE` resizes it
@@ -36,15 +36,20 @@ Settings (`;` separates them, `,` the values of one):
   context's bytes (>= 256), `depths` the answer passage's place in the context, the
   accuracy the exact match of the answer and its full stop (all its tokens right under
   teacher forcing: the greedy answer).
+- `q_memory` (default 0): `half` gives each Attendre memory a Q memory of SIZE // 2 queries
+  per layer (the paper's setting), N gives it N; others ignore it. Label `attendre_fifo:128+q64`;
+  the model runs `stack='attendre_delay'` with `causal=False` (a query sees the N keys after it).
 - any other key is a setting of the memories' sections (memory_sweep's
   extra keys, e.g. `rope_max_distance=511`, `top_k=32`, `lfa_gamma=0.9`),
   applied to the memories that read it.
 
-An Attendre Q memory (`q_memory_size > 0`) is not offered: its delayed
-queries see the tokens after the one they predict, here the next digits of
-the key (memory_sweep refuses it for language models for the same reason).
+A Q memory (any model whose total query delay D > 0, `trained` included) is scored "prompt
+with delay, answer causal" (evaluation/delayed_answer_scoring.py): the prompt read with its
+delayed queries, then each answer input pushed alone and its position read after a flush of
+D padding tokens (then dropped), so no answer query sees a later input; rows run in lockstep,
+a row sitting out the steps not its own. Per answer token: a 1-token step and a D-token flush.
 
-Scoring: teacher forcing, [BOS] + document[:-1] in, the document as targets,
+Scoring otherwise: teacher forcing, [BOS] + document[:-1] in, the document as targets,
 chunk by chunk with the memory carried and nothing else (the memory starts
 empty at BOS). A document counts as retrieved when the argmax of every answer
 token (the key's 5 digits with the byte tokenizer) is the key's token; with
@@ -86,19 +91,22 @@ from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.config.section import closest_name
 from longformer_jax.data import attendre_qa, passkey
 from longformer_jax.evaluation import memory_sweep, trained_memory
+from longformer_jax.evaluation.delayed_answer_scoring import DelayedAnswerScorer
 from longformer_jax.evaluation.heatmap_png import write_heatmap
 from longformer_jax.evaluation.memory_accounting import PeakHostMemory
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.passkey_scoring import PasskeyScorer
 from longformer_jax.evaluation.report_files import fresh_output_dir
 from longformer_jax.memory import policies
+from longformer_jax.models.attendre_delay import total_delay
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.models.model_config import resolve_model
 
 GRID_KEY = 'eval.passkey_grid'
 GRID_SETTINGS = ('lengths', 'max_length', 'depths', 'documents', 'seed', 'memories',
-                 'memory_size', 'chunk', 'kind')
+                 'memory_size', 'chunk', 'kind', 'q_memory')
+HALF = 'half'                    # q_memory=half: each Attendre memory's Q memory is SIZE // 2
 DOCUMENT_KINDS = ('passkey', 'attendre_qa')
 FIRST_LENGTH = 256
 # Memory name -> (sweep variant, policy); 'attendre_<policy>' names are added below.
@@ -116,7 +124,7 @@ AXES = {'rows': 'depth of the needle in percent of the filler (0: first); heat m
 class GridMemory:
   """One memory of the grid: its label and the memory-sweep point that builds it, or (`point`
   None) the run's own memory, resized to `trained_size` unless 0."""
-  label: str                     # 'none', 'xl:256', 'attendre_lra_max:256', 'trained:4096'
+  label: str                     # 'none', 'xl:256', 'attendre_lra_max:256+q128', 'trained:4096'
   point: memory_sweep.SweepPoint | None
   trained_size: int = 0
 
@@ -128,9 +136,7 @@ class GridMemory:
                          memory_size=self.trained_size or trained_memory.trained_size(
                              trained_model))
       return described
-    described = dict(memory=self.label, **self.point.describe())
-    del described['q_memory_size']
-    return described
+    return dict(memory=self.label, **self.point.describe())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +160,16 @@ def _ints(settings: dict, key: str, default: list) -> list:
     raise ConfigError(GRID_KEY, f'{key} must be integers, got {items}') from None
 
 
-def _memory(item: str, size: int, chunk: int, extras: dict) -> GridMemory:
+def _q_memory(settings: dict) -> int | str:
+  """`q_memory`: 'half' or an integer >= 0 (default 0)."""
+  value = settings.pop('q_memory', ['0'])[0]
+  require(value == HALF or value.isdigit(), GRID_KEY,
+          f"q_memory must be '{HALF}' or an integer >= 0, got {value!r}")
+  return value if value == HALF else int(value)
+
+
+def _memory(item: str, size: int, chunk: int, extras: dict,
+            q_memory: int | str = 0) -> GridMemory:
   name, _, given = item.partition(':')
   if name == TRAINED:
     require(not given or given.isdigit() and int(given) > 0, GRID_KEY,
@@ -171,8 +186,9 @@ def _memory(item: str, size: int, chunk: int, extras: dict) -> GridMemory:
   require(name == 'none' or size > 0, GRID_KEY, f'memory {item!r} needs a size > 0')
   extra = tuple((key, value if memory_sweep.reads(variant, policy, key) else memory_sweep.NOT_READ)
                 for key, value in sorted(extras.items()))
-  label = name if name == 'none' else f'{name}:{size}'
-  return GridMemory(label, memory_sweep.SweepPoint(variant, policy, size, 0, chunk, extra))
+  queries = 0 if variant != 'attendre' else size // 2 if q_memory == HALF else q_memory
+  label = name if name == 'none' else f'{name}:{size}' + (f'+q{queries}' if queries else '')
+  return GridMemory(label, memory_sweep.SweepPoint(variant, policy, size, queries, chunk, extra))
 
 
 def parse_grid(spec: str, default_chunk: int) -> PasskeyGrid:
@@ -181,7 +197,7 @@ def parse_grid(spec: str, default_chunk: int) -> PasskeyGrid:
     settings = memory_sweep.parse_settings(spec)
   except ConfigError as error:
     raise ConfigError(GRID_KEY, error.message) from None
-  for key in ('documents', 'seed', 'memory_size', 'chunk', 'max_length', 'kind'):
+  for key in ('documents', 'seed', 'memory_size', 'chunk', 'max_length', 'kind', 'q_memory'):
     require(len(settings.get(key, [''])) == 1, GRID_KEY, f'{key} takes one value')
   require(not ('lengths' in settings and 'max_length' in settings), GRID_KEY,
           'give lengths or max_length, not both')
@@ -195,6 +211,7 @@ def parse_grid(spec: str, default_chunk: int) -> PasskeyGrid:
   chunk = _ints(settings, 'chunk', [default_chunk])[0]
   names = settings.pop('memories', ['none'])
   kind = settings.pop('kind', ['passkey'])[0]
+  q_memory = _q_memory(settings)
   require(kind in DOCUMENT_KINDS, GRID_KEY, f'kind {kind!r}: choose from '
           f'{", ".join(DOCUMENT_KINDS)}{closest_name(kind, DOCUMENT_KINDS)}')
   if kind == 'attendre_qa':
@@ -208,7 +225,7 @@ def parse_grid(spec: str, default_chunk: int) -> PasskeyGrid:
   extras = {key: memory_sweep.parse_value(values[0]) for key, values in settings.items()}
   for key, values in settings.items():
     require(len(values) == 1, GRID_KEY, f'{key} takes one value (one grid per memory setting)')
-  memories = [_memory(item, size, chunk, extras) for item in names]
+  memories = [_memory(item, size, chunk, extras, q_memory) for item in names]
   kinds = {(m.point.variant, m.point.policy) for m in memories if m.point is not None}
   for key in extras:
     valid = sorted({k for variant, _ in kinds for k in memory_sweep.section_keys(variant)})
@@ -228,6 +245,8 @@ def memory_model_config(trained_model, vocab_size: int, memory: GridMemory):
     overrides = trained_memory.model_overrides(trained_model, memory.trained_size)
   else:
     overrides = memory_sweep.model_overrides(memory.point, trained_model)
+    if memory.point.q_memory_size:   # delayed queries: their stack, and the keys they wait for
+      overrides.update(stack='attendre_delay', causal=False)
   config = lm_model_config(trained_model, vocab_size, **overrides)
   try:
     resolve_model(config.model_values())
@@ -293,9 +312,11 @@ def evaluate_grid(grid: PasskeyGrid, trained_model, tokenizer, params, *, batch_
   for memory in grid.memories:
     model_config = memory_model_config(trained_model, tokenizer.vocab_size, memory)
     jax.eval_shape(lambda config=model_config: DecoderLM.init_state(config, 1))
+    delayed = total_delay(model_config) > 0         # a Q memory: the answer read causally
     with PeakHostMemory() as peak:
-      scorer = PasskeyScorer(model_config, batch_size=batch_size, chunk_len=grid.chunk,
-                             mesh=mesh, rules=rules, param_shardings=param_shardings)
+      scorer = (DelayedAnswerScorer if delayed else PasskeyScorer)(
+          model_config, batch_size=batch_size, chunk_len=grid.chunk, mesh=mesh, rules=rules,
+          param_shardings=param_shardings)
       scores = scorer.score(params, [d for _, _, d in documents], tokenizer.bos_id,
                             tokenizer.pad_id, model_state)
     cells.extend(cell_rows(memory, documents, scores))

@@ -36,7 +36,7 @@ def test_the_command_merges_rows_and_refuses_a_passkey_grid(tmp_path, capsys):
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
   assert len(json.loads(out.read_text())['rows']) == 3          # replaced, not repeated
-  assert '| a | lra_max | 128 | score |  | 128 | 0.75 | 0.50 | 0.62 |' in capsys.readouterr().out
+  assert '| a | lra_max | 128 | 0 | score |  | 128 | 0.75 | 0.50 | 0.62 |' in capsys.readouterr().out
   path.write_text(json.dumps(grid(kind='passkey')))
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 2
   assert 'not a reading-comprehension grid' in capsys.readouterr().err
@@ -56,3 +56,24 @@ def test_memories_that_differ_in_a_setting_are_rows_of_their_own(tmp_path, capsy
   assert sorted(json.dumps(r['settings']) for r in rows if r['policy'] == 'lra_max') == [
       '{"lfa_gamma": 0.99}', '{}']
   assert 'lfa_gamma=0.99' in capsys.readouterr().out
+
+
+def test_a_q_memory_is_a_row_of_its_own(tmp_path, capsys):
+  """The grid's `q_memory_size` (passkey_grid, `q_memory=half`) keeps a Q-memory row apart from
+  the same K/V memory without one, and is not taken for a setting."""
+  path, out = tmp_path / 'grid.json', tmp_path / 'rows.json'
+  plain, delayed = grid(), grid()
+  for data, queries in ((plain, 0), (delayed, 64)):
+    for memory in data['memories']:
+      memory['q_memory_size'] = queries if memory['variant'] == 'attendre' else 0
+  rows = {r['policy']: r for r in attendre_qa_table.grid_rows(delayed, 'a')}
+  assert rows['lra_max']['q_memory'] == 64 and rows['lra_max']['settings'] == {}
+  assert rows['none']['q_memory'] == 0
+  for data in (plain, delayed):
+    path.write_text(json.dumps(data))
+    assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
+  rows = json.loads(out.read_text())['rows']
+  assert len(rows) == 5                 # the non-Attendre memories have none: replaced
+  assert sorted(r['q_memory'] for r in rows if r['policy'] == 'lra_max') == [0, 64]
+  assert '| a | lra_max | 128 | 64 | score |  | 128 | 0.75 | 0.50 | 0.62 |' in \
+      capsys.readouterr().out
