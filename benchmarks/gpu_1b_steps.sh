@@ -10,7 +10,7 @@
 # matmul rate, and the device's peak bytes against memory_check.py's prediction:
 # 1. Transformer-XL, chunks of 8,192 with a memory of 2,048 (configs/pod_xl.py);
 # 2. Longformer, chunks of 16,384, window 512 (configs/pod_longformer.py; the cuDNN window);
-# 3. BigBird, chunks of 16,384 (the Pallas block-sparse kernel).
+# 3. BigBird, chunks of 16,384 in blocks of 64 (configs/pod_bigbird.py; the Pallas block-sparse kernel).
 # Batches (XL_BATCH, LONGFORMER_BATCH, BIGBIRD_BATCH) are the largest that memory_check.py
 # puts under 100 GiB of one device (docs/benchmarks.md). Each step's output is in OUT_DIR
 # (default gpu_1b_out); a step that fails does not stop the next.
@@ -35,6 +35,5 @@ step xl_1b 240 configs/pod_xl.py:1b_v5p128 "${XL_BATCH:-4}" \
   --config.data.chunk_len=8192 --config.data.chunks_per_step=1 ${XL_EXTRA:-}
 step longformer_1b 180 configs/pod_longformer.py:1b_32k_v5p128 "${LONGFORMER_BATCH:-8}" \
   --config.data.chunk_len=16384 ${LONGFORMER_EXTRA:-}
-step bigbird_1b 180 configs/pod_longformer.py:1b_32k_v5p128 "${BIGBIRD_BATCH:-8}" \
-  --config.data.chunk_len=16384 --config.model.attention=bigbird \
-  --config.model.bigbird.block=64 ${BIGBIRD_EXTRA:-}
+step bigbird_1b 180 configs/pod_bigbird.py:1b_32k_v5p128 "${BIGBIRD_BATCH:-8}" \
+  --config.data.chunk_len=16384 ${BIGBIRD_EXTRA:-}

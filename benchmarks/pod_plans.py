@@ -2,7 +2,7 @@
 
   python -m benchmarks.pod_plans [--plans=xl_1b_v5p128,...] [--out=benchmarks/results/pod_plans.json]
 
-Each plan is a config (configs/pod_xl.py, configs/pod_longformer.py) and a TPU slice
+Each plan is a config (configs/pod_xl.py, pod_longformer.py, pod_bigbird.py) and a TPU slice
 (configs/pod_sizes.py). In a fresh process with as many fake CPU devices as the slice
 has chips (`--xla_force_host_platform_device_count`), the plan's train step is built on
 the config's mesh exactly as training builds it (`memory_check.phase_steps`: shardings,
@@ -42,6 +42,8 @@ PLANS = {
     **{f'longformer_{name}': f'configs/pod_longformer.py:{name}'
        for name in ('1b_32k_v5p128', '1b_32k_v5e256', '1b_131k_v5p128', '1b_131k_v5e256',
                     '8b_32k_v5p128', '8b_32k_v5e256', '8b_131k_v5p128', '8b_131k_v5e256')},
+    **{f'bigbird_{name}': f'configs/pod_bigbird.py:{name}'
+       for name in ('1b_32k_v5p128', '1b_32k_v5e256')},
 }
 LARGEST = 6
 COLLECTIVES = ('all-gather', 'reduce-scatter', 'all-reduce', 'collective-permute', 'all-to-all')

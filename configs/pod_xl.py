@@ -1,16 +1,19 @@
 """Transformer-XL at 1B and 8B parameters on a TPU pod slice: 32,768 tokens per row and step.
 
-Each row of a step is 4 chunks of 8,192 tokens with a memory of 2,048 hidden states per
-layer (the chunks scanned and backpropagated through, the memory carried to the next step),
-bfloat16, scanned layers, the state sharded over `fsdp`. The plan after the colon is the
-size and the slice (configs/pod_sizes.py):
+Each row of a step is 32,768 tokens: 4 chunks of 8,192 (8 of 4,096 for the 8B model on a
+v5e) with a memory of 2,048 hidden states per layer (the chunks scanned and backpropagated
+through, the memory carried to the next step), bfloat16, scanned layers, every activation
+recomputed in the backward pass (`remat_policy='full'`), the state sharded over `fsdp`
+(and `sequence`, configs/pod_sizes.sequence_rules). The plan after the colon is the size
+and the slice (configs/pod_sizes.py); the meshes are the ones docs/scaling.md ("Pod plans")
+found to fit with 10% of the HBM to spare:
 
-| plan | mesh (data, fsdp, tensor) | rows per step | remat |
+| plan | mesh (data, fsdp, tensor, sequence) | rows per step | chunks per row |
 |---|---|---:|---|
-| 1b_v5p128 | (1, 64, 1) | 64 | full |
-| 1b_v5e256 | (1, 256, 1) | 256 | full |
-| 8b_v5p128 | (1, 64, 1) | 64 | full |
-| 8b_v5e256 | (1, 64, 4) | 64 | full |
+| 1b_v5p128 | (1, 64, 1, 1) | 64 | 4 x 8,192 |
+| 1b_v5e256 | (1, 64, 1, 4) | 64 | 4 x 8,192 |
+| 8b_v5p128 | (1, 32, 1, 2) | 32 | 4 x 8,192 |
+| 8b_v5e256 | (1, 16, 4, 4) | 16 | 8 x 4,096 |
 
 Run on the slice (every worker the same command; PG-19 and its tokenizer as in
 configs/pg19_xl.py):
@@ -27,14 +30,13 @@ Check what it needs per chip, on any machine (docs/scaling.md, "Pod plans"):
 from configs import pod_sizes
 from longformer_jax.config.overrides import merged
 
-CHUNK = 8192
-CHUNKS_PER_STEP = 4
+ROW = 32768
 MEMORY = 2048
 PLANS = {
-    '1b_v5p128': {'size': '1b', 'mesh': (1, 64, 1), 'rows': 64, 'remat': 'full'},
-    '1b_v5e256': {'size': '1b', 'mesh': (1, 256, 1), 'rows': 256, 'remat': 'full'},
-    '8b_v5p128': {'size': '8b', 'mesh': (1, 64, 1), 'rows': 64, 'remat': 'full'},
-    '8b_v5e256': {'size': '8b', 'mesh': (1, 64, 4), 'rows': 64, 'remat': 'full'},
+    '1b_v5p128': {'size': '1b', 'mesh': (1, 64, 1, 1), 'rows': 64, 'chunk': 8192},
+    '1b_v5e256': {'size': '1b', 'mesh': (1, 64, 1, 4), 'rows': 64, 'chunk': 8192},
+    '8b_v5p128': {'size': '8b', 'mesh': (1, 32, 1, 2), 'rows': 32, 'chunk': 8192},
+    '8b_v5e256': {'size': '8b', 'mesh': (1, 16, 4, 4), 'rows': 16, 'chunk': 4096},
 }
 
 
@@ -42,8 +44,8 @@ def get_config(arg: str = '1b_v5p128') -> dict:
   plan = pod_sizes.parse(arg, PLANS, 'pod_xl.py')
   return merged(pod_sizes.training(), {
       'model': {**pod_sizes.model(plan['size']), 'attention': 'xl', 'mem_len': MEMORY,
-                'remat_policy': plan['remat']},
-      'data': pod_sizes.data(plan['rows'], CHUNK, CHUNKS_PER_STEP),
-      'parallel': {'mesh_shape': plan['mesh']},
+                'remat_policy': 'full'},
+      'data': pod_sizes.data(plan['rows'], plan['chunk'], ROW // plan['chunk']),
+      'parallel': pod_sizes.parallel(plan['mesh']),
       'eval': {'mem_lens': str(MEMORY)},
   })

@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from benchmarks import pod_plans
-from configs import pod_longformer, pod_sizes, pod_xl
+from configs import pod_bigbird, pod_longformer, pod_sizes, pod_xl
 from longformer_jax.config.errors import ConfigError
 
 TINY = (('model.num_layers', 2), ('model.d_model', 64), ('model.num_heads', 4),
@@ -16,15 +16,17 @@ TINY = (('model.num_layers', 2), ('model.d_model', 64), ('model.num_heads', 4),
 def test_every_plan_names_a_preset_of_its_config_and_a_slice():
   for name, spec in pod_plans.PLANS.items():
     path, preset = spec.split(':')
-    module = {'configs/pod_xl.py': pod_xl, 'configs/pod_longformer.py': pod_longformer}[path]
+    module = {'configs/pod_xl.py': pod_xl, 'configs/pod_longformer.py': pod_longformer,
+              'configs/pod_bigbird.py': pod_bigbird}[path]
     assert preset in module.PLANS, name
     assert pod_plans.slice_of(spec) in pod_sizes.SLICES, name
-  assert len(pod_plans.PLANS) == len(pod_xl.PLANS) + len(pod_longformer.PLANS)
+  assert len(pod_plans.PLANS) == len(pod_xl.PLANS) + len(pod_longformer.PLANS) + len(
+      pod_bigbird.PLANS)
 
 
 def test_a_plan_fills_its_slice():
   """Each preset's mesh has exactly its slice's chips, and its rows fill the batch axes."""
-  for module in (pod_xl, pod_longformer):
+  for module in (pod_xl, pod_longformer, pod_bigbird):
     for preset, plan in module.PLANS.items():
       devices = pod_sizes.SLICES[preset.rsplit('_', 1)[-1]]['devices']
       mesh = tuple(plan['mesh']) + (1,) * (4 - len(plan['mesh']))
