@@ -1,6 +1,7 @@
 """Pod plans checked by the compiler: per-chip bytes, FLOPs and sharding of a train step.
 
   python -m benchmarks.pod_plans [--plans=xl_1b_v5p128,...] [--out=benchmarks/results/pod_plans.json]
+  python -m benchmarks.pod_plans --table      # the rows of --out as docs/scaling.md's table
 
 Each plan is a config (configs/pod_xl.py, pod_longformer.py, pod_bigbird.py) and a TPU slice
 (configs/pod_sizes.py). In a fresh process with as many fake CPU devices as the slice
@@ -226,6 +227,27 @@ def format_row(row: dict) -> str:
           f'  MFU <= {row["mfu_bound"]:.2f}  compile {row["compile_s"]:.0f} s')
 
 
+def markdown_table(rows: list[dict]) -> str:
+  """The plans side by side (docs/scaling.md, "Pod plans"): GB are 10^9 bytes, as the HBM."""
+  lines = ['| plan | chips | mesh (data, fsdp, tensor, sequence) | parameters | tokens per step '
+           '| state (arguments) GB | temporaries GB | total GB | of HBM | 10% spare '
+           '| best-case step | MFU bound |',
+           '|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|']
+  for row in rows:
+    if 'error' in row:
+      lines.append(f'| {row["plan"]} | error: {row["error"]} |')
+      continue
+    mesh = ', '.join(str(row['mesh'][axis]) for axis in ('data', 'fsdp', 'tensor', 'sequence'))
+    lines.append(
+        f'| {row["plan"]} | {row["devices"]} {row["chip"].split()[-1]} | ({mesh}) '
+        f'| {row["params"] / 1e9:.2f}B | {row["rows"]} x {row["tokens_per_row"]:,} '
+        f'| {row["argument_bytes"] / 1e9:.2f} | {row["temp_bytes"] / 1e9:.2f} '
+        f'| {row["total_bytes"] / 1e9:.2f} | {row["hbm_fraction"]:.0%} '
+        f'| {"yes" if row["fits_with_10pct"] else "**no**"} | {row["best_case_step_s"]:.2f} s '
+        f'| {row["mfu_bound"]:.2f} |')
+  return '\n'.join(lines)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--plans', default=','.join(PLANS),
@@ -235,12 +257,17 @@ def main(argv=None) -> int:
   parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
                       help='a config override for every plan run, e.g. '
                            "--set='parallel.mesh_shape=(1,32,2)' (the row records it)")
+  parser.add_argument('--table', action='store_true',
+                      help='print the rows of --out as a markdown table and stop')
   parser.add_argument('--child', default='', help=argparse.SUPPRESS)
   parser.add_argument('--child_overrides', default='[]', help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
     overrides = tuple(tuple(pair) for pair in json.loads(args.child_overrides))
     print(json.dumps(measure_plan(args.child, PLANS[args.child], overrides)))
+    return 0
+  if args.table:
+    print(markdown_table(json.loads(pathlib.Path(args.out).read_text())))
     return 0
   try:
     overrides = tuple(parse_setting(text) for text in args.set)

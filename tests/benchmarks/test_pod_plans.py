@@ -98,3 +98,15 @@ def test_largest_buffers_skip_fusion_bodies():
                      'bytes': 32000}
   assert rows[1]['dtype'] == 'bf16' and rows[1]['op'] == 'parameter'
   assert all(row['op'] != 'broadcast' for row in rows)
+
+
+def test_the_table_marks_a_plan_without_headroom():
+  row = {'plan': 'p', 'devices': 64, 'chip': 'TPU v5p', 'params': 1.2e9, 'rows': 64,
+         'mesh': {'data': 1, 'fsdp': 64, 'tensor': 1, 'sequence': 1}, 'tokens_per_row': 32768,
+         'argument_bytes': 4e8, 'temp_bytes': 90e9, 'total_bytes': 90.4e9,
+         'hbm_fraction': 90.4 / 95, 'fits_with_10pct': False, 'best_case_step_s': 1.3,
+         'mfu_bound': 0.78}
+  table = pod_plans.markdown_table([row, {'plan': 'q', 'error': 'boom'}]).splitlines()
+  assert table[2] == ('| p | 64 v5p | (1, 64, 1, 1) | 1.20B | 64 x 32,768 | 0.40 | 90.00 '
+                      '| 90.40 | 95% | **no** | 1.30 s | 0.78 |')
+  assert table[3] == '| q | error: boom |'
