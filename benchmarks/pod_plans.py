@@ -145,6 +145,7 @@ def measure_plan(name: str, config_spec: str, overrides: tuple = ()) -> dict:
   compile_s = time.perf_counter() - started
   memory = memory_check.step_memory(phase_step, compiled)
   hlo_text = compiled.as_text()
+  xla_flops = float((compiled.cost_analysis() or {}).get('flops', 0.0))
   devices = mesh.devices.size
   program, model = counts['program'].matmul_flops, counts['model'].matmul_flops
   params = sum(math.prod(leaf.shape)
@@ -163,6 +164,7 @@ def measure_plan(name: str, config_spec: str, overrides: tuple = ()) -> dict:
       'hbm_bytes': chip['hbm_bytes'], 'hbm_fraction': memory.total / chip['hbm_bytes'],
       'fits_with_10pct': memory.total <= 0.9 * chip['hbm_bytes'],
       'program_flops': program, 'model_flops': model,
+      'xla_cost_analysis_flops_per_device': xla_flops,
       'while_loops': counts['program'].while_loops + counts['model'].while_loops,
       'best_case_step_s': step_s, 'mfu_bound': model / program,
       'best_case_tokens_per_s_per_chip': rows * length / devices / step_s,
@@ -205,12 +207,20 @@ def run_in_child(name: str, timeout_s: float, overrides: tuple = ()) -> dict:
   return row
 
 
+def row_key(row: dict) -> tuple:
+  """A row's identity: its plan and the overrides it ran with (an alternative of the plan)."""
+  return row['plan'], json.dumps(row.get('overrides', []))
+
+
 def merge_rows(path: pathlib.Path, rows: list[dict]) -> list[dict]:
-  """`rows` written into the JSON list at `path`, replacing earlier rows of the same plan."""
+  """`rows` written into the JSON list at `path`, replacing earlier rows of the same plan and
+  overrides; the plans as shipped first, in `PLANS` order, then the alternatives."""
   old = json.loads(path.read_text()) if path.exists() else []
-  names = {row['plan'] for row in rows}
-  merged = [row for row in old if row['plan'] not in names] + rows
-  merged.sort(key=lambda row: list(PLANS).index(row['plan']) if row['plan'] in PLANS else 99)
+  keys = {row_key(row) for row in rows}
+  merged = [row for row in old if row_key(row) not in keys] + rows
+  order = list(PLANS)
+  merged.sort(key=lambda row: (bool(row.get('overrides')),
+                               order.index(row['plan']) if row['plan'] in order else len(order)))
   tmp = path.with_suffix('.tmp')
   tmp.write_text(json.dumps(merged, indent=1) + '\n')
   tmp.replace(path)
@@ -238,8 +248,12 @@ def markdown_table(rows: list[dict]) -> str:
       lines.append(f'| {row["plan"]} | error: {row["error"]} |')
       continue
     mesh = ', '.join(str(row['mesh'][axis]) for axis in ('data', 'fsdp', 'tensor', 'sequence'))
+    changed = ', '.join(f'{key}={value}' for key, value in row.get('overrides', [])
+                        if key not in ('parallel.mesh_shape', 'data.batch_size',
+                                       'data.eval_batch_size'))
+    name = f'{row["plan"]} ({changed})' if changed else row['plan']
     lines.append(
-        f'| {row["plan"]} | {row["devices"]} {row["chip"].split()[-1]} | ({mesh}) '
+        f'| {name} | {row["devices"]} {row["chip"].split()[-1]} | ({mesh}) '
         f'| {row["params"] / 1e9:.2f}B | {row["rows"]} x {row["tokens_per_row"]:,} '
         f'| {row["argument_bytes"] / 1e9:.2f} | {row["temp_bytes"] / 1e9:.2f} '
         f'| {row["total_bytes"] / 1e9:.2f} | {row["hbm_fraction"]:.0%} '
@@ -267,7 +281,10 @@ def main(argv=None) -> int:
     print(json.dumps(measure_plan(args.child, PLANS[args.child], overrides)))
     return 0
   if args.table:
-    print(markdown_table(json.loads(pathlib.Path(args.out).read_text())))
+    rows = json.loads(pathlib.Path(args.out).read_text())
+    print(markdown_table([row for row in rows if not row.get('overrides')]))
+    print('\nAlternatives (`--set`):\n')
+    print(markdown_table([row for row in rows if row.get('overrides')]))
     return 0
   try:
     overrides = tuple(parse_setting(text) for text in args.set)
@@ -281,6 +298,7 @@ def main(argv=None) -> int:
     return 2
   for name in names:
     row = run_in_child(name, args.timeout_s, overrides)
+    row.setdefault('overrides', [list(pair) for pair in overrides])
     merge_rows(pathlib.Path(args.out), [row])
     print(format_row(row), flush=True)
   return 0

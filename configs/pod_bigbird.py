@@ -4,15 +4,17 @@ A causal LM of BigBird's block-sparse attention (Zaheer et al., 2020) in blocks 
 query block sees its own and the previous block, 2 random past blocks and the first block
 (the defaults of `model.bigbird` but the block), within a chunk that is the whole row, one
 chunk per step; bfloat16, scanned layers, `remat_policy='full'`, the 1B widths of
-configs/pod_sizes.py, on the meshes of configs/pod_longformer.py's 32k plans:
+configs/pod_sizes.py:
 
 | plan | mesh (data, fsdp, tensor, sequence) | rows per step |
 |---|---|---:|
 | 1b_32k_v5p128 | (1, 64, 1, 1) | 64 |
-| 1b_32k_v5e256 | (1, 256, 1, 1) | 256 |
+| 1b_32k_v5e256 | (1, 64, 4, 1) | 64 |
 
-(BigBird has no sequence-parallel path: on the v5e each chip holds a whole row, one chunk
-of 32,768 tokens.) Run on the slice, and check it, as configs/pod_longformer.py says:
+BigBird has no sequence-parallel path, so every chip holds a whole row of 32,768 tokens; on
+the v5e a tensor axis of 4 splits the heads, the feed-forward and the logits' vocabulary
+(a whole row over 256 chips of fsdp needs 17.75 GB a chip, docs/scaling.md). Run on the
+slice, and check it, as configs/pod_longformer.py says:
 
   python train.py --config=configs/pod_bigbird.py:1b_32k_v5p128 --workdir=$WORKDIR \\
       --config.parallel.multi_host=True \\
@@ -27,7 +29,7 @@ LENGTH = 32768
 BLOCK = 64
 PLANS = {
     '1b_32k_v5p128': {'mesh': (1, 64, 1, 1), 'rows': 64},
-    '1b_32k_v5e256': {'mesh': (1, 256, 1, 1), 'rows': 256},
+    '1b_32k_v5e256': {'mesh': (1, 64, 4, 1), 'rows': 64},
 }
 
 

@@ -49,12 +49,14 @@ def test_collectives_are_counted_by_op_name():
   assert counts['all-reduce'] == 1 and counts['reduce-scatter'] == 0
 
 
-def test_rows_merge_by_plan(tmp_path):
+def test_rows_merge_by_plan_and_overrides(tmp_path):
   out = tmp_path / 'plans.json'
-  pod_plans.merge_rows(out, [{'plan': 'xl_1b_v5p128', 'v': 1}, {'plan': 'xl_1b_v5e256', 'v': 1}])
-  merged = pod_plans.merge_rows(out, [{'plan': 'xl_1b_v5p128', 'v': 2}])
-  assert [(row['plan'], row['v']) for row in merged] == [('xl_1b_v5p128', 2),
-                                                         ('xl_1b_v5e256', 1)]
+  alternative = [['parallel.mesh_shape', [1, 256, 1]]]
+  pod_plans.merge_rows(out, [{'plan': 'xl_1b_v5p128', 'v': 1}, {'plan': 'xl_1b_v5e256', 'v': 1},
+                             {'plan': 'xl_1b_v5e256', 'overrides': alternative, 'v': 1}])
+  merged = pod_plans.merge_rows(out, [{'plan': 'xl_1b_v5p128', 'overrides': [], 'v': 2}])
+  assert [(row['plan'], row['v'], bool(row.get('overrides'))) for row in merged] == [
+      ('xl_1b_v5p128', 2, False), ('xl_1b_v5e256', 1, False), ('xl_1b_v5e256', 1, True)]
   assert json.loads(out.read_text()) == merged
 
 
