@@ -167,6 +167,27 @@ def test_grid_q_memory_sizes_and_labels():
   assert grid.memories[0].label == 'attendre_lfa:32' and grid.memories[0].point.q_memory_size == 0
 
 
+def test_q_causal_keeps_the_trained_causal_mask_for_a_q_memory_only(setup):
+  """The control `q_causal=1`: the delayed stack under the trained causal mask, its own label
+  and row field; without it a Q memory's model is bidirectional; a memory without a Q memory
+  is unaffected."""
+  trained = setup[0]
+  spec = 'lengths=256;memories=attendre_lra_max:16,attendre_fifo:16;q_memory={q}'
+  grid = passkey_grid.parse_grid(spec.format(q='half') + ';q_causal=1', default_chunk=CHUNK)
+  assert [m.label for m in grid.memories] == ['attendre_lra_max:16+q8causal',
+                                              'attendre_fifo:16+q8causal']
+  assert grid.memories[0].describe()['q_causal'] is True
+  config = passkey_grid.memory_model_config(trained, VOCAB, grid.memories[0])
+  assert config.causal and config.stack == 'attendre_delay'
+  plain = passkey_grid.parse_grid(spec.format(q='half'), default_chunk=CHUNK)
+  assert 'q_causal' not in plain.memories[0].describe()
+  assert not passkey_grid.memory_model_config(trained, VOCAB, plain.memories[0]).causal
+  without = passkey_grid.parse_grid(spec.format(q=0) + ';q_causal=1', default_chunk=CHUNK)
+  assert [m.label for m in without.memories] == ['attendre_lra_max:16', 'attendre_fifo:16']
+  with pytest.raises(ConfigError, match='q_causal must be 0 or 1'):
+    passkey_grid.parse_grid(spec.format(q='half') + ';q_causal=maybe', default_chunk=CHUNK)
+
+
 @pytest.mark.parametrize('value', ['-1', 'abc', 'half,8'])
 def test_a_bad_q_memory_is_one_line_naming_the_grid(value):
   with pytest.raises(ConfigError, match='q_memory') as error:
