@@ -237,6 +237,13 @@ def format_row(row: dict) -> str:
           f'  MFU <= {row["mfu_bound"]:.2f}  compile {row["compile_s"]:.0f} s')
 
 
+def _override_text(key: str, value) -> str:
+  """An override as the table shows it: the rules by where they put the parameters' embed."""
+  if key == 'parallel.logical_axis_rules':
+    return f"embed on {dict((name, axes) for name, axes in value).get('embed')}"
+  return f'{key}={value}'
+
+
 def markdown_table(rows: list[dict]) -> str:
   """The plans side by side (docs/scaling.md, "Pod plans"): GB are 10^9 bytes, as the HBM."""
   lines = ['| plan | chips | mesh (data, fsdp, tensor, sequence) | parameters | tokens per step '
@@ -248,7 +255,7 @@ def markdown_table(rows: list[dict]) -> str:
       lines.append(f'| {row["plan"]} | error: {row["error"]} |')
       continue
     mesh = ', '.join(str(row['mesh'][axis]) for axis in ('data', 'fsdp', 'tensor', 'sequence'))
-    changed = ', '.join(f'{key}={value}' for key, value in row.get('overrides', [])
+    changed = ', '.join(_override_text(key, value) for key, value in row.get('overrides', [])
                         if key not in ('parallel.mesh_shape', 'data.batch_size',
                                        'data.eval_batch_size'))
     name = f'{row["plan"]} ({changed})' if changed else row['plan']
