@@ -102,7 +102,7 @@ def test_prompt_steps_are_whole_chunks_then_powers_of_two():
   assert prompt_steps(100, 128) == [64, 32, 4] and prompt_steps(0, 8) == []
 
 
-@pytest.mark.parametrize('q_memory', [4, 8])
+@pytest.mark.parametrize('q_memory', [4, pytest.param(8, marks=pytest.mark.slow)])  # 8: -m slow
 def test_each_answer_token_scores_as_a_fresh_run_flushed_after_it(setup, q_memory):
   trained, params, _, _ = setup
   model_config = grid_model(trained, f'memories=attendre_lra_max:16;q_memory={q_memory}')
