@@ -64,8 +64,9 @@ def test_rows_merge_by_plan_and_overrides(tmp_path):
 def test_the_8b_131k_v5e_plan_compiles_on_8_devices_with_its_axes():
   """The plan with every axis (fsdp, tensor, sequence), shrunk to 8 fake devices
   (1, 2, 2, 2) and tiny widths: its step compiles, the embedding is sharded over tensor
-  (vocabulary) and fsdp (width), the halo exchange of the split window is in the program, and the
-  recomputation of `remat_policy='full'` costs FLOPs (MFU bound below 1)."""
+  (vocabulary) and fsdp x sequence (width: the plan's sequence rules), the halo exchange
+  of the split window is in the program, and the recomputation of `remat_policy='full'`
+  costs FLOPs (MFU bound below 1)."""
   assert jax.device_count() >= 8
   overrides = TINY + (('parallel.mesh_shape', (1, 2, 2, 2)), ('data.batch_size', 2),
                       ('data.eval_batch_size', 2), ('data.chunk_len', 512),
@@ -76,8 +77,8 @@ def test_the_8b_131k_v5e_plan_compiles_on_8_devices_with_its_axes():
   assert row['total_bytes'] > 0 and row['temp_bytes'] > 0
   largest = row['largest_arrays'][0]          # the input embedding [vocab, embed]
   assert largest['path'] == 'params/embedding/embedding'
-  assert largest['spec'] == "P('tensor', 'fsdp')"
-  assert largest['device_shape'] == [pod_sizes.VOCAB_SIZE // 2, 32]
+  assert largest['spec'] == "P('tensor', ('fsdp', 'sequence'))"     # pod_sizes.sequence_rules
+  assert largest['device_shape'] == [pod_sizes.VOCAB_SIZE // 2, 64 // 4]
   assert row['collectives']['collective-permute'] > 0
   assert 0.5 < row['mfu_bound'] < 1.0
   assert row['while_loops'] == 0
