@@ -91,10 +91,9 @@ def _abstract_batch(batch_size: int, length: int, batch_sharding) -> dict:
 class PhaseStep:
   """One training phase's train step, jitted as training jits it, and its abstract arguments.
 
-  `step.lower(state, batch).compile()` compiles it; `model` is the phase's `DecoderLM`."""
+  `step.lower(state, batch).compile()` compiles it."""
   phase: int
   chunk_len: int
-  model: DecoderLM
   step: Any
   state: Any                      # the abstract train state (shapes, dtypes, shardings)
   batch: dict                     # the abstract batch (`_abstract_batch`)
@@ -140,8 +139,8 @@ def phase_steps(config: ml_collections.ConfigDict, devices=None,
         out_shardings=(state_shardings, sharding.replicated(mesh)),
         donate_argnums=0)
     length = phase.chunk_len * config.data.chunks_per_step
-    result.append(PhaseStep(phase=phase.index, chunk_len=phase.chunk_len, model=model,
-                            step=step, state=abstract_state,
+    result.append(PhaseStep(phase=phase.index, chunk_len=phase.chunk_len, step=step,
+                            state=abstract_state,
                             batch=_abstract_batch(batch_size, length, batch_sharding)))
   return mesh, result
 

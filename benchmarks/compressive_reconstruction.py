@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.passkey_reading import read_documents
+from benchmarks.passkey_reading import capturing_step, read_documents
 from longformer_jax.attention import compressive
 from longformer_jax.data import passkey
 from longformer_jax.evaluation.run_restore import read_run
@@ -68,7 +68,8 @@ def report(config, tokenizer, params, length, depths, documents):
   chunk_len = config.eval.chunk_len or config.data.chunk_len
   rate = model_config.compressive.rate
   blocks = nn.meta.unbox(params)['blocks']
-  capture = lambda m, name: name == '__call__' and m.name == 'attention_norm'
+  step = capturing_step(model_config,
+                        lambda m, name: name == '__call__' and m.name == 'attention_norm')
 
   print(f'rate {rate}, mem_len {model_config.mem_len}, compressed_mem_len '
         f'{model_config.compressive.compressed_mem_len}, chunk {chunk_len}, length {length}; '
@@ -80,7 +81,7 @@ def report(config, tokenizer, params, length, depths, documents):
   for depth in depths:
     docs = [passkey.seeded_document(0, length, depth / 100, i, tokenizer.encode)
             for i in range(documents)]
-    reading = read_documents(model_config, params, docs, chunk_len, tokenizer, capture=capture,
+    reading = read_documents(step, model_config, params, docs, chunk_len, tokenizer,
                              per_chunk=lambda sown: layer_inputs(sown, model_config.num_layers))
     if not reading.answers_in_one_chunk:
       print(f'| {depth}% | answer chunks differ across documents; skipped |')

@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from benchmarks.passkey_reading import read_documents
+from benchmarks.passkey_reading import capturing_step, read_documents
 from longformer_jax.data import passkey
 from longformer_jax.evaluation import span_report
 from longformer_jax.evaluation.run_restore import read_run
@@ -43,7 +43,7 @@ def per_layer(spans) -> list:
 
 def expire_report(config, tokenizer, params, lengths, depths, documents, chunk_len):
   model_config = lm_model_config(config.model, tokenizer.vocab_size)
-  capture = lambda m, name: name == 'expire_spans'
+  step = capturing_step(model_config, lambda m, name: name == 'expire_spans')
   print(f'max_span {model_config.expire_span.max_span}, mem_len {model_config.mem_len}, '
         f'chunk {chunk_len}; spans in tokens (mean over the tokens, then the documents)')
   print('| length | depth | layer | needle | key digits | filler (mean / median / max) | needle -> answer '
@@ -53,7 +53,7 @@ def expire_report(config, tokenizer, params, lengths, depths, documents, chunk_l
     docs = [passkey.seeded_document(0, length, depth, i, tokenizer.encode)
             for i in range(documents)]
     reading = read_documents(
-        model_config, params, docs, chunk_len, tokenizer, capture=capture,
+        step, model_config, params, docs, chunk_len, tokenizer,
         per_chunk=lambda sown: [a[:, -chunk_len:] for a in per_layer(sown)])
     spans, width = reading.per_layer, reading.arrays['inputs'].shape[1]
     memories = [m for m in jax.tree_util.tree_leaves(

@@ -32,24 +32,30 @@ class Reading:
   answers_in_one_chunk: bool
 
 
-def read_documents(model_config, params, documents: list, chunk_len: int, tokenizer, *,
-                   capture: Callable, per_chunk: Callable) -> Reading:
-  """Reads `documents` (one row each) in chunks of `chunk_len` with `DecoderLM(model_config)`.
-
-  Args:
-    capture: Flax's `capture_intermediates` filter `(module, method_name) -> bool`.
-    per_chunk: the sown intermediates of one chunk -> a list of `[rows, chunk, ...]` numpy
-      arrays, one per layer.
-  """
+def capturing_step(model_config, capture: Callable):
+  """The jitted chunk step `(params, memory, chunk) -> (memory, intermediates)` of
+  `DecoderLM(model_config)`, capturing what Flax's `capture_intermediates` filter `capture`
+  `(module, method_name) -> bool` selects. Build it once and read every grid cell with it."""
   model = DecoderLM(model_config)
 
   @jax.jit
-  def step(memory, chunk):
+  def step(params, memory, chunk):
     (_, memory, _), sown = model.apply(
         {'params': params}, chunk['inputs'], memory, chunk_context(chunk, deterministic=True),
         mutable=['intermediates'], capture_intermediates=capture)
     return memory, sown['intermediates']
+  return step
 
+
+def read_documents(step, model_config, params, documents: list, chunk_len: int, tokenizer, *,
+                   per_chunk: Callable) -> Reading:
+  """Reads `documents` (one row each) in chunks of `chunk_len` with `step` (`capturing_step`
+  of `model_config`).
+
+  Args:
+    per_chunk: the sown intermediates of one chunk -> a list of `[rows, chunk, ...]` numpy
+      arrays, one per layer.
+  """
   arrays = document_batch(documents, len(documents), chunk_len, tokenizer.bos_id,
                           tokenizer.pad_id)
   memory = DecoderLM.init_state(model_config, len(documents))
@@ -59,7 +65,7 @@ def read_documents(model_config, params, documents: list, chunk_len: int, tokeni
     if index == max(answer_chunks):
       held = memory
     chunk = {k: jnp.asarray(v[:, begin:begin + chunk_len]) for k, v in arrays.items()}
-    memory, sown = step(memory, chunk)
+    memory, sown = step(params, memory, chunk)
     layers = per_chunk(sown)
     per_layer = layers if per_layer is None else [np.concatenate([a, b], 1)
                                                   for a, b in zip(per_layer, layers)]

@@ -133,13 +133,16 @@ def measure_plan(name: str, config_spec: str, overrides: tuple = ()) -> dict:
   config = validate_config(command_line.experiment_config(config_spec, list(overrides)))
   no_remat = validate_config(command_line.experiment_config(
       config_spec, [*overrides, ('model.remat_policy', 'none')]))
-  counts = {}
-  for label, checked in (('program', config), ('model', no_remat)):
+  def built(checked):
+    """The mesh, the phase's step and its matmul count (`program_flops`)."""
     mesh, (phase_step,) = memory_check.phase_steps(checked, vocab_size=pod_sizes.VOCAB_SIZE)
     with sharding.activation_sharding(mesh, checked.parallel.logical_axis_rules,
                                       checked.parallel):
-      counts[label] = program_flops(phase_step.step, phase_step.state, phase_step.batch)
-  mesh, (phase_step,) = memory_check.phase_steps(config, vocab_size=pod_sizes.VOCAB_SIZE)
+      return mesh, phase_step, program_flops(phase_step.step, phase_step.state,
+                                             phase_step.batch)
+  mesh, phase_step, program_count = built(config)       # the step as the plan trains it
+  model_count = built(no_remat)[2]                       # every matmul it needs, once
+  counts = {'program': program_count, 'model': model_count}
   started = time.perf_counter()
   compiled = memory_check.compile_step(config, mesh, phase_step)
   compile_s = time.perf_counter() - started

@@ -14,12 +14,8 @@ configs/pod_sizes.py:
 BigBird has no sequence-parallel path, so every chip holds a whole row of 32,768 tokens; on
 the v5e a tensor axis of 4 splits the heads, the feed-forward and the logits' vocabulary
 (a whole row over 256 chips of fsdp needs 17.75 GB a chip, docs/scaling.md). Run on the
-slice, and check it, as configs/pod_longformer.py says:
-
-  python train.py --config=configs/pod_bigbird.py:1b_32k_v5p128 --workdir=$WORKDIR \\
-      --config.parallel.multi_host=True \\
-      --config.data.tfds_data_dir=$DATA --config.data.sentencepiece_model=$DATA/spm32k.model
-  python -m benchmarks.pod_plans --plans=bigbird_1b_32k_v5p128
+slice, and check it on any machine, as configs/pod_sizes.py says (e.g.
+`--config=configs/pod_bigbird.py:1b_32k_v5p128`, `--plans=bigbird_1b_32k_v5p128`).
 """
 
 from configs import pod_sizes

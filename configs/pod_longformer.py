@@ -23,16 +23,8 @@ the ones docs/scaling.md ("Pod plans") found to fit with 10% of the HBM to spare
 
 configs/pod_bigbird.py has BigBird at the 1B size on the same meshes.
 
-Run on the slice (every worker the same command; PG-19 and its tokenizer as in
-configs/pg19_xl.py):
-
-  python train.py --config=configs/pod_longformer.py:1b_131k_v5p128 --workdir=$WORKDIR \\
-      --config.parallel.multi_host=True \\
-      --config.data.tfds_data_dir=$DATA --config.data.sentencepiece_model=$DATA/spm32k.model
-
-Check what it needs per chip, on any machine (docs/scaling.md, "Pod plans"):
-
-  python -m benchmarks.pod_plans --plans=longformer_1b_131k_v5p128
+Run it on its slice, and check it on any machine, as configs/pod_sizes.py says (e.g.
+`--config=configs/pod_longformer.py:1b_131k_v5p128`, `--plans=longformer_1b_131k_v5p128`).
 """
 
 from configs import pod_sizes

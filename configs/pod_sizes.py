@@ -1,4 +1,5 @@
-"""Model widths, slices and data of the pod plans (configs/pod_xl.py, configs/pod_longformer.py).
+"""Model widths, slices and data of the pod plans (configs/pod_xl.py, pod_longformer.py,
+pod_bigbird.py).
 
 Widths of the two sizes (parameters with a 32,000-piece vocabulary, untied embeddings;
 docs/scaling.md, "Pod plans", has each plan's count):
@@ -11,6 +12,16 @@ docs/scaling.md, "Pod plans", has each plan's count):
 Slices: `v5p128` (TPU v5p-128: 128 TensorCores, 64 chips, one JAX device per chip,
 95 GB of HBM each) and `v5e256` (TPU v5e-256: 256 chips of 16 GB). Data: PG-19 with a
 SentencePiece vocabulary of 32,000 (configs/pg19_xl.py says how to build both).
+
+Run a plan on its slice (every worker the same command):
+
+  python train.py --config=configs/pod_xl.py:1b_v5p128 --workdir=$WORKDIR \\
+      --config.parallel.multi_host=True \\
+      --config.data.tfds_data_dir=$DATA --config.data.sentencepiece_model=$DATA/spm32k.model
+
+Check what it needs per chip, on any machine (docs/scaling.md, "Pod plans"):
+
+  python -m benchmarks.pod_plans --plans=xl_1b_v5p128
 """
 
 from longformer_jax.config.errors import require

@@ -15,16 +15,8 @@ found to fit with 10% of the HBM to spare:
 | 8b_v5p128 | (1, 32, 1, 2) | 32 | 4 x 8,192 |
 | 8b_v5e256 | (1, 16, 4, 4) | 16 | 8 x 4,096 |
 
-Run on the slice (every worker the same command; PG-19 and its tokenizer as in
-configs/pg19_xl.py):
-
-  python train.py --config=configs/pod_xl.py:1b_v5p128 --workdir=$WORKDIR \\
-      --config.parallel.multi_host=True \\
-      --config.data.tfds_data_dir=$DATA --config.data.sentencepiece_model=$DATA/spm32k.model
-
-Check what it needs per chip, on any machine (docs/scaling.md, "Pod plans"):
-
-  python -m benchmarks.pod_plans --plans=xl_1b_v5p128
+Run it on its slice, and check it on any machine, as configs/pod_sizes.py says (e.g.
+`--config=configs/pod_xl.py:1b_v5p128`, `--plans=xl_1b_v5p128`).
 """
 
 from configs import pod_sizes

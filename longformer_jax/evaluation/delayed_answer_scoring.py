@@ -70,7 +70,6 @@ def prompt_steps(prompt_inputs: int, chunk_len: int) -> list[int]:
 def lockstep_rounds(prompts: list[int], chunk_len: int) -> list[tuple[int, np.ndarray]]:
   """`[(length, active [rows] bool)]`: the prompt steps of every row (`prompt_steps`), in
   rounds of one length: first the whole chunks, then each power of two, largest first."""
-  steps = [prompt_steps(n, chunk_len) for n in prompts]
   rounds = []
   for i in range(max([n // chunk_len for n in prompts], default=0)):
     rounds.append((chunk_len, np.asarray([n // chunk_len > i for n in prompts])))
@@ -78,7 +77,6 @@ def lockstep_rounds(prompts: list[int], chunk_len: int) -> list[tuple[int, np.nd
     active = np.asarray([(n % chunk_len) >> bit & 1 == 1 for n in prompts])
     if (1 << bit) < chunk_len and active.any():
       rounds.append((1 << bit, active))
-  assert all(sum(l for l, a in rounds if a[r]) == sum(s) for r, s in enumerate(steps))
   return rounds
 
 

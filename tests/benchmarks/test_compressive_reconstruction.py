@@ -50,8 +50,8 @@ def test_reading_captures_every_chunk_and_the_memory_before_the_answer():
                       chunk_context(first, deterministic=True))['params']
   capture = lambda m, name: name == '__call__' and m.name == 'attention_norm'
   reading = passkey_reading.read_documents(
-      model_config, params, docs, chunk, tokenizer, capture=capture,
-      per_chunk=lambda sown: reconstruction.layer_inputs(sown, 2))
+      passkey_reading.capturing_step(model_config, capture), model_config, params, docs, chunk,
+      tokenizer, per_chunk=lambda sown: reconstruction.layer_inputs(sown, 2))
   width = arrays['inputs'].shape[1]
   assert [x.shape for x in reading.per_layer] == [(2, width, 32)] * 2
   answer_chunks = {(d.answer_start + 1) // chunk for d in docs}

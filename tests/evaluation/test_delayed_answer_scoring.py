@@ -20,7 +20,8 @@ from longformer_jax.attention.context import AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import passkey
 from longformer_jax.evaluation import passkey_grid
-from longformer_jax.evaluation.delayed_answer_scoring import DelayedAnswerScorer, prompt_steps
+from longformer_jax.evaluation.delayed_answer_scoring import (DelayedAnswerScorer,
+                                                               lockstep_rounds, prompt_steps)
 from longformer_jax.evaluation.passkey_scoring import PasskeyScorer
 from longformer_jax.models.attendre_delay import total_delay
 from longformer_jax.models.decoder_lm import DecoderLM
@@ -100,6 +101,18 @@ def reference_log_probs(model_config, params, doc) -> np.ndarray:
 def test_prompt_steps_are_whole_chunks_then_powers_of_two():
   assert prompt_steps(21, 8) == [8, 8, 4, 1] and prompt_steps(16, 8) == [8, 8]
   assert prompt_steps(100, 128) == [64, 32, 4] and prompt_steps(0, 8) == []
+
+
+@pytest.mark.parametrize('chunk_len', [8, 12, 128])
+def test_lockstep_rounds_give_each_row_its_own_prompt_steps(chunk_len):
+  """Every row takes, in order, exactly the steps `prompt_steps` gives it alone; each round
+  has one length and at least one row."""
+  prompts = [0, 1, 7, 8, 21, 100, 257, 300]
+  rounds = lockstep_rounds(prompts, chunk_len)
+  for row, prompt in enumerate(prompts):
+    assert [length for length, active in rounds if active[row]] == prompt_steps(prompt,
+                                                                                chunk_len)
+  assert all(active.any() for _, active in rounds)
 
 
 @pytest.mark.parametrize('q_memory', [4, pytest.param(8, marks=pytest.mark.slow)])  # 8: -m slow
