@@ -5,8 +5,8 @@ chunk that is the whole row: no window cache (`window_cache=False`), one chunk p
 no global tokens (the paper's LM has none). At 131,072 tokens the chunk is split over a
 `sequence` axis of 4 (docs/scaling.md, "Sliding window": each device exchanges a halo of
 512 tokens with its neighbour). bfloat16, scanned layers, every activation recomputed in
-the backward pass (`remat_policy='full'`), the state sharded over `fsdp` (and `sequence`,
-configs/pod_sizes.sequence_rules; `tensor` splits heads and the feed-forward). The plan after
+the backward pass (`remat_policy='full'`), the state sharded over `fsdp` (and `sequence`, the
+default rules of parallel/parallel_config.py; `tensor` splits heads and the feed-forward). The plan after
 the colon is the size, the row length and the slice (configs/pod_sizes.py); the meshes are
 the ones docs/scaling.md ("Pod plans") found to fit with 10% of the HBM to spare:
 

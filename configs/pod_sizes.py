@@ -44,25 +44,13 @@ def model(size: str) -> dict:
           'tie_embeddings': False, 'dropout_rate': 0.0}
 
 
-def sequence_rules() -> tuple:
-  """The default logical axis rules (parallel/parallel_config.py) with the parameters' `embed`
-  axis sharded over `fsdp` and `sequence` together: the devices of a sequence axis then
-  share the state as the fsdp devices do, instead of each holding its fsdp shard whole
-  (docs/scaling.md, "Pod plans", measures it: the 8B Longformer at 131,072 tokens on a
-  v5e-256 holds 5.64 GB of state per chip without it, 0.36 GB with it). Activations keep
-  their sharding: their `embed` axis finds both mesh axes already taken by `batch` and
-  `length` and stays whole."""
-  return (('batch', ('data', 'fsdp')), ('embed', ('fsdp', 'sequence')), ('heads', 'tensor'),
-          ('mlp', 'tensor'), ('vocab', 'tensor'), ('head_dim', None), ('length', None),
-          ('memory', None), ('layers', None))
-
-
 def parallel(mesh: tuple) -> dict:
-  """The `parallel` section of a plan's mesh: with a sequence axis, `sequence_rules`."""
-  section = {'mesh_shape': mesh}
-  if len(mesh) == 4 and mesh[3] > 1:
-    section['logical_axis_rules'] = sequence_rules()
-  return section
+  """The `parallel` section of a plan's mesh. The default logical axis rules
+  (parallel/parallel_config.py) shard the parameters' `embed` axis over `fsdp` and `sequence`
+  together, so a sequence axis shares the state as fsdp does (docs/scaling.md, "Pod plans":
+  the 8B Longformer at 131,072 tokens on a v5e-256 holds 5.64 GB of state per chip with
+  `embed` on `fsdp` alone, 0.36 GB with both)."""
+  return {'mesh_shape': mesh}
 
 
 def data(batch_size: int, chunk_len: int, chunks_per_step: int = 1) -> dict:

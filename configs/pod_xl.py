@@ -4,7 +4,7 @@ Each row of a step is 32,768 tokens: 4 chunks of 8,192 (8 of 4,096 for the 8B mo
 v5e) with a memory of 2,048 hidden states per layer (the chunks scanned and backpropagated
 through, the memory carried to the next step), bfloat16, scanned layers, every activation
 recomputed in the backward pass (`remat_policy='full'`), the state sharded over `fsdp`
-(and `sequence`, configs/pod_sizes.sequence_rules). The plan after the colon is the size
+(and `sequence`: the default rules, parallel/parallel_config.py). The plan after the colon is the size
 and the slice (configs/pod_sizes.py); the meshes are the ones docs/scaling.md ("Pod plans")
 found to fit with 10% of the HBM to spare:
 

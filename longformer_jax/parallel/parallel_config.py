@@ -32,7 +32,10 @@ class ParallelConfig(Section):
   load_balance: bool = True          # zigzag layout for causal attention over the sequence axis
   logical_axis_rules: tuple = (
       ('batch', ('data', 'fsdp')),
-      ('embed', 'fsdp'),
+      # Parameters' `embed` over fsdp x sequence: the devices of a sequence axis share the
+      # state as fsdp's do (MaxText's rule; docs/scaling.md, "Pod plans", measures it).
+      # Activations' `embed` finds both taken by `batch` and `length` and stays whole.
+      ('embed', ('fsdp', 'sequence')),
       ('heads', 'tensor'),
       ('mlp', 'tensor'),
       ('vocab', 'tensor'),

@@ -77,7 +77,7 @@ def test_the_8b_131k_v5e_plan_compiles_on_8_devices_with_its_axes():
   assert row['total_bytes'] > 0 and row['temp_bytes'] > 0
   largest = row['largest_arrays'][0]          # the input embedding [vocab, embed]
   assert largest['path'] == 'params/embedding/embedding'
-  assert largest['spec'] == "P('tensor', ('fsdp', 'sequence'))"     # pod_sizes.sequence_rules
+  assert largest['spec'] == "P('tensor', ('fsdp', 'sequence'))"     # the default rules
   assert largest['device_shape'] == [pod_sizes.VOCAB_SIZE // 2, 64 // 4]
   assert row['collectives']['collective-permute'] > 0
   assert 0.5 < row['mfu_bound'] < 1.0

@@ -50,8 +50,7 @@ def two_steps(mesh_shape, attention='xl', chunk=CHUNK, method='ring', hlo=None, 
       if hlo is not None and seed == 0:
         hlo.append(step.lower(state, batch).compile().as_text())
       state, metrics = step(state, batch)
-  leaf = jax.tree_util.tree_leaves(state.params)[0]
-  return jax.device_get(state), jax.device_get(metrics), leaf.sharding
+  return jax.device_get(state), jax.device_get(metrics), shardings
 
 
 @pytest.fixture(scope='module')
@@ -62,7 +61,8 @@ def single_device():
 @pytest.mark.parametrize('mesh_shape', [(8, 1, 1), (2, 2, 2), (1, 1, 8), (1, 8, 1)])
 def test_sharded_step_matches_single_device(single_device, mesh_shape):
   ref_state, ref_metrics, _ = single_device
-  state, metrics, leaf_sharding = two_steps(mesh_shape)
+  state, metrics, shardings = two_steps(mesh_shape)
+  leaf_sharding = jax.tree_util.tree_leaves(shardings.params)[0]
   assert len(leaf_sharding.device_set) > 1 or mesh_shape[0] == 8   # really sharded
   for name in ('loss', 'grad_norm'):
     np.testing.assert_allclose(metrics[name], ref_metrics[name], rtol=1e-5)
@@ -85,11 +85,16 @@ def single_device_vanilla():
 def test_sequence_sharded_step_matches_single_device(single_device_vanilla, mesh_shape, method):
   """Two whole train steps (documents starting mid-chunk, zigzag load balancing) with the
   chunk split over the sequence axis equal the single-device steps; the compiled step
-  really exchanges keys (collective-permute for the ring, all-gather otherwise)."""
+  really exchanges keys (collective-permute for the ring, all-gather otherwise); the default
+  rules share the parameters over the sequence axis (`embed` on fsdp x sequence)."""
   ref_state, ref_metrics, _ = single_device_vanilla
   hlo = []
-  state, metrics, _ = two_steps(mesh_shape, attention='vanilla', chunk=16, method=method,
-                                hlo=hlo)
+  state, metrics, shardings = two_steps(mesh_shape, attention='vanilla', chunk=16,
+                                        method=method, hlo=hlo)
+  embedding = shardings.params['embedding']['embedding']       # [vocab, embed]
+  assert embedding.spec[1] == ('fsdp', 'sequence')
+  assert embedding.shard_shape(state.params['embedding']['embedding'].shape)[1] == \
+      state.params['embedding']['embedding'].shape[1] // mesh_shape[3]
   collective = 'collective-permute' if method == 'ring' else 'all-gather'
   assert collective in hlo[0]
   for name in ('loss', 'grad_norm'):
