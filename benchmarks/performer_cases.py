@@ -10,6 +10,14 @@ features (fixed: `PRNGKey(0)`), blocks of 64 positions.
   before associativity: the n x n matrix phi(Q) phi(K)^T under the causal
   mask, times V, over its row sums: O(n^2 m) (skipped above 4k).
 
+Bidirectional (an encoder's rows, `kernel.bidirectional_performer_attention`), the same
+features and blocks:
+
+- `performer_bidirectional_whole_row`: the path rows of one document take: every query
+  reads the whole row's S and z, two matmuls, no scan.
+- `performer_bidirectional_two_scans`: the path rows of several documents take, forced
+  here on one document: the causal scan forward and again over the reversed row.
+
 `flops(n)` counts the useful work of the linear form, for both rows: the
 feature maps (2 n h d m each for queries and keys) and, per token, the update
 and the read of S and z (2 h m (d + 1) each).
@@ -63,6 +71,13 @@ def performer_dense_mask(q, k, v):
   return out / jnp.swapaxes(jnp.sum(scores, axis=-1), 1, 2)[..., None]
 
 
+def performer_bidirectional(path):
+  def attention(q, k, v):
+    return path(q, k, v, *one_document(q.shape[1]), jnp.asarray(fixed_features()),
+                kernel='softmax', block_len=BLOCK_LEN, relu_eps=performer_kernel.RELU_EPS)
+  return attention
+
+
 def performer_flops(n: int) -> float:
   features = 2 * 2.0 * n * HEADS * HEAD_DIM * NUM_FEATURES
   prefix_sums = 2 * 2.0 * n * HEADS * NUM_FEATURES * (HEAD_DIM + 1)
@@ -73,6 +88,12 @@ CASES = [
     AttentionCase('performer_causal_blocked', make_qkv, performer_blocked, performer_flops),
     AttentionCase('performer_causal_dense_mask', make_qkv, performer_dense_mask, performer_flops,
                   max_seq_len=DENSE_MAX_LEN),
+    AttentionCase('performer_bidirectional_whole_row', make_qkv,
+                  performer_bidirectional(performer_kernel.whole_row_attention),
+                  performer_flops),
+    AttentionCase('performer_bidirectional_two_scans', make_qkv,
+                  performer_bidirectional(performer_kernel.two_scan_attention),
+                  performer_flops),
 ]
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from benchmarks import performer_cases
 from longformer_jax.attention.performer import attention as performer
+from longformer_jax.attention.performer import kernel as performer_kernel
 from longformer_jax.attention.performer import random_features
 from tests.support.intermediate_sizes import largest_intermediate
 from tests.support.performer_reference import (B, BLOCK, EPS, H, HD, M, chunk_facts, jit,
@@ -116,6 +117,44 @@ def test_gradients_match_dense_reference(kernel, causal, n):
 
   dense_loss = lambda q, k, v: jnp.sum(dense_jax_attention(q, k, v, w, allowed, kernel)  # noqa
                                        * cotangent)
+  assert_gradients_match(fast_loss, dense_loss, (q, k, v), rtol=1e-4, atol=2e-5)
+
+
+# ---------------------------------- bidirectional rows of one document (an encoder's rows)
+
+
+def test_one_document_per_row_reads_the_valid_keys_only():
+  positions, segments, valid = chunk_facts(13)                 # documents start at 9 and 6
+  assert not performer_kernel.one_document_per_row(segments, valid)
+  _, segments, valid = chunk_facts(13, boundaries=(13, 10))    # row 1: 3 padded slots alone
+  assert performer_kernel.one_document_per_row(segments, valid)
+  assert performer_kernel.one_document_per_row(segments, np.zeros_like(valid))   # no keys at all
+
+
+@pytest.mark.parametrize('kernel_name,key_scale', [('softmax', 1.0), ('softmax', 4.0),
+                                                   ('relu', 1.0)])
+def test_rows_of_one_document_match_dense_reference(kernel_name, key_scale):
+  """The whole-row sums (no scan) against the dense reference, outputs and gradients; row 0's
+  first slot is padding, row 1's last 3 are padding of a document without keys (their
+  queries read nothing: 0); key_scale 4 spreads the keys' log-features over ~60 nats."""
+  n = 13
+  positions, segments, valid = chunk_facts(n, boundaries=(n, n - 3))
+  q, k, v = random_qkv(n, seed=4)
+  k = k * jnp.linspace(1.0, key_scale, n)[None, :, None, None]
+  w = features()
+  out, _ = fast(q, k, v, positions, segments, valid, w, empty(), kernel=kernel_name,
+                causal=False)
+  allowed = reference_mask(positions, segments, valid, causal=False)
+  np.testing.assert_allclose(np.asarray(out), reference_attention(q, k, v, w, allowed,
+                                                                  kernel_name),
+                             rtol=1e-4 if key_scale > 1 else 2e-5, atol=2e-6)
+  np.testing.assert_array_equal(np.asarray(out[1, n - 3:]), 0.0)
+  cotangent = jax.random.normal(jax.random.PRNGKey(8), q.shape)
+  fast_loss = lambda q, k, v: jnp.sum(fast_fn(q, k, v, positions, segments, valid, w,  # noqa
+                                              empty(), kernel=kernel_name,
+                                              causal=False)[0] * cotangent)
+  dense_loss = lambda q, k, v: jnp.sum(dense_jax_attention(  # noqa: E731
+      q, k, v, w, jnp.asarray(allowed, jnp.float32), kernel_name) * cotangent)
   assert_gradients_match(fast_loss, dense_loss, (q, k, v), rtol=1e-4, atol=2e-5)
 
 

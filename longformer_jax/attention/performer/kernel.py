@@ -38,6 +38,10 @@ one document: at a block's end the carry becomes its old value plus the
 block's keys if the block's last token is of the carry's document, else only
 the block's keys of that last document. A query sees the carry iff it is of
 the carry's document. Never an n x n array, never a loop over positions.
+
+Bidirectional: where each row's valid keys are one document (an encoder's rows), every
+query reads the whole row's S and z, two matmuls; rows of several documents run the
+causal scan forward and again over the reversed chunk (keys strictly after the query).
 """
 
 import functools
@@ -248,19 +252,56 @@ def causal_performer_attention(q, k, v, positions, segment_ids, valid, features,
   return normalised(num, den), carry
 
 
-def bidirectional_performer_attention(q, k, v, positions, segment_ids, valid, features, *,
-                                      kernel: str = 'softmax', block_len: int = 64,
-                                      relu_eps: float = RELU_EPS) -> jax.Array:
-  """Bidirectional FAVOR+ within each document of the chunk: `[b, n, h, d]` float32."""
+def one_document_per_row(segment_ids: jax.Array, valid: jax.Array) -> jax.Array:
+  """True when each row's valid keys `[b, n]` all belong to one document (an encoder's rows
+  always do); a row without valid keys counts as one."""
+  unused = jnp.iinfo(segment_ids.dtype)
+  first = jnp.min(jnp.where(valid, segment_ids, unused.max), axis=1)
+  last = jnp.max(jnp.where(valid, segment_ids, unused.min), axis=1)
+  return jnp.all((first == last) | ~jnp.any(valid, axis=1))
+
+
+def _bidirectional_features(q, k, valid, key_shift, features, kernel, relu_eps):
+  """(phi(q), phi(k)) `[b, n, h, m]` with phi(k) = 0 at padding; the softmax kernel's key
+  shift is `key_shift(logits)` of the keys' log-features, -inf at padding."""
   if kernel == 'relu':
     phi_q, phi_k = (random_features.relu_features(x, features, relu_eps) for x in (q, k))
-  else:   # one key shift per (document, head, feature) over the chunk, moved into the queries
-    logits = jnp.where(valid[:, :, None, None], random_features.softmax_logits(k, features),
-                       -jnp.inf)
-    shift = random_features.segment_max(logits, segment_ids)               # [b, n, h, m]
-    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
-    phi_k = jnp.exp(logits - shift)
-    phi_q = shifted_query_features(random_features.softmax_logits(q, features), shift)
+    return phi_q, jnp.where(valid[:, :, None, None], phi_k, 0.0)
+  logits = jnp.where(valid[:, :, None, None], random_features.softmax_logits(k, features),
+                     -jnp.inf)
+  shift = key_shift(logits)
+  shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
+  return shifted_query_features(random_features.softmax_logits(q, features), shift), jnp.exp(
+      logits - shift)
+
+
+def whole_row_attention(q, k, v, positions, segment_ids, valid, features, *, kernel,
+                         block_len, relu_eps):
+  """Bidirectional attention when each row's valid keys are one document: every query of
+  that document reads the same sums S = sum_j phi(k_j) v_j^T `[b, h, m, d]` and
+  z = sum_j phi(k_j) (FAVOR+ eq. for Att, non-causal), two matmuls and no scan. The
+  softmax kernel's key shift is the max over the row's keys (`bidirectional_...`'s
+  per-document shift, for one document)."""
+  del positions, block_len
+  phi_q, phi_k = _bidirectional_features(
+      q, k, valid, lambda logits: jnp.max(logits, axis=1, keepdims=True), features, kernel,
+      relu_eps)
+  sums = jnp.einsum('bkhm,bkhd->bhmd', phi_k, v.astype(jnp.float32))
+  document = jnp.min(jnp.where(valid, segment_ids, jnp.iinfo(segment_ids.dtype).max), axis=1)
+  reads = (segment_ids == document[:, None]).astype(jnp.float32)[..., None]     # [b, n, 1]
+  num = jnp.einsum('bqhm,bhmd->bqhd', phi_q, sums) * reads[..., None]
+  den = jnp.einsum('bqhm,bhm->bqh', phi_q, jnp.sum(phi_k, axis=1)) * reads
+  return normalised(num, den)
+
+
+def two_scan_attention(q, k, v, positions, segment_ids, valid, features, *, kernel,
+                       block_len, relu_eps):
+  """Bidirectional attention for rows of several documents: the causal scan forward, then
+  over the reversed chunk for the keys after each query."""
+  # The softmax kernel's shift: one per (document, head, feature) over the chunk.
+  phi_q, phi_k = _bidirectional_features(
+      q, k, valid, lambda logits: random_features.segment_max(logits, segment_ids), features,
+      kernel, relu_eps)
   empty = empty_state(q.shape[0], q.shape[2], features.shape[0], v.shape[-1])
   run = functools.partial(linear_attention_blocks, block_len=block_len, shifted=False)
   num, den, _ = run(phi_q, phi_k, v, positions, segment_ids, valid, empty)
@@ -269,3 +310,19 @@ def bidirectional_performer_attention(q, k, v, positions, segment_ids, valid, fe
   num_after, den_after, _ = run(flip(phi_q), flip(phi_k), flip(v), -flip(positions),
                                 flip(segment_ids), flip(valid), empty, inclusive=False)
   return normalised(num + flip(num_after), den + flip(den_after))
+
+
+def bidirectional_performer_attention(q, k, v, positions, segment_ids, valid, features, *,
+                                      kernel: str = 'softmax', block_len: int = 64,
+                                      relu_eps: float = RELU_EPS) -> jax.Array:
+  """Bidirectional FAVOR+ within each document of the chunk: `[b, n, h, d]` float32.
+
+  Rows of one document each (every encoder's) take `whole_row_attention`, others the
+  two scans of `two_scan_attention`; both compute the same sums (the tests hold each to
+  the dense reference).
+  """
+  settings = {'kernel': kernel, 'block_len': block_len, 'relu_eps': relu_eps}
+  return jax.lax.cond(one_document_per_row(segment_ids, valid),
+                      functools.partial(whole_row_attention, **settings),
+                      functools.partial(two_scan_attention, **settings),
+                      q, k, v, positions, segment_ids, valid, features)
