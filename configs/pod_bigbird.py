@@ -35,5 +35,5 @@ def get_config(arg: str = '1b_32k_v5p128') -> dict:
       'model': {**pod_sizes.model('1b'), 'attention': 'bigbird', 'mem_len': 0,
                 'remat_policy': 'full', 'bigbird': {'block': BLOCK}},
       'data': pod_sizes.data(plan['rows'], LENGTH),
-      'parallel': pod_sizes.parallel(plan['mesh']),
+      'parallel': {'mesh_shape': plan['mesh']},
   })

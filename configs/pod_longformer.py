@@ -52,5 +52,5 @@ def get_config(arg: str = '1b_131k_v5p128') -> dict:
                 'remat_policy': 'full',
                 'longformer': {'window': WINDOW, 'window_cache': False}},
       'data': pod_sizes.data(plan['rows'], LENGTHS[length]),
-      'parallel': pod_sizes.parallel(plan['mesh']),
+      'parallel': {'mesh_shape': plan['mesh']},
   })

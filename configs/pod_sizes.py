@@ -11,7 +11,10 @@ docs/scaling.md, "Pod plans", has each plan's count):
 
 Slices: `v5p128` (TPU v5p-128: 128 TensorCores, 64 chips, one JAX device per chip,
 95 GB of HBM each) and `v5e256` (TPU v5e-256: 256 chips of 16 GB). Data: PG-19 with a
-SentencePiece vocabulary of 32,000 (configs/pg19_xl.py says how to build both).
+SentencePiece vocabulary of 32,000 (configs/pg19_xl.py says how to build both). Each plan's
+`parallel` section is its mesh alone: the default logical axis rules
+(parallel/parallel_config.py) shard the parameters' `embed` axis over `fsdp` and `sequence`
+together, so a sequence axis shares the state as fsdp does (docs/scaling.md, "Pod plans").
 
 Run a plan on its slice (every worker the same command):
 
@@ -42,15 +45,6 @@ def model(size: str) -> dict:
   """The `model` section shared by every plan of `size`: bfloat16, scanned layers."""
   return {**SIZES[size], 'dtype': 'bfloat16', 'scan_layers': True, 'vocab_multiple': 128,
           'tie_embeddings': False, 'dropout_rate': 0.0}
-
-
-def parallel(mesh: tuple) -> dict:
-  """The `parallel` section of a plan's mesh. The default logical axis rules
-  (parallel/parallel_config.py) shard the parameters' `embed` axis over `fsdp` and `sequence`
-  together, so a sequence axis shares the state as fsdp does (docs/scaling.md, "Pod plans":
-  the 8B Longformer at 131,072 tokens on a v5e-256 holds 5.64 GB of state per chip with
-  `embed` on `fsdp` alone, 0.36 GB with both)."""
-  return {'mesh_shape': mesh}
 
 
 def data(batch_size: int, chunk_len: int, chunks_per_step: int = 1) -> dict:

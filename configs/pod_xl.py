@@ -38,6 +38,6 @@ def get_config(arg: str = '1b_v5p128') -> dict:
       'model': {**pod_sizes.model(plan['size']), 'attention': 'xl', 'mem_len': MEMORY,
                 'remat_policy': 'full'},
       'data': pod_sizes.data(plan['rows'], plan['chunk'], ROW // plan['chunk']),
-      'parallel': pod_sizes.parallel(plan['mesh']),
+      'parallel': {'mesh_shape': plan['mesh']},
       'eval': {'mem_lens': str(MEMORY)},
   })

@@ -64,7 +64,7 @@ def test_rows_merge_by_plan_and_overrides(tmp_path):
 def test_the_8b_131k_v5e_plan_compiles_on_8_devices_with_its_axes():
   """The plan with every axis (fsdp, tensor, sequence), shrunk to 8 fake devices
   (1, 2, 2, 2) and tiny widths: its step compiles, the embedding is sharded over tensor
-  (vocabulary) and fsdp x sequence (width: the plan's sequence rules), the halo exchange
+  (vocabulary) and fsdp x sequence (width: the default rules), the halo exchange
   of the split window is in the program, and the recomputation of `remat_policy='full'`
   costs FLOPs (MFU bound below 1)."""
   assert jax.device_count() >= 8

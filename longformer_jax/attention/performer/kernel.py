@@ -252,12 +252,18 @@ def causal_performer_attention(q, k, v, positions, segment_ids, valid, features,
   return normalised(num, den), carry
 
 
+def _valid_segment_range(segment_ids: jax.Array, valid: jax.Array):
+  """(lowest, highest) segment id of each row's valid keys `[b]` (the dtype's max and min
+  for a row without any)."""
+  limits = jnp.iinfo(segment_ids.dtype)
+  return (jnp.min(jnp.where(valid, segment_ids, limits.max), axis=1),
+          jnp.max(jnp.where(valid, segment_ids, limits.min), axis=1))
+
+
 def one_document_per_row(segment_ids: jax.Array, valid: jax.Array) -> jax.Array:
   """True when each row's valid keys `[b, n]` all belong to one document (an encoder's rows
   always do); a row without valid keys counts as one."""
-  unused = jnp.iinfo(segment_ids.dtype)
-  first = jnp.min(jnp.where(valid, segment_ids, unused.max), axis=1)
-  last = jnp.max(jnp.where(valid, segment_ids, unused.min), axis=1)
+  first, last = _valid_segment_range(segment_ids, valid)
   return jnp.all((first == last) | ~jnp.any(valid, axis=1))
 
 
@@ -280,14 +286,14 @@ def whole_row_attention(q, k, v, positions, segment_ids, valid, features, *, ker
   """Bidirectional attention when each row's valid keys are one document: every query of
   that document reads the same sums S = sum_j phi(k_j) v_j^T `[b, h, m, d]` and
   z = sum_j phi(k_j) (FAVOR+ eq. for Att, non-causal), two matmuls and no scan. The
-  softmax kernel's key shift is the max over the row's keys (`bidirectional_...`'s
+  softmax kernel's key shift is the max over the row's keys (`two_scan_attention`'s
   per-document shift, for one document)."""
   del positions, block_len
   phi_q, phi_k = _bidirectional_features(
       q, k, valid, lambda logits: jnp.max(logits, axis=1, keepdims=True), features, kernel,
       relu_eps)
   sums = jnp.einsum('bkhm,bkhd->bhmd', phi_k, v.astype(jnp.float32))
-  document = jnp.min(jnp.where(valid, segment_ids, jnp.iinfo(segment_ids.dtype).max), axis=1)
+  document, _ = _valid_segment_range(segment_ids, valid)
   reads = (segment_ids == document[:, None]).astype(jnp.float32)[..., None]     # [b, n, 1]
   num = jnp.einsum('bqhm,bhmd->bqhd', phi_q, sums) * reads[..., None]
   den = jnp.einsum('bqhm,bhm->bqh', phi_q, jnp.sum(phi_k, axis=1)) * reads
