@@ -40,22 +40,24 @@ def mean_accuracy(rows: list[dict], scale: str, variants) -> tuple[dict, list[st
            for variant, tasks in by_task.items()}, shared)
 
 
-def label_offsets(points: dict, x_gap: float = 0.12, y_gap: float = 0.035) -> dict:
-  """`{name: k}`: how many label heights to lower each point's label so that no two labels
-  overlap. `points` is `{name: (x, y)}` with x on the log axis; two labels collide when
-  their x are within `x_gap` decades and their y (lowered) within `y_gap` of the y range.
-  Labels are placed from the top down, each lowered until it is clear of those placed."""
+def label_offsets(points: dict, x_gap: float = 0.12, y_gap: float = 0.035
+                  ) -> tuple[dict, float]:
+  """`({name: k}, height)`: each point's label is drawn k label heights (`height`, in y's
+  units) under its point so that no two labels overlap. `points` is `{name: (x, y)}` with x
+  on the log axis; two labels collide when their x are within `x_gap` decades and their
+  drawn y within `height`, `y_gap` of the y range. Labels are placed from the top down,
+  each lowered until it is clear of those placed."""
   ys = [y for _, y in points.values()]
   height = y_gap * ((max(ys) - min(ys)) or 1.0)
   placed, offsets = [], {}
   for name, (x, y) in sorted(points.items(), key=lambda item: -item[1][1]):
-    k = 0
-    while any(abs(math.log10(x) - px) < x_gap and abs(y - k * height - py) < height
+    decade, k = math.log10(x), 0
+    while any(abs(decade - px) < x_gap and abs(y - k * height - py) < height
               for px, py in placed):
       k += 1
-    placed.append((math.log10(x), y - k * height))
+    placed.append((decade, y - k * height))
     offsets[name] = k
-  return offsets
+  return offsets, height
 
 
 def main(argv=None) -> int:
@@ -78,11 +80,11 @@ def main(argv=None) -> int:
   figure, axes = plt.subplots(figsize=(7, 5))
   points = {variant: (cost[variant]['relative_steps_per_s'], score)
             for variant, score in accuracy.items()}
-  lowered = label_offsets(points)
+  lowered, height = label_offsets(points)
   for variant, (speed, score) in sorted(points.items()):
     axes.scatter(speed, score, s=600 * cost[variant]['relative_peak'], alpha=0.4)
-    # Beside the bubble, lowered by whole label heights where labels would overlap.
-    axes.annotate(variant, (speed, score), xytext=(6, -11 * lowered[variant]),
+    # Beside the bubble, at the height label_offsets placed it (the y it checked for overlap).
+    axes.annotate(variant, (speed, score - lowered[variant] * height), xytext=(6, 0),
                   textcoords='offset points', fontsize=8, ha='left', va='center')
   axes.set_xlabel(f'training steps per second relative to vanilla (Text, {args.length} tokens)')
   axes.set_ylabel(f"test accuracy, mean over {', '.join(tasks)}")

@@ -59,6 +59,6 @@ def test_a_fair_try_trains_with_its_setting_in_its_own_workdir(tmp_path):
 def test_figure_labels_of_nearby_points_are_lowered_apart_and_others_stay():
   points = {'a': (5.5, 0.507), 'b': (5.6, 0.5068), 'c': (5.7, 0.5066),   # one cluster
             'far_right': (50.0, 0.507), 'top': (5.5, 0.54), 'bottom': (5.5, 0.48)}
-  offsets = lra_figure.label_offsets(points)
+  offsets, _ = lra_figure.label_offsets(points)
   assert sorted(offsets[name] for name in 'abc') == [0, 1, 2]
   assert offsets['far_right'] == offsets['top'] == offsets['bottom'] == 0
