@@ -208,8 +208,9 @@ def test_positive_and_negative_images_match_in_pixel_statistics():
 
 @pytest.mark.slow
 @pytest.mark.parametrize('config', [HARD, PathfinderConfig(dashes_per_path=9),
-                                    PathfinderConfig(resolution=128)],
-                         ids=['hard', 'medium', 'path_x'])
+                                    PathfinderConfig(resolution=128),
+                                    PathfinderConfig(dashes_per_path=2, distractor_dashes=0)],
+                         ids=['hard', 'medium', 'path_x', 'shortest'])
 def test_pixel_statistics_match_at_every_difficulty(config):
   assert_at_chance(config, 2000)
 
