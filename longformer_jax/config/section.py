@@ -91,6 +91,9 @@ class Section:
   @classmethod
   def build(cls, values: Mapping | None, path: str, env: Any = None) -> 'Section':
     """A checked instance from `values` (missing keys take their defaults)."""
+    if values is not None and not isinstance(values, Mapping):
+      raise ConfigError(path, f'is a section of keys, not a value (got {values!r}); '
+                        f'set its keys, e.g. {path}.KEY=VALUE')
     values = dict(values or {})
     names = cls.field_names()
     for key in values:

@@ -74,6 +74,13 @@ def test_wrong_types_are_named():
     resolve_config({'model': {'causal': 3}})
 
 
+def test_a_value_where_a_section_belongs_is_named():
+  # `--config.data.listops=3` sets the section itself: a short error, not a traceback.
+  with pytest.raises(ConfigError, match=r"config.model.xl: is a section of keys, not a value "
+                                        r"\(got '4'\)"):
+    resolve_config({'model': {'attention': 'xl', 'xl': '4'}})
+
+
 @pytest.mark.parametrize('values,message', [
     ({'trian': {}}, 'config.trian: unknown key; did you mean train?'),
     ({'train': {'num_step': 3}}, 'config.train.num_step: unknown key; did you mean num_steps?'),
