@@ -1,8 +1,10 @@
 """The experiment config: every bad value names its key, its value and the rule, in one line."""
 
+import ml_collections
 import pytest
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.data.lra.pathfinder import PathfinderConfig
 from longformer_jax.experiment_config import parse_int_list, resolve_config, validate_config
 from longformer_jax.parallel.mesh import resolve_mesh_shape
 from tests.support.tiny_models import tiny_config
@@ -79,6 +81,13 @@ def test_a_value_where_a_section_belongs_is_named():
   with pytest.raises(ConfigError, match=r"config.model.xl: is a section of keys, not a value "
                                         r"\(got '4'\)"):
     resolve_config({'model': {'attention': 'xl', 'xl': '4'}})
+
+
+def test_a_section_is_read_from_a_mapping_or_a_config_dict():
+  # The data builders read a resolved config's sections, which are ConfigDicts.
+  built = PathfinderConfig.build({'dashes_per_path': 2}, 'data.pathfinder')
+  assert PathfinderConfig.build(ml_collections.ConfigDict(built.to_dict()),
+                                'data.pathfinder') == built
 
 
 @pytest.mark.parametrize('values,message', [
