@@ -4,7 +4,6 @@ r"""The shortcut rows of the LRA table: what each task's score means beside the 
   python -m benchmarks.lra_shortcuts --scale=mini --tasks=retrieval \
       --setting=data.lra_retrieval.num_links=2
 
-
 Fits each baseline of longformer_jax/evaluation/lra_baselines.py on the first
 `--train_examples` generated training examples of `configs/lra.py:TASK,vanilla,SCALE`'s data
 and scores it on the same 2,000 generated test examples the models are tested on:
@@ -95,16 +94,14 @@ def shortcut_rows(task: str, scale: str, train_count: int, test_count: int,
         halves(train), groups, halves(test), test_y)
   command = (f'python -m benchmarks.lra_shortcuts --scale={scale} '
              f'--train_examples={train_count}')
+  try_fields = {}
   if settings:
     command += f' --tasks={task}' + ''.join(f' --setting={s}' for s in settings)
-  rows = [{'task': task, 'variant': name, 'scale': scale, 'seed': 0,
+    try_fields = {'settings': ' '.join(settings)}
+  return [{'task': task, 'variant': name, 'scale': scale, 'seed': 0,
            'accuracy': round(score, 4), 'train_examples': len(train_y),
-           'test_examples': len(test_y), 'command': command}
+           'test_examples': len(test_y), 'command': command, **try_fields}
           for name, score in scores.items()]
-  for row in rows:
-    if settings:
-      row['settings'] = ' '.join(settings)
-  return rows
 
 
 def data_settings(settings: list[str]) -> tuple:

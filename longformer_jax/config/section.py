@@ -91,8 +91,8 @@ class Section:
   @classmethod
   def build(cls, values: Mapping | None, path: str, env: Any = None) -> 'Section':
     """A checked instance from `values` (missing keys take their defaults)."""
-    # A section arrives as a mapping, a ConfigDict or a built Section; a scalar or a list
-    # (`--config.data.listops=3`) is a value where keys belong.
+    # A section arrives as a mapping or a ConfigDict (no Mapping, so it is not tested for);
+    # a scalar or a list (`--config.data.listops=3`) is a value where keys belong.
     if isinstance(values, (str, bytes, int, float, list, tuple)):
       raise ConfigError(path, f'is a section of keys, not a value (got {values!r}); '
                         f'set its keys, e.g. {path}.KEY=VALUE')
