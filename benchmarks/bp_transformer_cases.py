@@ -5,11 +5,12 @@ padding, bidirectional, k = 4 and every level of the tree: a token attends to
 2k + 1 tokens and up to 2k nodes per level, 9 + 8 log2(n) neighbours (89 at
 1k, 113 at 4k), through the nodes to the whole chunk.
 
-`bp_transformer_gathered` is the library's fast path (`bp_transformer_attention`:
+`bp_transformer_gathered` is the library's long-chunk path (`bp_transformer_attention`:
 neighbours gathered as `[n, m]` indices, O(n k log n)); `bp_transformer_dense_mask`
-builds the same nodes (`tree_nodes`) and then runs dense masked attention of
-every token over all of [tokens; nodes], the mask and the relative-position
-indices scattered from the same graph (skipped above 4k). The gathered path
+is its dense path (`dense=True`, taken for chunks up to `dense_max_len`): the same
+nodes, then dense masked attention of every token over all of [tokens; nodes],
+the mask and the relative-position indices scattered from the same graph
+(skipped above 4k). The gathered path
 holds `[n, m, heads, head_dim]` keys and values, 4 GiB each at 16k, so it
 stops at 8k. `flops(n)`: 4 * head_dim FLOPs per (token, neighbour) edge and
 head, plus the nodes' attention to their two children.
@@ -21,7 +22,6 @@ import numpy as np
 
 from benchmarks.attention_case import AttentionCase
 from longformer_jax.attention import bp_transformer
-from longformer_jax.attention.core.dot_product import attend
 
 HEADS, HEAD_DIM = 8, 64
 K, NUM_LEVELS = 4, 14
@@ -51,24 +51,11 @@ def gathered(q, k, v, rel_keys):
 
 
 def dense_mask(q, k, v, rel_keys):
-  """Every token over all of [tokens; nodes], masked to its graph edges."""
-  n = q.shape[1]
-  q = scaled(q)
-  nodes = bp_transformer.tree_nodes(q, k, v, *one_document(n),
-                                    bp_transformer.tree_levels(n, NUM_LEVELS))
-  graph = bp_transformer.neighbour_graph(n, K, NUM_LEVELS, causal=False)
-  rows = np.broadcast_to(np.arange(n)[:, None], graph.present.shape)[graph.present]
-  columns = bp_transformer.graph_index(graph, nodes.starts)[graph.present]
-  width = nodes.keys.shape[1]
-  allowed = np.zeros((n, width), bool)
-  allowed[rows, columns] = True
-  relative = np.zeros((n, width), np.int32)
-  relative[rows, columns] = bp_transformer.relative_index(graph, K)[graph.present]
-  by_offset = jnp.einsum('bnhd,rhd->bhnr', q, rel_keys.reshape(-1, HEADS, HEAD_DIM))
-  logits = (jnp.einsum('bnhd,bwhd->bhnw', q, nodes.keys)
-            + jnp.take_along_axis(by_offset, jnp.asarray(relative)[None, None], axis=-1))
-  mask = jnp.asarray(allowed)[None] & nodes.ok[:, None, :]
-  return attend(logits, mask, nodes.values)
+  """Every token over all of [tokens; nodes], masked to its graph edges (the library's
+  dense path, `dense=True`)."""
+  return bp_transformer.bp_transformer_attention(scaled(q), k, v, rel_keys,
+                                                 *one_document(q.shape[1]), radius=K,
+                                                 num_levels=NUM_LEVELS, causal=False, dense=True)
 
 
 def edges(n: int) -> int:

@@ -25,6 +25,11 @@ is O(n k log n) and no n x n array is built. A node may overlap the finer
 levels by one child (the tree's spans are aligned, the fine window is not). A
 causal token only sees nodes whose spans end at or before it (true by
 construction, and masked by the rule span end <= query position on top).
+Chunks of at most `dense_max_len` tokens take a dense path instead: every
+token over all of [tokens; nodes] (about 2n columns), the same graph scattered
+into a mask. O(n^2), but its backward is matmuls where the gather's is a
+scatter-add: at n = 128 (the LRA mini ListOps) a layer's forward and backward
+run about 4x faster on the CPU (docs/benchmarks.md).
 
 Node representations (affiliated edges, section 3): a node's initial
 representation is the mean of the inputs of its valid tokens; as the
@@ -68,10 +73,12 @@ class BPTransformerConfig(Section):
   """`config.model.bp_transformer`; causal or bidirectional is the shared `model.causal`."""
   k: int = 4                      # the paper's k: tokens on each side, and nodes per level and side
   num_levels: int = 8             # coarsest level used: spans of up to 2^num_levels tokens
+  dense_max_len: int = 256        # chunks up to this long attend densely over [tokens; nodes]
 
   def validate(self, env) -> None:
     self.require(self.k >= 1, 'k', 'must be >= 1')
     self.require(0 <= self.num_levels <= 30, 'num_levels', 'must be in [0, 30]')
+    self.require(self.dense_max_len >= 0, 'dense_max_len', 'must be >= 0 (0: always gather)')
 
 
 class Graph(NamedTuple):
@@ -187,33 +194,70 @@ def relative_index(graph: Graph, radius: int) -> np.ndarray:
 
 def bp_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, rel_keys: jax.Array,
                              positions: jax.Array, segment_ids: jax.Array, valid: jax.Array, *,
-                             radius: int, num_levels: int, causal: bool) -> jax.Array:
-  """Token attention over the binary-partition graph, by gathering `[n, m]` neighbours.
+                             radius: int, num_levels: int, causal: bool,
+                             dense: bool = False) -> jax.Array:
+  """Token attention over the binary-partition graph.
+
+  Two paths give the same result. By default each token gathers its `[n, m]`
+  neighbours: O(n k log n), no n x n array. With `dense`, every token attends
+  over all of [tokens; nodes] (about 2n columns) with the graph as a mask: O(n^2),
+  but plain matmuls where the gather's backward is a scatter-add, so it is the
+  faster path for short chunks (`BPTransformerConfig.dense_max_len`).
 
   Args:
     q, k, v: `[batch, n, heads, head_dim]`, q already scaled by 1/sqrt(head_dim).
     rel_keys: `[num_levels + 1, 2 radius + 1, heads, head_dim]`: r[l, o + radius].
     positions, segment_ids, valid: `[batch, n]`; positions consecutive along the chunk.
     radius: the paper's k. num_levels: coarsest level used. causal: edges to the left only.
+    dense: attend over all of [tokens; nodes] under the graph's mask.
   Returns:
     `[batch, n, heads, head_dim]`; a query with no allowed neighbour gives zeros.
   """
   n = q.shape[1]
   nodes = tree_nodes(q, k, v, positions, segment_ids, valid, tree_levels(n, num_levels))
   graph = neighbour_graph(n, radius, num_levels, causal)
-  index = jnp.asarray(graph_index(graph, nodes.starts))
-  gather = lambda a: a[:, index]                                        # [batch, n, m, ...]
+  index = graph_index(graph, nodes.starts)
   q_rel = (positions - positions[:, :1])[:, :, None]
+  flat = rel_keys.reshape(-1, *rel_keys.shape[2:])
+  if dense:
+    return _dense_graph_attention(q, nodes, graph, index, relative_index(graph, radius), flat,
+                                  q_rel, segment_ids, causal)
+  index = jnp.asarray(index)
+  gather = lambda a: a[:, index]                                        # [batch, n, m, ...]
   mask = (jnp.asarray(graph.present)[None] & gather(nodes.ok)
           & (gather(nodes.segments) == segment_ids[:, :, None]))
   if causal:
     mask &= gather(nodes.end) <= q_rel
-  flat = rel_keys.reshape(-1, *rel_keys.shape[2:])
   offsets = flat[jnp.asarray(relative_index(graph, radius))].astype(q.dtype)   # [n, m, h, d]
   logits = (jnp.einsum('bnhd,bnmhd->bhnm', q, gather(nodes.keys))
             + jnp.einsum('bnhd,nmhd->bhnm', q, offsets))
   weights = masked_softmax(logits, mask).astype(v.dtype)
   return jnp.einsum('bhnm,bnmhd->bnhd', weights, gather(nodes.values))
+
+
+def _dense_graph_attention(q: jax.Array, nodes: TreeNodes, graph: Graph, index: np.ndarray,
+                           relative: np.ndarray, flat_rel_keys: jax.Array, q_rel: jax.Array,
+                           segment_ids: jax.Array, causal: bool) -> jax.Array:
+  """`bp_transformer_attention`'s dense path: the graph scattered (in numpy, once) into an
+  `[n, width]` mask and relative-key index over the `width` columns of [tokens; nodes]."""
+  n, width = q.shape[1], nodes.keys.shape[1]
+  rows = np.broadcast_to(np.arange(n)[:, None], index.shape)[graph.present]
+  columns = index[graph.present]
+  allowed = np.zeros((n, width), bool)
+  allowed[rows, columns] = True
+  assert allowed.sum() == graph.present.sum(), 'a token reaches one column twice'
+  relative_dense = np.zeros((n, width), np.int32)
+  relative_dense[rows, columns] = relative[graph.present]
+  mask = (jnp.asarray(allowed)[None] & nodes.ok[:, None, :]
+          & (nodes.segments[:, None, :] == segment_ids[:, :, None]))
+  if causal:
+    mask &= nodes.end[:, None, :] <= q_rel
+  # q_i . r[l, o] for every (level, offset) row, then picked per column: [b, h, n, width].
+  by_offset = jnp.einsum('bnhd,rhd->bhnr', q, flat_rel_keys.astype(q.dtype))
+  logits = (jnp.einsum('bnhd,bwhd->bhnw', q, nodes.keys)
+            + jnp.take_along_axis(by_offset, jnp.asarray(relative_dense)[None, None], axis=-1))
+  weights = masked_softmax(logits, mask).astype(nodes.values.dtype)
+  return jnp.einsum('bhnw,bwhd->bnhd', weights, nodes.values)
 
 
 class BPTransformerAttention(nn.Module):
@@ -245,6 +289,6 @@ class BPTransformerAttention(nn.Module):
                                                   shared.num_heads, shared.head_dim), jnp.float32)
     out = bp_transformer_attention(q, k, v, rel_keys, ctx.positions, ctx.segment_ids, ctx.valid,
                                    radius=config.k, num_levels=config.num_levels,
-                                   causal=shared.causal)
+                                   causal=shared.causal, dense=x.shape[1] <= config.dense_max_len)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return projections.project_output(out, shared.d_model, self.dtype), state, {}

@@ -169,9 +169,12 @@ CASES = [(16, 2, 8, False), (13, 1, 8, False), (19, 2, 2, False),
          (16, 2, 8, True), (13, 1, 8, True), (19, 3, 2, True)]
 
 
+# dense_max_len 0: every chunk gathers its neighbours; 64: every chunk here takes the dense path.
+@pytest.mark.parametrize('dense_max_len', [0, 64], ids=['gathered', 'dense'])
 @pytest.mark.parametrize('n,k,num_levels,causal', CASES)
-def test_layer_matches_dense_reference(n, k, num_levels, causal):
-  module = BPTransformerAttention(config=BPTransformerConfig(k=k, num_levels=num_levels),
+def test_layer_matches_dense_reference(n, k, num_levels, causal, dense_max_len):
+  module = BPTransformerAttention(config=BPTransformerConfig(k=k, num_levels=num_levels,
+                                                            dense_max_len=dense_max_len),
                                   shared=shared_settings(num_heads=H, head_dim=HD, d_model=D,
                                                          causal=causal))
   positions, segments, valid = chunk_facts(n)
@@ -195,8 +198,9 @@ def test_layer_matches_dense_reference(n, k, num_levels, causal):
   np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize('dense', [False, True], ids=['gathered', 'dense'])
 @pytest.mark.parametrize('n,k,num_levels,causal', [(13, 2, 8, False), (19, 1, 8, True)])
-def test_gradients_match_dense_reference(n, k, num_levels, causal):
+def test_gradients_match_dense_reference(n, k, num_levels, causal, dense):
   positions, segments, valid = chunk_facts(n)
   matrices = reference_matrices(n, k, num_levels, causal, segments, valid)
   q, k_, v, cotangent = (jax.random.normal(jax.random.PRNGKey(i), (B, n, H, HD))
@@ -206,7 +210,7 @@ def test_gradients_match_dense_reference(n, k, num_levels, causal):
   def fast_loss(q, k_, v, rel_keys):
     out = bp_transformer_attention(q, k_, v, rel_keys, jnp.asarray(positions),
                                    jnp.asarray(segments), jnp.asarray(valid), radius=k,
-                                   num_levels=num_levels, causal=causal)
+                                   num_levels=num_levels, causal=causal, dense=dense)
     return jnp.sum(out * cotangent)
 
   # jit only to compile the reference's many small ops once (the same float32 program).
@@ -243,6 +247,7 @@ def test_benchmark_fast_case_equals_dense_mask_case():
     ('model.bp_transformer.k', dict(k=0)),
     ('model.bp_transformer.num_levels', dict(num_levels=-1)),
     ('model.bp_transformer.num_levels', dict(num_levels=31)),
+    ('model.bp_transformer.dense_max_len', dict(dense_max_len=-1)),
     ('model.bp_transformer.radius', dict(radius=2)),
 ])
 def test_bad_settings_name_their_key(key, section):
@@ -253,9 +258,10 @@ def test_bad_settings_name_their_key(key, section):
 
 def test_config_reading():
   cfg = tiny_model_config(attention='bp_transformer', causal=False,
-                          bp_transformer=dict(k=3, num_levels=5))
+                          bp_transformer=dict(k=3, num_levels=5, dense_max_len=0))
   module = attention_layer(cfg, jnp.float32)
-  assert (module.config.k, module.config.num_levels, module.shared.causal) == (3, 5, False)
+  assert (module.config.k, module.config.num_levels, module.config.dense_max_len,
+          module.shared.causal) == (3, 5, 0, False)
 
 
 @pytest.mark.slow

@@ -1,0 +1,17 @@
+"""benchmarks/bp_transformer_paths.py: both paths timed in one row, the rate beside them."""
+
+import json
+
+from benchmarks import bp_transformer_paths
+
+
+def test_a_row_times_both_paths_with_the_matmul_rate(tmp_path, capsys):
+  out = tmp_path / 'paths.json'
+  assert bp_transformer_paths.main(['--seq_lens=16', '--repeats=2', f'--out={out}']) == 0
+  row, = json.loads(out.read_text())['rows']
+  assert row['seq_len'] == 16 and len(row['matmul_gflops']) == 2
+  for path in ('gathered', 'dense'):
+    low, high = row[f'{path}_ms_range']
+    assert 0 < low <= row[f'{path}_ms'] <= high
+  assert row['gathered_over_dense'] == round(row['gathered_ms'] / row['dense_ms'], 2)
+  assert 'gathered / dense' in capsys.readouterr().out
