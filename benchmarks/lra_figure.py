@@ -24,7 +24,8 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 from benchmarks.lra_results import read_rows
 
 BASELINES = ('majority', 'first_token_rule', 'pixel_statistics', 'first_256_bytes',
-             'length_only', 'known_cut_groups')
+             'length_only', 'known_cut_groups', 'connected_components', 'cnn_control',
+             'cnn_control_marker_side')
 
 
 def mean_accuracy(rows: list[dict], scale: str, variants) -> tuple[dict, list[str]]:
