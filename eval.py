@@ -285,7 +285,7 @@ def check_overrides_apply(cli_config: ml_collections.ConfigDict, workdir: str) -
   overrides = given_settings(cli_config.to_dict(),
                              command_line.experiment_config(flags.FLAGS.config, []).to_dict())
   given = cli_config.to_dict() if flags.FLAGS['config'].present else overrides
-  changed = architecture_overrides(given, saved)
+  changed = architecture_overrides(given, saved, overrides)
   if changed:
     raise ConfigError(changed[0], f'eval.py reads the architecture from {path}; the command line '
                       f'would change {", ".join(changed)}: drop these settings (or evaluate '

@@ -37,18 +37,25 @@ def is_architecture_key(key: str) -> bool:
   return any(key == prefix or key.startswith(prefix) for prefix in ARCHITECTURE_PREFIXES)
 
 
-def architecture_overrides(cli_config: Mapping, saved_config: Mapping) -> list[str]:
+def architecture_overrides(cli_config: Mapping, saved_config: Mapping,
+                           explicit: Mapping | None = None) -> list[str]:
   """Sorted dotted keys of architecture settings of `cli_config` that differ from `saved_config`.
 
   Args:
     cli_config: the settings the command line gave (nested; only the keys it
-      holds are compared, so pass just the given ones).
-    saved_config: the run's `config.json`. A key it lacks (an older run) is
-      compared against nothing and reported only when given.
+      holds are compared: the given ones, or the whole `--config` file's).
+    saved_config: the run's `config.json`.
+    explicit: the settings given one by one (`--config.KEY=VALUE`; default: all
+      of `cli_config`). A key `saved_config` lacks belongs to a setting added
+      after the run was trained, which ran as the setting's default does: it is
+      reported only when given here, not when it comes with a whole `--config`
+      file (which carries every setting's default).
   """
   given = {k: v for k, v in flat_settings(cli_config).items() if is_architecture_key(k)}
   saved = flat_settings(saved_config)
-  return sorted(key for key, value in given.items() if saved.get(key) != value)
+  named = flat_settings(cli_config if explicit is None else explicit)
+  return sorted(key for key, value in given.items()
+                if (key in saved and saved[key] != value) or (key not in saved and key in named))
 
 
 def unread_overrides(overrides: Mapping, saved_config: Mapping) -> list[str]:

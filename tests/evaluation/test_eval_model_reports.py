@@ -1,5 +1,7 @@
 """eval.py's reports: the model named from its layers, no stale files, refused overrides."""
 
+import json
+
 import ml_collections
 import pytest
 
@@ -40,6 +42,18 @@ def test_architecture_overrides_names_only_changed_architecture_keys():
   assert architecture_overrides(given, saved) == ['data.tokenizer', 'model.longformer.window']
   assert architecture_overrides({'model': {'dims': (1, 2)}}, {'model': {'dims': [1, 2]}}) == []
   assert architecture_overrides({'eval': {'step': 3}}, saved) == []
+
+
+def test_a_setting_newer_than_the_run_counts_only_when_given_one_by_one():
+  saved = {'model': {'attention': 'lsh', 'lsh': {'num_hashes': 4}}}
+  whole_file = {'model': {'attention': 'lsh', 'lsh': {'num_hashes': 4},
+                          'bp_transformer': {'dense_max_len': 256}}}
+  assert architecture_overrides(whole_file, saved, explicit={}) == []
+  assert architecture_overrides(whole_file, saved, explicit={
+      'model': {'bp_transformer': {'dense_max_len': 0}}}) == ['model.bp_transformer.dense_max_len']
+  assert architecture_overrides(whole_file, saved) == ['model.bp_transformer.dense_max_len']
+  changed = {'model': {'attention': 'lsh', 'lsh': {'num_hashes': 2}}}
+  assert architecture_overrides(changed, saved, explicit={}) == ['model.lsh.num_hashes']
 
 
 def test_unread_overrides_are_those_outside_eval_and_parallel_that_differ():
@@ -83,6 +97,25 @@ def test_eval_refuses_a_model_override_naming_it(tmp_path, monkeypatch):
     eval_script.check_overrides_apply(changed, str(tmp_path))
   assert error.value.key == 'model.num_layers'
   eval_script.check_overrides_apply(config, str(tmp_path))   # unchanged: accepted
+
+
+def test_eval_reads_a_run_saved_before_a_setting_existed(tmp_path, monkeypatch):
+  """A run whose config.json lacks a model setting added since (it trained as the
+  default does) is evaluated with the whole --config file given; the setting given
+  one by one is still refused."""
+  path = 'configs/bp_transformer.py'
+  config = command_line.experiment_config(path, [])
+  saved = config.to_dict()
+  del saved['model']['bp_transformer']['dense_max_len']
+  (tmp_path / 'config.json').write_text(json.dumps(saved))
+  flags = command_line_flags(present=True)
+  flags.config = path
+  monkeypatch.setattr(eval_script.flags, 'FLAGS', flags)
+  eval_script.check_overrides_apply(config, str(tmp_path))
+  given = command_line.experiment_config(path, [('model.bp_transformer.dense_max_len', '0')])
+  with pytest.raises(ConfigError) as error:
+    eval_script.check_overrides_apply(given, str(tmp_path))
+  assert error.value.key == 'model.bp_transformer.dense_max_len'
 
 
 def command_line_flags(present: bool):
