@@ -1,11 +1,15 @@
 """benchmarks/bp_transformer_paths.py: both paths timed in one row, the rate beside them."""
 
+import functools
 import json
 
-from benchmarks import bp_transformer_paths
+from benchmarks import bp_transformer_paths, matmul_rate
 
 
-def test_a_row_times_both_paths_with_the_matmul_rate(tmp_path, capsys):
+def test_a_row_times_both_paths_with_the_matmul_rate(tmp_path, capsys, monkeypatch):
+  # The real rate measurement, on a small matmul (the row's shape is what is tested).
+  monkeypatch.setattr(bp_transformer_paths.matmul_rate, 'measure',
+                      functools.partial(matmul_rate.measure, size=256, min_seconds=0.01))
   out = tmp_path / 'paths.json'
   assert bp_transformer_paths.main(['--seq_lens=16', '--repeats=2', f'--out={out}']) == 0
   row, = json.loads(out.read_text())['rows']
