@@ -36,20 +36,31 @@ from longformer_jax.data.lra import document_matching, listops, pathfinder, text
 from longformer_jax.evaluation import lra_baselines
 
 
+def task_config(task: str, scale: str, settings: tuple = ()) -> dict:
+  """`configs/lra.py:TASK,vanilla,SCALE` with `settings` (`'data.SECTION.KEY=VALUE'`)."""
+  return with_overrides(lra.get_config(f'{task},vanilla,{scale}'),
+                        [setting.split('=', 1) for setting in settings])
+
+
+def pathfinder_data(scale: str, split: str, count: int,
+                    settings: tuple = ()) -> pathfinder.PathfinderSplit:
+  """The generated Pathfinder split with its record (markers, paths), as the runs draw it."""
+  data = task_config('pathfinder', scale, settings)['data']
+  section = pathfinder.PathfinderConfig.build(data.get('pathfinder'), 'data.pathfinder')
+  return pathfinder.pathfinder_split(section, split, count)
+
+
 def task_data(task: str, scale: str, split: str, count: int, settings: tuple = ()):
   """`(examples, labels)` of `split` as configs/lra.py's runs of `task` generate them, with
   `settings` (`'data.SECTION.KEY=VALUE'`) applied."""
-  config = with_overrides(lra.get_config(f'{task},vanilla,{scale}'),
-                          [setting.split('=', 1) for setting in settings])
-  data = config['data']
+  if task == 'pathfinder':
+    images = pathfinder_data(scale, split, count, settings)
+    return images.images, images.labels
+  data = task_config(task, scale, settings)['data']
   if task == 'listops':
     section = listops.ListOpsConfig.build(data.get('listops'), 'data.listops')
     trees = listops.listops_split(section, split, count)
     return trees, np.array([t.label for t in trees])
-  if task == 'pathfinder':
-    section = pathfinder.PathfinderConfig.build(data.get('pathfinder'), 'data.pathfinder')
-    images = pathfinder.pathfinder_split(section, split, count)
-    return images.images, images.labels
   if task == 'text':
     section = text_classification.TextConfig.build(data.get('lra_text'), 'data.lra_text')
     documents = text_classification.text_split(section, split, count)

@@ -40,21 +40,12 @@ import optax
 from scipy import ndimage
 
 from benchmarks.lra_results import ACCURACY_KEY, merge_rows
-from benchmarks.lra_shortcuts import data_settings
+from benchmarks.lra_shortcuts import data_settings, pathfinder_data
 from configs import lra
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.config.overrides import with_overrides
 from longformer_jax.data.lra import pathfinder
 
 THRESHOLDS, DILATIONS = (1, 32, 96), (0, 1, 2)
-
-
-def generated(scale: str, split: str, count: int, settings: tuple) -> pathfinder.PathfinderSplit:
-  config = with_overrides(lra.get_config(f'pathfinder,vanilla,{scale}'),
-                          [setting.split('=', 1) for setting in settings])
-  section = pathfinder.PathfinderConfig.build(config['data'].get('pathfinder'),
-                                              'data.pathfinder')
-  return pathfinder.pathfinder_split(section, split, count)
 
 
 def labels_of(split: pathfinder.PathfinderSplit, label: str) -> np.ndarray:
@@ -99,11 +90,11 @@ def train_cnn(train_x, train_y, test_x, test_y, steps: int, batch_size: int,
   for i in range(1, steps + 1):
     index = rng.integers(0, len(train_x), batch_size)
     params, opt_state, loss = step(params, opt_state, train_x[index], train_y[index])
-    losses.append(float(loss))
+    losses.append(loss)                      # synced at the evaluation, not every step
     if i % eval_every == 0 or i == steps:
       hits = sum(int(correct(params, test_x[j:j + 500], test_y[j:j + 500]))
                  for j in range(0, len(test_x), 500))
-      curve.append((i, float(np.mean(losses)), hits / len(test_x)))
+      curve.append((i, float(jnp.mean(jnp.stack(losses))), hits / len(test_x)))
       losses = []
       print(f'step {i}: loss {curve[-1][1]:.4f}, test accuracy {curve[-1][2]:.4f}', flush=True)
   return curve
@@ -176,8 +167,8 @@ def main(argv=None) -> int:
     return 2
   try:
     settings = data_settings(args.setting)
-    train = generated(args.scale, 'train', args.train_examples, settings)
-    test = generated(args.scale, 'test', args.test_examples, settings)
+    train = pathfinder_data(args.scale, 'train', args.train_examples, settings)
+    test = pathfinder_data(args.scale, 'test', args.test_examples, settings)
   except (ValueError, ConfigError) as error:
     print(f'error: {error}', file=sys.stderr)
     return 2

@@ -29,7 +29,7 @@ Chunks of at most `dense_max_len` tokens take a dense path instead: every
 token over all of [tokens; nodes] (about 2n columns), the same graph scattered
 into a mask. O(n^2), but its backward is matmuls where the gather's is a
 scatter-add: at n = 128 (the LRA mini ListOps) a layer's forward and backward
-run about 4x faster on the CPU (docs/benchmarks.md).
+run 3.3x faster on the CPU (docs/benchmarks.md).
 
 Node representations (affiliated edges, section 3): a node's initial
 representation is the mean of the inputs of its valid tokens; as the
