@@ -8,14 +8,14 @@ import ml_collections
 import numpy as np
 
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.data import attendre_qa, passkey
+from longformer_jax.data import attendre_qa, collisions, passkey
 from longformer_jax.data import stdlib_corpus
 from longformer_jax.data import text_files_corpus
 from longformer_jax.data import tfds_corpus
 from longformer_jax.data.document import Document
 from longformer_jax.data.tokenizer_interface import Tokenizer
 
-CORPORA = ('stdlib', 'tiny_shakespeare', 'pg19', 'passkey', 'attendre_qa')
+CORPORA = ('stdlib', 'tiny_shakespeare', 'pg19', 'passkey', 'attendre_qa', 'collisions')
 
 
 def load_corpus(data_config: ml_collections.ConfigDict,
@@ -26,7 +26,9 @@ def load_corpus(data_config: ml_collections.ConfigDict,
   is synthetic (`data/passkey.py`), documents of `data.passkey_min_length` to
   `data.passkey_max_length` bytes (default: up to `data_config.chunk_len - 1`);
   `attendre_qa` is synthetic too (`data/attendre_qa.py`), its contexts of
-  `data.passkey_min_length` to `data.passkey_max_length` bytes (default 256 to 1,024).
+  `data.passkey_min_length` to `data.passkey_max_length` bytes (default 256 to 1,024);
+  `collisions` is the Expire-Span paper's object-collision task (`data/collisions.py`,
+  shaped by `data.collisions`).
 
   A `data_config.corpus` with a `/` or a glob character (`*`, `?`, `[`) is a
   directory or glob of the user's own text files (`text_files_corpus`).
@@ -49,6 +51,9 @@ def load_corpus(data_config: ml_collections.ConfigDict,
   if name == 'attendre_qa':   # question-first reading comprehension (data/attendre_qa.py)
     return attendre_qa.load_documents(split, data_config.passkey_max_length,
                                       data_config.passkey_min_length, data_config.passkey_lengths)
+  if name == 'collisions':    # particles on a grid, queried for their last collision
+    return collisions.load_documents(
+        collisions.CollisionsConfig.build(data_config.collisions, 'data.collisions'), split)
   if text_files_corpus.is_text_files_corpus(name):
     return text_files_corpus.load_documents(name, split)
   raise ConfigError('data.corpus',
@@ -119,6 +124,28 @@ def tokenize_answered_documents(tokenizer: Tokenizer, documents: Sequence[Docume
     encoded.append(np.concatenate([prompt, answer]).astype(np.int32))
     starts.append(prompt.size)
   return encoded, starts
+
+
+def byte_answer_masks(tokenizer: Tokenizer, documents: Sequence[Document]
+                      ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Encodes documents with many single-byte answers (`Document.answer_positions`, corpus
+  collisions) and marks them: the int32 [n] tokens and the bool [n] answer mask of each (a
+  document without answers, an episode without a collision, trains nothing).
+
+  Raises:
+    ValueError: naming the document, if the tokenizer does not keep one token per byte.
+  """
+  encoded, masks = [], []
+  for document in documents:
+    tokens = _tokenize_document(tokenizer, document)
+    if tokens.size != len(document.data):
+      raise ValueError(f'document {document.name!r}: its answers are byte offsets, so it '
+                       f'needs the byte tokenizer (one token per byte)')
+    mask = np.zeros([tokens.size], bool)
+    mask[np.asarray(document.answer_positions, np.int64)] = True
+    encoded.append(tokens)
+    masks.append(mask)
+  return encoded, masks
 
 
 def cut_into_pieces(docs: Sequence[np.ndarray], min_count: int) -> list[np.ndarray]:

@@ -17,18 +17,20 @@ import dataclasses
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import Section
 from longformer_jax.data import attendre_qa
+from longformer_jax.data.collisions import CollisionsConfig
 from longformer_jax.data.lra.document_matching import RetrievalConfig
 from longformer_jax.data.lra.listops import ListOpsConfig
 from longformer_jax.data.lra.pathfinder import PathfinderConfig
 from longformer_jax.data.lra.text_classification import TextConfig
 
 TOKENIZERS = ('byte', 'sentencepiece', 'hf', 'listops')
-# The Long Range Arena's generators (data/lra/): each corpus reads its own section, and only it.
-LRA_SECTIONS = {'listops': 'listops', 'pathfinder': 'pathfinder', 'lra_text': 'lra_text',
-                'lra_retrieval': 'lra_retrieval'}
+# The generated corpora with a section of their own (the Long Range Arena's, data/lra/, and
+# data/collisions.py): each corpus reads its own section, and only it.
+GENERATOR_SECTIONS = {'listops': 'listops', 'pathfinder': 'pathfinder', 'lra_text': 'lra_text',
+                      'lra_retrieval': 'lra_retrieval', 'collisions': 'collisions'}
 PASSKEY_LENGTHS = ('uniform', 'log_uniform')
 LOSS_ON = ('all', 'answer')
-ANSWERED_CORPORA = ('passkey', 'attendre_qa')   # their documents end with an answer
+ANSWERED_CORPORA = ('passkey', 'attendre_qa', 'collisions')   # their documents hold answers
 PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths',
                 'passkey_curriculum_steps')
 
@@ -36,7 +38,8 @@ PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths',
 @dataclasses.dataclass(frozen=True)
 class DataConfig(Section):
   """Data source, tokenizer and batch shape."""
-  corpus: str = 'stdlib'             # stdlib | tiny_shakespeare | pg19 | passkey (tasks: see configs/)
+  corpus: str = 'stdlib'             # stdlib | tiny_shakespeare | pg19 | passkey | attendre_qa |
+                                     # collisions (tasks: see configs/)
   tfds_data_dir: str = ''            # prepared tensorflow-datasets folder (tfds corpora), or gs://
   # A gs:// tfds_data_dir is read from a copy of the run's one dataset made here (local disk,
   # `~` expanded; data/tfds_mirror.py): <tfds_cache_dir>/BUCKET/DIR/<name>/<config>/<version>.
@@ -72,7 +75,9 @@ class DataConfig(Section):
   passkey_curriculum_steps: int = 0
   # Language model: which targets the training loss counts. all | answer: only the answers of
   # corpus passkey / attendre_qa (the tokens after 'Answer: ' / the question, the final '.'
-  # included), as an instruction-tuned reader is trained. Evaluation counts every token.
+  # included), as an instruction-tuned reader is trained, or collisions (its labelled
+  # quadrants; its inputs read every answer as a blank either way). Evaluation counts every
+  # token.
   loss_on: str = 'all'
   # The Long Range Arena's generated tasks (docs/lra.md): corpus listops | pathfinder | lra_text
   # | lra_retrieval.
@@ -80,6 +85,8 @@ class DataConfig(Section):
   pathfinder: PathfinderConfig = PathfinderConfig()
   lra_text: TextConfig = TextConfig()
   lra_retrieval: RetrievalConfig = RetrievalConfig()
+  # corpus='collisions' (data/collisions.py): the Expire-Span paper's object-collision episodes.
+  collisions: CollisionsConfig = CollisionsConfig()
 
   def validate(self, env) -> None:
     del env
@@ -107,9 +114,11 @@ class DataConfig(Section):
     self.require(self.loss_on == 'all' or self.corpus in ANSWERED_CORPORA, 'loss_on',
                  f"'answer' needs a corpus whose documents end with an answer "
                  f"{ANSWERED_CORPORA}; corpus is {self.corpus!r}")
+    self.require(self.corpus != 'collisions' or self.tokenizer == 'byte', 'tokenizer',
+                 "must be 'byte' with corpus 'collisions' (its answers are single bytes)")
     self.require((self.corpus == 'listops') == (self.tokenizer == 'listops'), 'tokenizer',
                  "must be 'listops' exactly when data.corpus is 'listops' (its fixed vocabulary)")
-    for corpus, name in LRA_SECTIONS.items():
+    for corpus, name in GENERATOR_SECTIONS.items():
       changed = getattr(self, name).changed()
       if self.corpus != corpus and changed:
         key, value = next(iter(changed.items()))

@@ -16,10 +16,13 @@ class Document:
       (corpora passkey, attendre_qa), the byte offset where the answer
       starts; -1 for other documents. `data.loss_on='answer'` trains on
       the answers alone.
+    answer_positions: for documents with many answers (corpus collisions), the byte
+      offset of each answer, a single token; `data.loss_on='answer'` counts those alone.
   """
   name: str
   data: bytes
   answer_start: int = -1
+  answer_positions: tuple[int, ...] = ()
 
   def __repr__(self) -> str:
     return f'Document(name={self.name!r}, {len(self.data)} bytes)'

@@ -110,19 +110,22 @@ def make_run(doc_ids: np.ndarray, lengths: np.ndarray,
 @dataclasses.dataclass
 class RowWindow:
   """A slice of one row's stream being filled: tokens, segment ids,
-  document-start flags and whether each token counts as a target (False
-  before a document's answer under `data.loss_on='answer'`), each [n]."""
+  document-start flags, whether each token counts as a target (False
+  before a document's answer under `data.loss_on='answer'`) and whether it is
+  one of a document's marked answers (`answer_masks`), each [n]."""
   tokens: np.ndarray
   segment_ids: np.ndarray
   doc_start: np.ndarray
   counted: np.ndarray
+  answer: np.ndarray
 
   @classmethod
   def filled(cls, size: int, token: int, segment: int) -> 'RowWindow':
     return cls(tokens=np.full([size], token, dtype=np.int32),
                segment_ids=np.full([size], segment, dtype=np.int32),
                doc_start=np.zeros([size], dtype=bool),
-               counted=np.ones([size], dtype=bool))
+               counted=np.ones([size], dtype=bool),
+               answer=np.zeros([size], dtype=bool))
 
 
 def copy_bos_prefixed(out: np.ndarray, at: int, doc: np.ndarray, first: int,
@@ -136,12 +139,17 @@ def copy_bos_prefixed(out: np.ndarray, at: int, doc: np.ndarray, first: int,
 
 def copy_from_run(window: RowWindow, at: int, run: DocumentRun,
                    begin: int, end: int, docs: Sequence[np.ndarray],
-                   bos_id: int, answer_starts: np.ndarray | None = None) -> None:
+                   bos_id: int, answer_starts: np.ndarray | None = None,
+                   answer_masks: Sequence[np.ndarray] | None = None,
+                   count_answers_only: bool = True) -> None:
   """Copies run tokens [begin, end) to window slots [at, at + end - begin).
 
   With `answer_starts` (int [num_docs], the index of each document's answer's
   first token), a slot counts as a target only from its document's answer on
-  (the BOS and the prompt do not); without it every slot counts.
+  (the BOS and the prompt do not); with `answer_masks` (per document, bool [n]:
+  the token is an answer) a slot is marked `answer` exactly where its document's
+  mask is set, and counts only there unless `count_answers_only` is False;
+  without either every slot counts.
 
   Requires 0 <= begin < end <= run.length.
   """
@@ -161,17 +169,28 @@ def copy_from_run(window: RowWindow, at: int, run: DocumentRun,
       # Slot q of [BOS] + doc holds doc token q - 1: it counts from q - 1 = answer start on.
       first_counted = doc_begin + 1 + int(answer_starts[run.doc_ids[k]])
       window.counted[slot:slot + stop - position] = np.arange(position, stop) >= first_counted
+    if answer_masks is not None:
+      # Slot q of [BOS] + doc holds doc token q - 1; the BOS (q = 0) is never an answer.
+      marked = np.concatenate([[False], answer_masks[run.doc_ids[k]]])
+      marked = marked[position - doc_begin:stop - doc_begin]
+      window.answer[slot:slot + stop - position] = marked
+      if count_answers_only:
+        window.counted[slot:slot + stop - position] = marked
     position, k = stop, k + 1
 
 
 def stack_batch(windows: Sequence[RowWindow], begin: int, num_tokens: int,
-                 target_mask: np.ndarray) -> StreamBatch:
+                 target_mask: np.ndarray, answer_input_id: int | None = None) -> StreamBatch:
   """Builds the batch of step windows holding stream tokens
-  [begin, begin + num_tokens + 1) of each row."""
+  [begin, begin + num_tokens + 1) of each row. With `answer_input_id`, an input that is a
+  marked answer reads as that id (the target still holds the answer)."""
   tokens = np.stack([w.tokens for w in windows])
   positions = np.arange(begin, begin + num_tokens, dtype=np.int32)
+  inputs = tokens[:, :-1]
+  if answer_input_id is not None:
+    inputs = np.where(np.stack([w.answer[:-1] for w in windows]), answer_input_id, inputs)
   return StreamBatch(
-      inputs=np.ascontiguousarray(tokens[:, :-1]),
+      inputs=np.ascontiguousarray(inputs, dtype=np.int32),
       targets=np.ascontiguousarray(tokens[:, 1:]),
       positions=np.tile(positions, (len(windows), 1)),
       segment_ids=np.stack([w.segment_ids[:-1] for w in windows]),

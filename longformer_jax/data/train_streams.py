@@ -33,7 +33,9 @@ class TrainStreams:
   def __init__(self, docs: Sequence[np.ndarray], num_rows: int,
                tokens_per_step: int, seed: int, bos_id: int,
                process_index: int = 0, process_count: int = 1,
-               answer_starts: Sequence[int] | None = None):
+               answer_starts: Sequence[int] | None = None,
+               answer_masks: Sequence[np.ndarray] | None = None,
+               answer_input_id: int | None = None, count_answers_only: bool = True):
     """Args:
       docs: tokenized documents, int [n_i] each, without BOS.
       num_rows: global number of streams (`data.batch_size`).
@@ -46,6 +48,13 @@ class TrainStreams:
       answer_starts: per document, the index of its answer's first token;
         a batch's `target_mask` then holds only the answers' tokens
         (`data.loss_on='answer'`). None: every target counts.
+      answer_masks: instead of `answer_starts`, per document a bool [n_i]
+        mask of its answer tokens (many answers per document, corpus
+        collisions): a batch's `target_mask` holds exactly those.
+      answer_input_id: with `answer_masks`, the id the inputs hold in place
+        of an answer (the model is told no answer); None: the answer itself.
+      count_answers_only: with `answer_masks`, False counts every target
+        (the answers stay hidden in the inputs).
 
     Raises:
       ConfigError: num_rows not divisible by process_count, or fewer
@@ -73,6 +82,19 @@ class TrainStreams:
       if self._answer_starts.size != len(self._docs):
         raise ValueError(f'{self._answer_starts.size} answer starts for '
                          f'{len(self._docs)} documents')
+    self._answer_masks = None
+    if answer_masks is not None:
+      if answer_starts is not None:
+        raise ValueError('give answer_starts or answer_masks, not both')
+      self._answer_masks = [np.asarray(m, dtype=bool).reshape(-1) for m in answer_masks]
+      sizes = [(m.size, d.size) for m, d in zip(self._answer_masks, self._docs)]
+      if len(self._answer_masks) != len(self._docs) or any(a != b for a, b in sizes):
+        raise ValueError(f'{len(self._answer_masks)} answer masks do not match the '
+                         f'{len(self._docs)} documents token for token')
+    elif answer_input_id is not None:
+      raise ValueError('answer_input_id needs answer_masks')
+    self._answer_input_id = answer_input_id
+    self._count_answers_only = bool(count_answers_only)
     # Row i's stream ends after epoch e at _epoch_ends[e, i] (cumulative).
     self._epoch_ends = np.zeros([0, self.rows.size], dtype=np.int64)
     self._epoch_runs_cache: dict[int, list[DocumentRun]] = {}
@@ -131,7 +153,8 @@ class TrainStreams:
       stop = min(end, int(self._epoch_ends[epoch, row]))
       run = self._epoch_runs(epoch)[row]
       copy_from_run(window, position - begin, run, position - epoch_begin,
-                     stop - epoch_begin, self._docs, self.bos_id, self._answer_starts)
+                     stop - epoch_begin, self._docs, self.bos_id, self._answer_starts,
+                     self._answer_masks, self._count_answers_only)
       position = stop
     return window
 
@@ -153,7 +176,8 @@ class TrainStreams:
         min(self._epoch_at(row, begin) for row in range(self.rows.size)))
     # The target of input slot t is stream token t + 1: it counts where that token does.
     target_mask = np.stack([w.counted[1:] for w in windows])
-    return stack_batch(windows, begin, self.tokens_per_step, target_mask)
+    return stack_batch(windows, begin, self.tokens_per_step, target_mask,
+                       self._answer_input_id)
 
   def next_batch(self) -> StreamBatch:
     """The batch of the current step; advances the step."""

@@ -18,8 +18,10 @@ import jax
 import ml_collections
 
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.data.corpus import (cut_into_pieces, curriculum_documents, load_corpus,
-                                        tokenize_answered_documents, tokenize_documents)
+from longformer_jax.data import collisions
+from longformer_jax.data.corpus import (byte_answer_masks, cut_into_pieces, curriculum_documents,
+                                        load_corpus, tokenize_answered_documents,
+                                        tokenize_documents)
 from longformer_jax.data.curriculum_streams import CurriculumStreams
 from longformer_jax.data.phased_streams import PhasedStreams
 from longformer_jax.data.train_streams import TrainStreams
@@ -61,15 +63,20 @@ class LanguageModelTraining:
     # Streams are read in units of phase 0's step; a phase-p step is several units.
     tokens_per_unit = config.data.chunk_len * config.data.chunks_per_step
     def streams_of(documents):
-      answer_starts = None
-      if config.data.loss_on == 'answer':     # the loss counts the answers alone
+      answer_starts = answer_masks = hidden_answer = None
+      if config.data.corpus == 'collisions':
+        # Many answers per episode, each read as HIDDEN_ANSWER (data/collisions.py).
+        docs, answer_masks = byte_answer_masks(self.tokenizer, documents)
+        hidden_answer = collisions.HIDDEN_ANSWER
+      elif config.data.loss_on == 'answer':     # the loss counts the answers alone
         docs, answer_starts = tokenize_answered_documents(self.tokenizer, documents)
       else:
         docs = cut_into_pieces(tokenize_documents(self.tokenizer, documents, skip),
                                config.data.batch_size)
       return TrainStreams(docs, config.data.batch_size, tokens_per_unit, config.seed,
                           self.tokenizer.bos_id, jax.process_index(), jax.process_count(),
-                          answer_starts)
+                          answer_starts, answer_masks, hidden_answer,
+                          count_answers_only=config.data.loss_on == 'answer')
     unit_streams = streams_of(load_corpus(config.data, 'train'))
     if config.data.passkey_curriculum_steps:      # short passkey documents first
       if config.data.passkey_curriculum_steps >= config.train.num_steps:
