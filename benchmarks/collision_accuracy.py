@@ -90,7 +90,8 @@ def read_run_episodes(workdir: str, episodes: int) -> dict:
   train_labels = np.concatenate([collisions.episode(section, 'train', i).labels
                                  for i in range(64)])
   result = dict(workdir=workdir, attention=config.model.attention, step=int(checkpoint),
-                grid_size=section.grid_size,
+                grid_size=section.grid_size, collisions=dict(section.changed()),
+                loss_on=config.data.loss_on,
                 majority=int(np.bincount(train_labels[train_labels >= 0], minlength=4).argmax()),
                 mem_len=int(config.model.mem_len), chunk_len=int(chunk_len), drawn=drawn,
                 chosen=chosen, per_step=per_step,

@@ -3,9 +3,8 @@
 Sukhbaatar et al. (2021, "Not All Memories are Created Equal: Learning to Forget by
 Expiring", the object-collision task) move particles on a grid and ask, at every time step,
 where two colours last collided; a model must keep the rare collision steps and may forget
-the rest. This generator follows the description of the task in the paper and its data
-script (`data/gen_data_collisions.py` of facebookresearch/transformer-sequential), written
-anew:
+the rest. This generator follows the paper's description and its authors' data script
+(`data/gen_data_collisions.py` of facebookresearch/transformer-sequential), written anew:
 
 - `num_particles` particles at real positions in the grid's interior, each with a velocity
   drawn from N(0, speed^2) per axis; a move that would leave the open interval
@@ -27,8 +26,11 @@ the loss counts the quadrant answers alone (not none), as the paper's loss count
 labelled steps, and the model reads every answer as the blank `HIDDEN_ANSWER` (the none
 answer itself): an answer it could read would repeat the answer of the same query a few
 steps back, a shortcut the paper's labels (never inputs) do not offer; with
-`data.loss_on='all'` every token counts, the answers still read as the blank. Episode i of a split is drawn by its own
-`random.Random(f'{seed}/{split}/{i}')`, so the data does not depend on the model's seed.
+`data.loss_on='all'` every token counts, the answers still read as the blank. The task's
+score is benchmarks/collision_accuracy.py's, which reads the answers blank too; the
+validation bits per token of train.py and eval.py read the episodes as stored, answers
+in view. Episode i of a split is drawn by its own `random.Random(f'{seed}/{split}/{i}')`,
+so the data does not depend on the model's seed.
 
 The miniature defaults (grid 8, 3 colours, episodes of 512 steps) make a collision every
 61 steps (550 tokens; measured over 64 episodes), where the authors' grid 16 makes one
@@ -50,7 +52,6 @@ QUADRANTS = b'{|}~'
 HIDDEN_ANSWER = NO_COLLISION = ord('_')
 COLLISION_MARK, NO_COLLISION_MARK = ord('*'), ord('.')     # `mark_collisions`
 SPLITS = ('train', 'valid', 'test')
-SPLIT_CODES = {'train': 0, 'valid': 1, 'test': 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,4 +192,3 @@ def load_documents(config: CollisionsConfig, split: str) -> list[Document]:
         name=f'collisions/{split}/{index}', data=drawn.tokens.tobytes(),
         answer_positions=tuple(int(p) for p in drawn.answer_positions[drawn.labels >= 0])))
   return documents
-

@@ -17,7 +17,8 @@ class Document:
       starts; -1 for other documents. `data.loss_on='answer'` trains on
       the answers alone.
     answer_positions: for documents with many answers (corpus collisions), the byte
-      offset of each answer, a single token; `data.loss_on='answer'` counts those alone.
+      offset of each labelled answer, a single token; `data.loss_on='answer'` counts
+      those alone.
   """
   name: str
   data: bytes

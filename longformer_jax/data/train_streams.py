@@ -50,7 +50,8 @@ class TrainStreams:
         (`data.loss_on='answer'`). None: every target counts.
       answer_masks: instead of `answer_starts`, per document a bool [n_i]
         mask of its answer tokens (many answers per document, corpus
-        collisions): a batch's `target_mask` holds exactly those.
+        collisions): a batch's `target_mask` holds exactly those (unless
+        `count_answers_only` is False).
       answer_input_id: with `answer_masks`, the id the inputs hold in place
         of an answer (the model is told no answer); None: the answer itself.
       count_answers_only: with `answer_masks`, False counts every target
