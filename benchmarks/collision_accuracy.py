@@ -38,13 +38,11 @@ BIN_EDGES = (256, 1024)      # + the chunk: the bins' upper reaches, in tokens
 
 
 def episode_arrays(episodes: list, bos_id: int) -> dict:
-  """`[rows, width]` teacher-forcing arrays: input slot s holds token s - 1 after the BOS, an
-  answer read as the blank; `answer_slot` marks the labelled answers' predictions."""
-  tokens = np.stack([e.tokens.astype(np.int32) for e in episodes])
-  rows, width = tokens.shape
-  per_step = width // episodes[0].labels.size
-  hidden = tokens.copy()
-  hidden[:, per_step - 1::per_step] = collisions.HIDDEN_ANSWER
+  """`[rows, width]` teacher-forcing arrays: input slot s holds token s - 1 after the BOS,
+  every answer read as the blank, as in training."""
+  hidden = np.stack([e.tokens.astype(np.int32) for e in episodes])
+  rows, width = hidden.shape
+  hidden[:, episodes[0].answer_positions] = collisions.HIDDEN_ANSWER
   inputs = np.concatenate([np.full([rows, 1], bos_id, np.int32), hidden[:, :-1]], 1)
   positions = np.tile(np.arange(width, dtype=np.int32), (rows, 1))
   return dict(inputs=inputs, positions=positions, segment_ids=np.zeros_like(inputs),
@@ -101,7 +99,7 @@ def read_run_episodes(workdir: str, episodes: int) -> dict:
   if spans:
     by_layer = [np.concatenate([chunk_spans[layer] for chunk_spans in spans], 1)
                 for layer in range(len(spans[0]))]
-    # Input slot s holds token s - 1; a step's tokens are the slots of its 9 tokens.
+    # Input slot s holds token s - 1; a step's tokens are the slots of its per_step tokens.
     collided = np.stack([np.repeat(e.collided, per_step) for e in drawn])
     collided = np.concatenate([np.zeros([episodes, 1], bool), collided[:, :-1]], 1)
     result['spans'] = [dict(layer=layer, collision=float(s[collided].mean()),
@@ -116,10 +114,10 @@ def accuracy_rows(read: dict) -> dict:
   labels = np.stack([e.labels for e in read['drawn']])
   distance = np.stack([e.distance for e in read['drawn']]) * read['per_step']
   easy = np.stack([e.easy for e in read['drawn']])
-  first_row = np.stack([e.tokens[0::read['per_step']] for e in read['drawn']]) - ord('a')
-  first_col = np.stack([e.tokens[1::read['per_step']] for e in read['drawn']]) - ord('A')
-  grid = read['grid_size']
-  here = 2 * (2 * first_row >= grid) + (2 * first_col >= grid)
+  first_row = np.stack([e.tokens[0::read['per_step']] for e in read['drawn']]).astype(int)
+  first_col = np.stack([e.tokens[1::read['per_step']] for e in read['drawn']]).astype(int)
+  here = collisions.quadrant(first_row - collisions.ROW_BASE,
+                             first_col - collisions.COLUMN_BASE, read['grid_size'])
   predictions = {'model': read['chosen'], 'majority': np.full_like(labels, read['majority']),
                  'first particle now': here}
   edges = [read['chunk_len'] + e for e in BIN_EDGES]

@@ -112,9 +112,9 @@ class Episode:
   easy: np.ndarray
 
 
-def quadrant(row: int, column: int, grid_size: int) -> int:
-  """0-3: 2 * (row in the lower half) + (column in the right half)."""
-  return 2 * int(2 * row >= grid_size) + int(2 * column >= grid_size)
+def quadrant(row, column, grid_size: int):
+  """0-3: 2 * (row in the lower half) + (column in the right half); ints or int arrays."""
+  return 2 * (2 * np.asarray(row) >= grid_size).astype(int) + (2 * np.asarray(column) >= grid_size)
 
 
 def generate_episode(config: CollisionsConfig, rng: random.Random) -> Episode:
@@ -162,7 +162,7 @@ def generate_episode(config: CollisionsConfig, rng: random.Random) -> Episode:
     tokens[query_at:query_at + 2] = (QUERY_BASE + pair[0], QUERY_BASE + pair[1])
     if pair in last:
       row, column, when = last[pair]
-      labels[step], distance[step] = quadrant(row, column, size), step - when
+      labels[step], distance[step] = int(quadrant(row, column, size)), step - when
       tokens[at + per_step - 1] = QUADRANTS[labels[step]]
     else:
       tokens[at + per_step - 1] = NO_COLLISION

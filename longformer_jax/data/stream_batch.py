@@ -171,8 +171,9 @@ def copy_from_run(window: RowWindow, at: int, run: DocumentRun,
       window.counted[slot:slot + stop - position] = np.arange(position, stop) >= first_counted
     if answer_masks is not None:
       # Slot q of [BOS] + doc holds doc token q - 1; the BOS (q = 0) is never an answer.
-      marked = np.concatenate([[False], answer_masks[run.doc_ids[k]]])
-      marked = marked[position - doc_begin:stop - doc_begin]
+      marked = np.zeros([stop - position], bool)
+      copy_bos_prefixed(marked, 0, answer_masks[run.doc_ids[k]], position - doc_begin,
+                        stop - doc_begin, False)
       window.answer[slot:slot + stop - position] = marked
       if count_answers_only:
         window.counted[slot:slot + stop - position] = marked
