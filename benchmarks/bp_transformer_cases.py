@@ -5,15 +5,16 @@ padding, bidirectional, k = 4 and every level of the tree: a token attends to
 2k + 1 tokens and up to 2k nodes per level, 9 + 8 log2(n) neighbours (89 at
 1k, 113 at 4k), through the nodes to the whole chunk.
 
-`bp_transformer_gathered` is the library's long-chunk path (`bp_transformer_attention`:
-neighbours gathered as `[n, m]` indices, O(n k log n)); `bp_transformer_dense_mask`
-is its dense path (`dense=True`, taken for chunks up to `dense_max_len`): the same
-nodes, then dense masked attention of every token over all of [tokens; nodes],
-the mask and the relative-position indices scattered from the same graph
-(skipped above 4k). The gathered path
-holds `[n, m, heads, head_dim]` keys and values, 4 GiB each at 16k, so it
-stops at 8k. `flops(n)`: 4 * head_dim FLOPs per (token, neighbour) edge and
-head, plus the nodes' attention to their two children.
+`bp_transformer_grouped` is the library's long-chunk path (`bp_transformer_attention`'s
+'grouped': a level's queries in groups that share their nodes, O(n k log n));
+`bp_transformer_gathered` its plain reading (each token's `[n, m]` neighbours
+gathered); `bp_transformer_dense_mask` its dense path (taken for chunks up to
+`dense_max_len`): the same nodes, then dense masked attention of every token over
+all of [tokens; nodes], the mask and the relative-position indices scattered from
+the same graph (skipped above 4k). The gathered path holds `[n, m, heads,
+head_dim]` keys and values, 4 GiB each at 16k, so it stops at 8k. `flops(n)`:
+4 * head_dim FLOPs per (token, neighbour) edge and head, plus the nodes'
+attention to their two children.
 """
 
 import jax
@@ -44,18 +45,13 @@ def scaled(q: jax.Array) -> jax.Array:
   return q / jnp.sqrt(jnp.float32(HEAD_DIM))
 
 
-def gathered(q, k, v, rel_keys):
-  return bp_transformer.bp_transformer_attention(scaled(q), k, v, rel_keys,
-                                                 *one_document(q.shape[1]), radius=K,
-                                                 num_levels=NUM_LEVELS, causal=False)
-
-
-def dense_mask(q, k, v, rel_keys):
-  """Every token over all of [tokens; nodes], masked to its graph edges (the library's
-  dense path, `dense=True`)."""
-  return bp_transformer.bp_transformer_attention(scaled(q), k, v, rel_keys,
-                                                 *one_document(q.shape[1]), radius=K,
-                                                 num_levels=NUM_LEVELS, causal=False, dense=True)
+def on_path(path: str):
+  """The library's attention on one of its `PATHS`, one document, bidirectional."""
+  def forward(q, k, v, rel_keys):
+    return bp_transformer.bp_transformer_attention(scaled(q), k, v, rel_keys,
+                                                   *one_document(q.shape[1]), radius=K,
+                                                   num_levels=NUM_LEVELS, causal=False, path=path)
+  return forward
 
 
 def edges(n: int) -> int:
@@ -67,8 +63,10 @@ def edges(n: int) -> int:
 
 
 CASES = [
-    AttentionCase('bp_transformer_gathered', make_inputs, gathered,
+    AttentionCase('bp_transformer_grouped', make_inputs, on_path('grouped'),
+                  lambda n: 4.0 * HEAD_DIM * edges(n)),
+    AttentionCase('bp_transformer_gathered', make_inputs, on_path('gathered'),
                   lambda n: 4.0 * HEAD_DIM * edges(n), max_seq_len=8192),
-    AttentionCase('bp_transformer_dense_mask', make_inputs, dense_mask,
+    AttentionCase('bp_transformer_dense_mask', make_inputs, on_path('dense'),
                   lambda n: 4.0 * HEAD_DIM * edges(n), max_seq_len=DENSE_MAX_LEN),
 ]

@@ -18,18 +18,20 @@ left, in node units: lo_0 = i - k, hi_l = ceil(lo_{l-1} / 2), nodes hi_l - k ..
 hi_l - 1, lo_l = hi_l - k; on the right, in tokens: B_0 = min(i + k, n - 1),
 st_l = floor((B_{l-1} + 1) / 2^l), nodes st_l .. st_l + k - 1 (none once
 B = n - 1), B_l = min((st_l + k) 2^l - 1, n - 1). `neighbour_graph`
-evaluates this with array arithmetic for all tokens at once, as gather indices
+evaluates this with array arithmetic for all tokens at once, as indices
 `[n, num_neighbours]` into [tokens; nodes]: (2k + 1) + 2k L neighbours per token
 (causal: k + 1 + k L) for L = min(num_levels, ceil(log2 n)) levels, so the cost
 is O(n k log n) and no n x n array is built. A node may overlap the finer
 levels by one child (the tree's spans are aligned, the fine window is not). A
 causal token only sees nodes whose spans end at or before it (true by
 construction, and masked by the rule span end <= query position on top).
-Chunks of at most `dense_max_len` tokens take a dense path instead: every
-token over all of [tokens; nodes] (about 2n columns), the same graph scattered
-into a mask. O(n^2), but its backward is matmuls where the gather's is a
-scatter-add: at n = 128 (the LRA mini ListOps) a layer's forward and backward
-run 3.3x faster on the CPU (docs/benchmarks.md).
+`bp_transformer_attention` reads the graph on one of three paths with the same
+result: grouped (bp_transformer_grouped.py: the queries of a level in groups
+that share their nodes), gathered (each token's neighbours gathered), or dense
+(every token over all of [tokens; nodes] under the graph as a mask: O(n^2),
+but plain matmuls, the fastest on the CPU up to 256 tokens). The layer takes
+the dense path for chunks of at most `dense_max_len` tokens and the grouped
+one beyond (docs/benchmarks.md times the three).
 
 Node representations (affiliated edges, section 3): a node's initial
 representation is the mean of the inputs of its valid tokens; as the
@@ -61,6 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longformer_jax.attention import bp_transformer_grouped
 from longformer_jax.attention.core import block_sparse, projections
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.shared_settings import SharedSettings
@@ -78,7 +81,8 @@ class BPTransformerConfig(Section):
   def validate(self, env) -> None:
     self.require(self.k >= 1, 'k', 'must be >= 1')
     self.require(0 <= self.num_levels <= 30, 'num_levels', 'must be in [0, 30]')
-    self.require(self.dense_max_len >= 0, 'dense_max_len', 'must be >= 0 (0: always gather)')
+    self.require(self.dense_max_len >= 0, 'dense_max_len',
+                 'must be >= 0 (0: always the grouped path)')
 
 
 class Graph(NamedTuple):
@@ -130,7 +134,10 @@ class TreeNodes(NamedTuple):
 
   keys, values: `[batch, N + nodes, heads, head_dim]`; ok (usable: real tokens of
   one document), segments and end (relative position of the span's last slot):
-  `[batch, N + nodes]`; starts: `[levels + 1]` numpy, where each level begins.
+  `[batch, N + nodes]`; starts: `[levels + 1]` numpy, where each level begins;
+  level_keys, level_values: the same keys and values per level, level l
+  `[batch, N / 2^l, heads, head_dim]` (the grouped path reads them unjoined, so
+  that their gradients are not summed back through one padded array).
   """
   keys: jax.Array
   values: jax.Array
@@ -138,6 +145,8 @@ class TreeNodes(NamedTuple):
   segments: jax.Array
   end: jax.Array
   starts: np.ndarray
+  level_keys: tuple
+  level_values: tuple
 
 
 def tree_nodes(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
@@ -179,7 +188,8 @@ def tree_nodes(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
     end.append(rel[:, 2 ** level - 1::2 ** level])
   join = lambda parts: jnp.concatenate(parts, axis=1)
   starts = np.cumsum([0] + [padded >> level for level in range(levels)])
-  return TreeNodes(join(keys), join(values), join(usable), join(segments), join(end), starts)
+  return TreeNodes(join(keys), join(values), join(usable), join(segments), join(end), starts,
+                   tuple(keys), tuple(values))
 
 
 def graph_index(graph: Graph, starts: np.ndarray) -> np.ndarray:
@@ -192,45 +202,70 @@ def relative_index(graph: Graph, radius: int) -> np.ndarray:
   return graph.level * num_offsets(radius) + graph.offset + radius
 
 
+PATHS = ('grouped', 'gathered', 'dense')
+
+
 def bp_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, rel_keys: jax.Array,
                              positions: jax.Array, segment_ids: jax.Array, valid: jax.Array, *,
                              radius: int, num_levels: int, causal: bool,
-                             dense: bool = False) -> jax.Array:
+                             path: str = 'grouped') -> jax.Array:
   """Token attention over the binary-partition graph.
 
-  Two paths give the same result. By default each token gathers its `[n, m]`
-  neighbours: O(n k log n), no n x n array. With `dense`, every token attends
-  over all of [tokens; nodes] (about 2n columns) with the graph as a mask: O(n^2),
-  but plain matmuls where the gather's backward is a scatter-add, so it is the
-  faster path for short chunks (`BPTransformerConfig.dense_max_len`).
+  Three paths give the same result:
+  - 'grouped' (bp_transformer_grouped.py): a level's queries in groups of 2^l that
+    share their nodes, one small matmul per group: O(n k log n) work, and the keys
+    read per level fall with 2^l; the long-chunk default.
+  - 'gathered': each token gathers its `[n, m]` neighbours' keys and values, O(n k
+    log n) but `[batch, n, m, heads, head_dim]` arrays and a scatter-add backward;
+    kept as the plain reading of the graph that the other two are checked against.
+  - 'dense': every token over all of [tokens; nodes] (about 2n columns) with the
+    graph as a mask: O(n^2) plain matmuls, the fastest for short chunks
+    (`BPTransformerConfig.dense_max_len`).
+  docs/benchmarks.md times the three against chunk length.
 
   Args:
     q, k, v: `[batch, n, heads, head_dim]`, q already scaled by 1/sqrt(head_dim).
     rel_keys: `[num_levels + 1, 2 radius + 1, heads, head_dim]`: r[l, o + radius].
     positions, segment_ids, valid: `[batch, n]`; positions consecutive along the chunk.
     radius: the paper's k. num_levels: coarsest level used. causal: edges to the left only.
-    dense: attend over all of [tokens; nodes] under the graph's mask.
+    path: one of `PATHS`.
   Returns:
     `[batch, n, heads, head_dim]`; a query with no allowed neighbour gives zeros.
   """
+  if path not in PATHS:
+    raise ValueError(f'path must be one of {PATHS}, not {path!r}')
   n = q.shape[1]
   nodes = tree_nodes(q, k, v, positions, segment_ids, valid, tree_levels(n, num_levels))
   graph = neighbour_graph(n, radius, num_levels, causal)
   index = graph_index(graph, nodes.starts)
   q_rel = (positions - positions[:, :1])[:, :, None]
   flat = rel_keys.reshape(-1, *rel_keys.shape[2:])
-  if dense:
+  if path == 'dense':
     return _dense_graph_attention(q, nodes, graph, index, relative_index(graph, radius), flat,
                                   q_rel, segment_ids, causal)
-  index = jnp.asarray(index)
+  relative = relative_index(graph, radius)
+  # r[l, o] is one row per column: a column's level and offset do not depend on the token.
+  assert (relative == relative[:1]).all(), 'a column mixes relative offsets'
+  columns = slice(None)
+  if path == 'grouped':
+    blocks = bp_transformer_grouped.column_blocks(graph.level, graph.node, graph.present,
+                                                  radius, causal)
+    grouped_plan = bp_transformer_grouped.plan(blocks, n)
+    columns = grouped_plan.columns                   # the graph's columns in the plan's order
+  index = jnp.asarray(index[:, columns])
   gather = lambda a: a[:, index]                                        # [batch, n, m, ...]
-  mask = (jnp.asarray(graph.present)[None] & gather(nodes.ok)
+  mask = (jnp.asarray(graph.present[:, columns])[None] & gather(nodes.ok)
           & (gather(nodes.segments) == segment_ids[:, :, None]))
   if causal:
     mask &= gather(nodes.end) <= q_rel
-  offsets = flat[jnp.asarray(relative_index(graph, radius))].astype(q.dtype)   # [n, m, h, d]
+  column_offsets = flat[jnp.asarray(relative[0, columns])].astype(q.dtype)        # [m, h, d]
+  if path == 'grouped':   # [batch, n, heads, m]: the layout of the groups' products, no transpose
+    logits = (bp_transformer_grouped.grouped_logits(q, nodes.level_keys, grouped_plan)
+              + jnp.einsum('bnhd,mhd->bnhm', q, column_offsets))
+    weights = masked_softmax(logits, mask[:, :, None]).astype(v.dtype)
+    return bp_transformer_grouped.grouped_values(weights, nodes.level_values, grouped_plan)
   logits = (jnp.einsum('bnhd,bnmhd->bhnm', q, gather(nodes.keys))
-            + jnp.einsum('bnhd,nmhd->bhnm', q, offsets))
+            + jnp.einsum('bnhd,mhd->bhnm', q, column_offsets))
   weights = masked_softmax(logits, mask).astype(v.dtype)
   return jnp.einsum('bhnm,bnmhd->bnhd', weights, gather(nodes.values))
 
@@ -287,8 +322,9 @@ class BPTransformerAttention(nn.Module):
                                         (None, None, 'heads', 'head_dim'))
     rel_keys = self.param('relative_keys', init, (config.num_levels + 1, num_offsets(config.k),
                                                   shared.num_heads, shared.head_dim), jnp.float32)
+    path = 'dense' if x.shape[1] <= config.dense_max_len else 'grouped'
     out = bp_transformer_attention(q, k, v, rel_keys, ctx.positions, ctx.segment_ids, ctx.valid,
                                    radius=config.k, num_levels=config.num_levels,
-                                   causal=shared.causal, dense=x.shape[1] <= config.dense_max_len)
+                                   causal=shared.causal, path=path)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     return projections.project_output(out, shared.d_model, self.dtype), state, {}

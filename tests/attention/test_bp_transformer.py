@@ -27,7 +27,9 @@ import pytest
 
 import train as train_script
 from benchmarks import bp_transformer_cases
-from longformer_jax.attention.bp_transformer import (BPTransformerAttention, BPTransformerConfig,
+from longformer_jax.attention import bp_transformer_grouped
+from longformer_jax.attention.bp_transformer import (PATHS, BPTransformerAttention,
+                                                     BPTransformerConfig,
                                                      bp_transformer_attention, neighbour_graph)
 from longformer_jax.attention.registry import attention_layer
 from longformer_jax.config.errors import ConfigError
@@ -87,6 +89,33 @@ def test_fast_graph_equals_python_loop_graph(causal):
       for num_levels in (0, 2, 8):
         assert fast_graph_sets(n, k, num_levels, causal) == reference_graph(
             n, k, num_levels, causal), (n, k, num_levels)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_grouped_blocks_are_the_graph_in_closed_form(causal):
+  """`column_blocks` asserts each present edge's node against floor((i + base) / 2^l) +
+  delta; the plan lists every column once, in groups that a reshape of its padding makes."""
+  for n in (1, 2, 3, 5, 8, 13, 16, 31, 33, 64, 100, 257):
+    for k in (1, 2, 3, 4):
+      for num_levels in (0, 2, 8):
+        g = neighbour_graph(n, k, num_levels, causal)
+        blocks = bp_transformer_grouped.column_blocks(g.level, g.node, g.present, k, causal)
+        plan = bp_transformer_grouped.plan(blocks, n)
+        assert sorted(plan.columns.tolist()) == list(range(g.level.shape[1]))
+        for alignment in plan.alignments:
+          assert alignment.length >= n + alignment.pad
+          for block in alignment.blocks:
+            assert alignment.length % 2 ** block.level == 0
+            assert (block.base - alignment.pad) % 2 ** block.level == 0
+
+
+def test_grouped_blocks_reject_a_wrong_closed_form():
+  g = neighbour_graph(40, 2, 8, causal=False)
+  node = g.node.copy()
+  node[20, 10] += 1                                   # one level-2 left edge moved by a node
+  assert g.present[20, 10] and g.level[20, 10] == 2
+  with pytest.raises(AssertionError, match='closed form'):
+    bp_transformer_grouped.column_blocks(g.level, node, g.present, 2, False)
 
 
 def test_graph_reaches_the_whole_chunk_with_o_k_log_n_edges():
@@ -169,8 +198,8 @@ CASES = [(16, 2, 8, False), (13, 1, 8, False), (19, 2, 2, False),
          (16, 2, 8, True), (13, 1, 8, True), (19, 3, 2, True)]
 
 
-# dense_max_len 0: every chunk gathers its neighbours; 64: every chunk here takes the dense path.
-@pytest.mark.parametrize('dense_max_len', [0, 64], ids=['gathered', 'dense'])
+# dense_max_len 0: every chunk takes the grouped path; 64: every chunk here takes the dense path.
+@pytest.mark.parametrize('dense_max_len', [0, 64], ids=['grouped', 'dense'])
 @pytest.mark.parametrize('n,k,num_levels,causal', CASES)
 def test_layer_matches_dense_reference(n, k, num_levels, causal, dense_max_len):
   module = BPTransformerAttention(config=BPTransformerConfig(k=k, num_levels=num_levels,
@@ -198,20 +227,25 @@ def test_layer_matches_dense_reference(n, k, num_levels, causal, dense_max_len):
   np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize('dense', [False, True], ids=['gathered', 'dense'])
-@pytest.mark.parametrize('n,k,num_levels,causal', [(13, 2, 8, False), (19, 1, 8, True)])
-def test_gradients_match_dense_reference(n, k, num_levels, causal, dense):
+@pytest.mark.parametrize('path', PATHS)
+@pytest.mark.parametrize('n,k,num_levels,causal', [(13, 2, 8, False), (19, 1, 8, True),
+                                                   (37, 3, 8, False)])
+def test_outputs_and_gradients_match_dense_reference(n, k, num_levels, causal, path):
   positions, segments, valid = chunk_facts(n)
   matrices = reference_matrices(n, k, num_levels, causal, segments, valid)
   q, k_, v, cotangent = (jax.random.normal(jax.random.PRNGKey(i), (B, n, H, HD))
                          for i in range(4))
   rel_keys = jax.random.normal(jax.random.PRNGKey(5), (num_levels + 1, 2 * k + 1, H, HD))
 
-  def fast_loss(q, k_, v, rel_keys):
-    out = bp_transformer_attention(q, k_, v, rel_keys, jnp.asarray(positions),
-                                   jnp.asarray(segments), jnp.asarray(valid), radius=k,
-                                   num_levels=num_levels, causal=causal, dense=dense)
-    return jnp.sum(out * cotangent)
+  def fast(q, k_, v, rel_keys):
+    return bp_transformer_attention(q, k_, v, rel_keys, jnp.asarray(positions),
+                                    jnp.asarray(segments), jnp.asarray(valid), radius=k,
+                                    num_levels=num_levels, causal=causal, path=path)
+  fast_loss = lambda *args: jnp.sum(fast(*args) * cotangent)
+  expected = reference_core(np, *(np.asarray(a, np.float64) for a in (q, k_, v, rel_keys)),
+                            matrices)
+  np.testing.assert_allclose(np.asarray(jax.jit(fast)(q, k_, v, rel_keys)), expected,
+                             rtol=2e-4, atol=2e-5)
 
   # jit only to compile the reference's many small ops once (the same float32 program).
   @jax.jit
@@ -220,7 +254,8 @@ def test_gradients_match_dense_reference(n, k, num_levels, causal, dense):
   assert_gradients_match(fast_loss, reference_loss, (q, k_, v, rel_keys))
 
 
-def test_forward_and_backward_never_build_an_n_by_n_array():
+@pytest.mark.parametrize('path', ['grouped', 'gathered'])
+def test_forward_and_backward_never_build_an_n_by_n_array(path):
   n, k = 2048, 4
   positions = jnp.arange(n, dtype=jnp.int32)[None]
   q = jnp.ones((1, n, 1, 8))
@@ -229,18 +264,28 @@ def test_forward_and_backward_never_build_an_n_by_n_array():
   def loss(q, k_, v, rel_keys):
     return jnp.sum(bp_transformer_attention(q, k_, v, rel_keys, positions,
                                             jnp.zeros_like(positions), jnp.ones((1, n), bool),
-                                            radius=k, num_levels=11, causal=False))
+                                            radius=k, num_levels=11, causal=False, path=path))
   largest = largest_intermediate(jax.grad(loss, argnums=(0, 1, 2, 3)), q, q, q, rel_keys)
   neighbours = neighbour_graph(n, k, 11, causal=False).level.shape[1]     # 2k + 1 + 2k * 11
   assert largest <= n * neighbours * 8 < n * n // 2, (largest, neighbours)
 
 
-def test_benchmark_fast_case_equals_dense_mask_case():
+def test_benchmark_cases_agree():
   cases = {case.variant: case for case in bp_transformer_cases.CASES}
-  inputs = cases['bp_transformer_gathered'].make_inputs(300, jax.random.PRNGKey(3))
+  inputs = cases['bp_transformer_grouped'].make_inputs(300, jax.random.PRNGKey(3))
   run = lambda name: jax.jit(cases[name].forward, compiler_options=FAST_COMPILE)(*inputs)
-  fast, dense = run('bp_transformer_gathered'), run('bp_transformer_dense_mask')
-  np.testing.assert_allclose(np.asarray(fast), np.asarray(dense), atol=2e-5)
+  dense = run('bp_transformer_dense_mask')
+  for name in ('bp_transformer_grouped', 'bp_transformer_gathered'):
+    np.testing.assert_allclose(np.asarray(run(name)), np.asarray(dense), atol=2e-5)
+
+
+def test_an_unknown_path_is_named():
+  q = jnp.zeros((1, 4, 1, 8))
+  positions = jnp.arange(4)[None]
+  with pytest.raises(ValueError, match="'blocked'"):
+    bp_transformer_attention(q, q, q, jnp.zeros((3, 3, 1, 8)), positions,
+                             jnp.zeros_like(positions), positions >= 0, radius=1,
+                             num_levels=2, causal=False, path='blocked')
 
 
 @pytest.mark.parametrize('key,section', [
