@@ -240,10 +240,10 @@ def bp_transformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, rel_keys:
   index = graph_index(graph, nodes.starts)
   q_rel = (positions - positions[:, :1])[:, :, None]
   flat = rel_keys.reshape(-1, *rel_keys.shape[2:])
-  if path == 'dense':
-    return _dense_graph_attention(q, nodes, graph, index, relative_index(graph, radius), flat,
-                                  q_rel, segment_ids, causal)
   relative = relative_index(graph, radius)
+  if path == 'dense':
+    return _dense_graph_attention(q, nodes, graph, index, relative, flat, q_rel, segment_ids,
+                                  causal)
   # r[l, o] is one row per column: a column's level and offset do not depend on the token.
   assert (relative == relative[:1]).all(), 'a column mixes relative offsets'
   columns = slice(None)

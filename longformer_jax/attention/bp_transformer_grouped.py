@@ -55,7 +55,7 @@ def column_blocks(level: np.ndarray, node: np.ndarray, present: np.ndarray, k: i
   fine = tuple(range(-k, 1 if causal else k + 1))
   blocks = [Block(0, 0, fine, 0)]
   start = len(fine)
-  levels = int(level.max()) if level.size else 0
+  levels = int(level.max())                 # the fine columns are always there
   ranks = tuple(range(1, k + 1))
   for lv in range(1, levels + 1):
     size = 2 ** lv
