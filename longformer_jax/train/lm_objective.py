@@ -16,7 +16,9 @@ import optax
 
 from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.models.attendre_delay import total_delay
 from longformer_jax.models.chunk_driver import scan_chunks
+from longformer_jax.train.delayed_targets import drained_batch, require_causal
 
 AUX_PREFIX = 'aux/'
 
@@ -109,8 +111,15 @@ def lm_sums_with_state(model: nn.Module, params, model_state, memory, batch: dic
     the `aux/...` statistics (divide by `chunks` for the mean), and `bytes`
     when `token_bytes` is given. A batch with a bool `subset_mask` (some
     of the targets, e.g. far recurrences) adds `subset_sums` over it.
+
+  A time-shifted stack (Attendre's Q memory, delay D) reads D more padding
+  slots, whole chunks, and its targets move D slots right, so that each
+  target meets its own logits within the step (train/delayed_targets.py).
   """
   weights = model.config.aux_loss_weights
+  delay = total_delay(model.config)
+  require_causal(model.config, delay)
+  batch = drained_batch(batch, delay, chunk_len)
 
   def one_chunk(carry, chunk, index):
     states, model_state = carry

@@ -1,0 +1,88 @@
+"""The next-token loss of Attendre's time-shifted stack (a Q memory in training).
+
+Reference: with a K/V memory holding the whole step and the causal mask, a
+delayed stack computes the standard causal stack's outputs D slots late. So
+its loss, with the drain and the targets moved D slots, equals that of
+vanilla causal attention reading the step whole in one chunk, with the same
+parameters (the stacks name them alike). Gradients differ by design: keys
+that reach a later chunk through the K/V memory are stop-gradient.
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.models.decoder_lm import DecoderLM
+from longformer_jax.train.delayed_targets import drained_batch
+from longformer_jax.train.initialization import init_params
+from longformer_jax.train.lm_objective import lm_sums
+from tests.support.tiny_models import stream_batch, tiny_model_config
+
+CHUNK, LENGTH = 8, 24
+
+
+def delayed_config(causal=True, q_memory_size=(5, 4)):
+  """Two Attendre layers with Q memories of 5 and 4: D = 9, drained by two chunks of 8."""
+  schedule = {'attendre': {'q_memory_size': ','.join(map(str, q_memory_size))}}
+  return tiny_model_config(attention='attendre', stack='attendre_delay', causal=causal,
+                           scan_layers=False, attendre={'memory_size': 64},
+                           layer_schedule=schedule)
+
+
+@functools.lru_cache(maxsize=None)
+def loss_and_grads_fn(config, chunk_len):
+  model = DecoderLM(config)
+
+  def mean_loss(params, batch):
+    memory = DecoderLM.init_state(config, batch['inputs'].shape[0])
+    _, sums = lm_sums(model, params, memory, batch, chunk_len)
+    return sums['loss_sum'] / sums['tokens'], sums['tokens']
+  return jax.jit(jax.value_and_grad(mean_loss, has_aux=True))
+
+
+def answer_only(batch):
+  """Targets only in each row's last 6 slots: the end of the step, inside the delay."""
+  mask = np.zeros_like(batch['target_mask'])
+  mask[:, -6:] = True
+  return dict(batch, target_mask=mask)
+
+
+@pytest.mark.parametrize('targets', ['every_token', 'end_of_step_only'])
+def test_delayed_stack_loss_equals_the_causal_stack(targets):
+  config = delayed_config()
+  params = nn.meta.unbox(init_params(DecoderLM(config), jax.random.PRNGKey(0), 2, CHUNK))
+  batch = stream_batch(2, LENGTH, seed=4, doc_len=11)
+  if targets == 'end_of_step_only':
+    batch = answer_only(batch)
+  (loss, tokens), grads = loss_and_grads_fn(config, CHUNK)(params, batch)
+  reference = tiny_model_config(attention='vanilla')
+  (ref_loss, ref_tokens), _ = loss_and_grads_fn(reference, LENGTH)(params, batch)
+  assert float(tokens) == float(ref_tokens) == float(np.sum(batch['target_mask']))
+  np.testing.assert_allclose(loss, ref_loss, rtol=2e-5)
+  # The end-of-step targets are read in the drain: their gradient reaches every layer.
+  for layer in ('layer_0', 'layer_1'):
+    assert float(np.abs(grads['blocks'][layer]['attention']['query']['kernel']).max()) > 0
+
+
+def test_drain_rounds_up_to_whole_chunks_and_moves_only_targets():
+  batch = stream_batch(2, LENGTH, seed=1)
+  drained = drained_batch(batch, 11, CHUNK)
+  assert drained['inputs'].shape == (2, LENGTH + 16)
+  np.testing.assert_array_equal(drained['inputs'][:, :LENGTH], batch['inputs'])
+  np.testing.assert_array_equal(drained['targets'][:, 11:11 + LENGTH], batch['targets'])
+  assert not np.asarray(drained['target_mask'])[:, :11].any()
+  assert not np.asarray(drained['target_mask'])[:, 11 + LENGTH:].any()
+  assert not np.asarray(drained['input_mask'])[:, LENGTH:].any()
+  np.testing.assert_array_equal(drained['positions'][:, LENGTH:],
+                                np.arange(LENGTH, LENGTH + 16)[None].repeat(2, 0))
+
+
+def test_delayed_queries_that_see_later_keys_are_refused_by_the_loss():
+  config = delayed_config(causal=False)
+  params = nn.meta.unbox(init_params(DecoderLM(config), jax.random.PRNGKey(0), 2, CHUNK))
+  with pytest.raises(ConfigError, match='model.causal'):
+    loss_and_grads_fn(config, CHUNK)(params, stream_batch(2, LENGTH, seed=4))
