@@ -144,6 +144,9 @@ class AttendreConfig(Section):
   # insert_first: insert the chunk, then retrieve from the memory (the paper's Figure 1) |
   # attend_first: attend to [memory; chunk], then insert (default: recorded results reproduce)
   order: str = 'attend_first'
+  # True: within a training step, queries waiting in the Q memory and K/V entries carry
+  # their gradient back to the chunk that wrote them (across steps the memory is data).
+  memory_gradients: bool = False
 
   def eviction_policy(self) -> policies.EvictionPolicy:
     """The K/V memory's eviction policy: `policy` with the settings it reads
@@ -322,7 +325,10 @@ class AttendreAttention(nn.Module):
     # 1. Q memory: the chunk's queries in, the oldest C out (Attendre, sec. 3).
     chunk_queries = fifo.FifoMemory(values=q, positions=ctx.positions,
                                     segment_ids=ctx.segment_ids, valid=ctx.valid)
-    state_queries = jax.lax.stop_gradient(state.queries)
+    # Stop-gradient memories (the default) leave a layer whose queries wait a chunk or more
+    # (N >= C) no gradient into its query, key and value projections: `memory_gradients`.
+    cut = (lambda tree: tree) if self.config.memory_gradients else jax.lax.stop_gradient
+    state_queries = cut(state.queries)
     pending = pending_queries(state_queries, chunk_queries)
     queries, evicted = fifo.insert(state_queries, chunk_queries)
     document_start = jnp.where(ctx.reset, ctx.positions[:, 0], state.document_start)
@@ -333,7 +339,7 @@ class AttendreAttention(nn.Module):
       pending, evicted_rows, chunk, row_document_start, origin, extent = as_head_rows(
           (pending, evicted, chunk, document_start, origin, extent), num_heads)
     # 2. Forget documents no pending query belongs to.
-    memory = forget_finished_documents(jax.lax.stop_gradient(state.memory), pending,
+    memory = forget_finished_documents(cut(state.memory), pending,
                                        row_document_start)
     if order == 'insert_first':
       # 3. Insert the chunk, then retrieve from the K/V memory alone (the paper's Figure 1).
@@ -349,7 +355,7 @@ class AttendreAttention(nn.Module):
       by_head = lambda a: a.reshape((-1, num_heads) + a.shape[2:])
       memory_weights, memory_mask = by_head(memory_weights), by_head(memory_mask)
     # 4. Score the memory by what it was given (attend_first: then insert the chunk).
-    usage = memory_weights
+    usage = jax.lax.stop_gradient(memory_weights)   # scores rank entries; never differentiated
     if policy.name in ('lru', 'lfu'):
       usage = (memory_weights > 0).astype(jnp.float32)
     memory = policies.update_scores(policy, memory, usage, evicted.positions,
@@ -360,11 +366,11 @@ class AttendreAttention(nn.Module):
         weights=memory_weights, mask=memory_mask, scores=memory.scores,
         positions=memory.positions, valid=memory.valid))
     if order == 'attend_first':
-      memory, _ = key_value.insert(memory, jax.lax.stop_gradient(chunk), policy)
-    memory = jax.lax.stop_gradient(memory)
+      memory, _ = key_value.insert(memory, cut(chunk), policy)
+    memory = cut(memory)
     out = nn.with_logical_constraint(out, ('batch', 'length', 'heads', 'head_dim'))
     y = heads.output(out, self.shared.d_model, self.dtype)
     aux = {'memory_occupancy': jnp.mean(memory.valid.astype(jnp.float32))}
-    new_state = AttendreState(queries=jax.lax.stop_gradient(queries), memory=memory,
+    new_state = AttendreState(queries=cut(queries), memory=memory,
                               document_start=document_start)
     return y, new_state, aux

@@ -4,8 +4,10 @@ Reference: with a K/V memory holding the whole step and the causal mask, a
 delayed stack computes the standard causal stack's outputs D slots late. So
 its loss, with the drain and the targets moved D slots, equals that of
 vanilla causal attention reading the step whole in one chunk, with the same
-parameters (the stacks name them alike). Gradients differ by design: keys
-that reach a later chunk through the K/V memory are stop-gradient.
+parameters (the stacks name them alike). So do its gradients when the
+memories pass them back within the step (`attendre.memory_gradients`); with
+stop-gradient memories, a layer whose queries wait a chunk or more gets none
+into its query, key and value projections.
 """
 
 import functools
@@ -25,12 +27,12 @@ from tests.support.tiny_models import stream_batch, tiny_model_config
 CHUNK, LENGTH = 8, 24
 
 
-def delayed_config(causal=True, q_memory_size=(5, 4)):
+def delayed_config(causal=True, q_memory_size=(5, 4), memory_gradients=True):
   """Two Attendre layers with Q memories of 5 and 4: D = 9, drained by two chunks of 8."""
   schedule = {'attendre': {'q_memory_size': ','.join(map(str, q_memory_size))}}
   return tiny_model_config(attention='attendre', stack='attendre_delay', causal=causal,
-                           scan_layers=False, attendre={'memory_size': 64},
-                           layer_schedule=schedule)
+                           scan_layers=False, layer_schedule=schedule,
+                           attendre={'memory_size': 64, 'memory_gradients': memory_gradients})
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,7 +54,7 @@ def answer_only(batch):
 
 
 @pytest.mark.parametrize('targets', ['every_token', 'end_of_step_only'])
-def test_delayed_stack_loss_equals_the_causal_stack(targets):
+def test_delayed_stack_loss_and_grads_equal_the_causal_stack(targets):
   config = delayed_config()
   params = nn.meta.unbox(init_params(DecoderLM(config), jax.random.PRNGKey(0), 2, CHUNK))
   batch = stream_batch(2, LENGTH, seed=4, doc_len=11)
@@ -60,12 +62,24 @@ def test_delayed_stack_loss_equals_the_causal_stack(targets):
     batch = answer_only(batch)
   (loss, tokens), grads = loss_and_grads_fn(config, CHUNK)(params, batch)
   reference = tiny_model_config(attention='vanilla')
-  (ref_loss, ref_tokens), _ = loss_and_grads_fn(reference, LENGTH)(params, batch)
+  (ref_loss, ref_tokens), ref_grads = loss_and_grads_fn(reference, LENGTH)(params, batch)
   assert float(tokens) == float(ref_tokens) == float(np.sum(batch['target_mask']))
   np.testing.assert_allclose(loss, ref_loss, rtol=2e-5)
-  # The end-of-step targets are read in the drain: their gradient reaches every layer.
-  for layer in ('layer_0', 'layer_1'):
-    assert float(np.abs(grads['blocks'][layer]['attention']['query']['kernel']).max()) > 0
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6),
+                         grads, ref_grads)
+
+
+def test_stop_gradient_memories_leave_a_long_delay_layer_no_attention_gradient():
+  # Layer 0's queries wait 8 = C slots, so each is answered from memory alone: with
+  # stop-gradient memories its query, key and value projections get no gradient.
+  config = delayed_config(q_memory_size=(CHUNK, 1), memory_gradients=False)
+  params = nn.meta.unbox(init_params(DecoderLM(config), jax.random.PRNGKey(0), 2, CHUNK))
+  (loss, _), grads = loss_and_grads_fn(config, CHUNK)(params, stream_batch(2, LENGTH, seed=4))
+  assert np.isfinite(float(loss))
+  attention = grads['blocks']['layer_0']['attention']
+  for name in ('query', 'key', 'value'):
+    assert float(np.abs(attention[name]['kernel']).max()) == 0.0, name
+  assert float(np.abs(attention['out']['kernel']).max()) > 0
 
 
 def test_drain_rounds_up_to_whole_chunks_and_moves_only_targets():
