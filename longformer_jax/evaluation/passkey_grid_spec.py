@@ -43,6 +43,9 @@ class GridMemory:
         described.update(size_key=trained_memory.size_key(trained_model),
                          memory_size=self.trained_size or trained_memory.trained_size(
                              trained_model))
+        q_memory = trained_memory.trained_q_memory(trained_model)
+        if q_memory:       # trained with a Q memory: its size, and whether it kept the mask
+          described.update(q_memory_size=q_memory, q_causal=bool(trained_model.causal))
       return described
     described = dict(memory=self.label, **self.point.describe())
     if self.q_causal:

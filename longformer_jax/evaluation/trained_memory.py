@@ -47,6 +47,13 @@ def trained_size(model: ml_collections.ConfigDict) -> int:
   return int(model[kind][SIZE_SECTIONS[kind]] if kind in SIZE_SECTIONS else model.mem_len)
 
 
+def trained_q_memory(model: ml_collections.ConfigDict) -> int:
+  """The Q memory the run trained with (Attendre's `q_memory_size` on the delayed stack), else 0."""
+  if memory_kind(model) != 'attendre' or model.stack != 'attendre_delay':
+    return 0
+  return int(model.attendre.q_memory_size)
+
+
 def model_overrides(model: ml_collections.ConfigDict, size: int) -> dict:
   """Top-level model keys for `lm_model_config(model, vocab, **overrides)`: nothing for
   size 0 (as trained), else the size setting (its whole section, one key changed)."""

@@ -90,6 +90,11 @@ def test_grid_parses_trained_memories():
   assert resized.describe(knn)['memory_size'] == 4096
   assert trained.describe(knn) == dict(memory='trained', variant='trained',
                                        size_key='memorizing.memory_size', memory_size=2048)
+  delayed = experiment_config('configs/passkey_memory.py:attendre_lra_max_score', [
+      ('model.stack', 'attendre_delay'), ('model.attendre.q_memory_size', '64')]).model
+  assert trained.describe(delayed) == dict(
+      memory='trained', variant='trained', size_key='attendre.memory_size', memory_size=128,
+      q_memory_size=64, q_causal=True)
   for bad in ('trained:0', 'trained:x'):
     with pytest.raises(ConfigError, match='eval.passkey_grid'):
       passkey_grid.parse_grid(f'memories={bad}', default_chunk=64)
