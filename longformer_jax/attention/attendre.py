@@ -56,7 +56,8 @@ Positions: RoPE relative to the chunk's first position (as vanilla does)
 through `layers/capped_rotary.py`, with the
 LM-Infinite distance cap `rope_max_distance` (L; -1 = plain RoPE): scores
 are `q_i^T R(min(p_i - p_j, L)) k_j` (and `max(., -L)` for future keys when
-bidirectional). Keys and values are stored before rotation, stop-gradient.
+bidirectional). Keys and values are stored before rotation, stop-gradient (unless
+`memory_gradients`: then within a training step they pass gradients back).
 
 Documents: a row's Q memory is never cleared (its queries are still owed an
 output); a K/V entry is dropped once every pending query comes from a later
