@@ -48,10 +48,15 @@ def trained_size(model: ml_collections.ConfigDict) -> int:
 
 
 def trained_q_memory(model: ml_collections.ConfigDict) -> int:
-  """The Q memory the run trained with (Attendre's `q_memory_size` on the delayed stack), else 0."""
+  """The Q memory the run trained with (Attendre's `q_memory_size` on the delayed stack; with
+  a per-layer schedule, the largest layer's), else 0."""
   if memory_kind(model) != 'attendre' or model.stack != 'attendre_delay':
     return 0
-  return int(model.attendre.q_memory_size)
+  scheduled = _plain(model.layer_schedule).get('attendre', {}).get('q_memory_size')
+  if scheduled is None:
+    return int(model.attendre.q_memory_size)
+  values = scheduled.split(',') if isinstance(scheduled, str) else list(scheduled)
+  return max(int(v) for v in values)
 
 
 def model_overrides(model: ml_collections.ConfigDict, size: int) -> dict:

@@ -83,6 +83,11 @@ def total_delay(config) -> int:
   return sum(layer_delay(layer_config(config, i)) for i in range(config.num_layers))
 
 
+def drain_chunks(delay: int, chunk_len: int) -> int:
+  """Padding chunks of `chunk_len` that push a delay of `delay` out: ceil(delay / chunk_len)."""
+  return -(-delay // chunk_len)
+
+
 def finishing_lengths(config, chunk_len: int, mode: str) -> list[int]:
   """Lengths of the padding steps that finish an input: 'flush' or 'drain'."""
   delay = total_delay(config)
@@ -91,13 +96,19 @@ def finishing_lengths(config, chunk_len: int, mode: str) -> list[int]:
   if mode == 'flush':
     return [delay]
   require(mode == 'drain', 'mode', f"must be 'flush' or 'drain', got {mode!r}")
-  return [chunk_len] * -(-delay // chunk_len)
+  return [chunk_len] * drain_chunks(delay, chunk_len)
+
+
+def padding_positions(positions: jax.Array, segment_ids: jax.Array, length: int):
+  """`(positions, segment_ids)` `[batch, length]` of padding after `[batch, n]` ones: the
+  positions continue, the last segment id repeats."""
+  padded = positions[:, -1:] + 1 + jnp.arange(length, dtype=positions.dtype)[None]
+  return padded, jnp.broadcast_to(segment_ids[:, -1:], padded.shape)
 
 
 def padding_context(last: AttentionContext, length: int) -> AttentionContext:
   """`length` padding tokens after the chunk `last`: positions continue, nothing valid."""
-  positions = last.positions[:, -1:] + 1 + jnp.arange(length, dtype=jnp.int32)[None]
-  segments = jnp.broadcast_to(last.segment_ids[:, -1:], positions.shape)
+  positions, segments = padding_positions(last.positions, last.segment_ids, length)
   return AttentionContext(positions=positions, segment_ids=segments,
                           reset=jnp.zeros(positions.shape[:1], bool),
                           valid=jnp.zeros(positions.shape, bool),

@@ -17,6 +17,7 @@ token among them, so the next-token loss would read its answers:
 import jax.numpy as jnp
 
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.models.attendre_delay import drain_chunks, padding_positions
 
 # Arrays indexed by the target (moved by D), against those indexed by the input.
 TARGET_KEYS = ('targets', 'target_mask', 'subset_mask')
@@ -31,23 +32,20 @@ def require_causal(model_config, delay: int) -> None:
                       'not what it sees)')
 
 
-def drain_length(delay: int, chunk_len: int) -> int:
-  """Padding slots appended to a step: D rounded up to whole chunks."""
-  return -(-delay // chunk_len) * chunk_len
-
-
 def drained_batch(batch: dict, delay: int, chunk_len: int) -> dict:
   """`batch` (`[rows, T]` arrays, lm_objective's names) with the drain appended and the
-  target arrays moved `delay` slots right: `[rows, T + drain_length]`."""
+  target arrays moved `delay` slots right: `[rows, T + pad]`, pad = D rounded up to whole
+  chunks (`attendre_delay.finishing_lengths`' drain)."""
   if delay == 0:
     return batch
-  pad = drain_length(delay, chunk_len)
+  pad = drain_chunks(delay, chunk_len) * chunk_len
   rows = batch['inputs'].shape[0]
-  last = batch['positions'][:, -1:]
+  positions, segment_ids = padding_positions(jnp.asarray(batch['positions']),
+                                             jnp.asarray(batch['segment_ids']), pad)
   padding = {
       'inputs': jnp.zeros((rows, pad), batch['inputs'].dtype),
-      'positions': last + 1 + jnp.arange(pad, dtype=batch['positions'].dtype)[None],
-      'segment_ids': jnp.broadcast_to(batch['segment_ids'][:, -1:], (rows, pad)),
+      'positions': positions,
+      'segment_ids': segment_ids,
       'doc_start': jnp.zeros((rows, pad), bool),
       'input_mask': jnp.zeros((rows, pad), bool),
   }

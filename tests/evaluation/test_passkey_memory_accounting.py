@@ -95,6 +95,10 @@ def test_grid_parses_trained_memories():
   assert trained.describe(delayed) == dict(
       memory='trained', variant='trained', size_key='attendre.memory_size', memory_size=128,
       q_memory_size=64, q_causal=True)
+  scheduled = experiment_config('configs/passkey_memory.py:attendre_lra_max_score', [
+      ('model.stack', 'attendre_delay'), ('model.scan_layers', 'False'),
+      ('model.layer_schedule.attendre.q_memory_size', '32,96')]).model
+  assert trained.describe(scheduled)['q_memory_size'] == 96
   for bad in ('trained:0', 'trained:x'):
     with pytest.raises(ConfigError, match='eval.passkey_grid'):
       passkey_grid.parse_grid(f'memories={bad}', default_chunk=64)
