@@ -19,6 +19,8 @@ so `trained:65536` on the kNN model is a memory holding the whole of a
 
 import ml_collections
 
+from longformer_jax.models import layer_schedule
+
 SIZE_SECTIONS = {'memorizing': 'memory_size', 'attendre': 'memory_size',
                  'streaming_sinks': 'window'}
 
@@ -52,7 +54,8 @@ def trained_q_memory(model: ml_collections.ConfigDict) -> int:
   a per-layer schedule, the largest layer's), else 0."""
   if memory_kind(model) != 'attendre' or model.stack != 'attendre_delay':
     return 0
-  scheduled = _plain(model.layer_schedule).get('attendre', {}).get('q_memory_size')
+  per_layer = dict(layer_schedule.leaves(_plain(model.layer_schedule)))
+  scheduled = per_layer.get(('attendre', 'q_memory_size'))
   if scheduled is None:
     return int(model.attendre.q_memory_size)
   values = scheduled.split(',') if isinstance(scheduled, str) else list(scheduled)
