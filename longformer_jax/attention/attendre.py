@@ -38,9 +38,10 @@ Each step (a chunk of C tokens), in the order `order` picks:
     policy scores the memory entries, and then the chunk is inserted, so a
     chunk's attention to itself never enters the scores.
  The memory may hold keys that come after a delayed query: with
- `causal=False` it sees them (bidirectional); with `causal=True` the
- position rule masks them (and LRA leaves an entry no query may see with
- its score).
+ `causal=False` it sees them (bidirectional), except, with `hide_predicted`,
+ the keys of predicted tokens (`ctx.predicted`, stored per entry); with
+ `causal=True` the position rule masks them (and LRA leaves an entry no
+ query may see with its score).
 
 Delay: the output of a step is the attention output of the *evicted* queries,
 so `y[:, j]` belongs to position `ctx.positions[:, j] - N` (a continuous
@@ -96,7 +97,7 @@ import jax.numpy as jnp
 
 from longformer_jax.attention.context import AttentionContext
 from longformer_jax.attention.core.dot_product import masked_softmax
-from longformer_jax.attention.core.masking import causal_document_mask
+from longformer_jax.attention.core.masking import causal_document_mask, hide_predicted_ahead
 from longformer_jax.attention.shared_settings import SharedSettings
 from longformer_jax.config.section import Section
 from longformer_jax.memory import entries, fifo, key_value, policies
@@ -117,7 +118,8 @@ class AttendreState:
   Attributes:
     queries: Q memory, `values [batch, N, heads, head_dim]` (unrotated queries).
     memory: K/V memory, data `{'keys', 'values'}: [batch, M, heads, head_dim]`;
-      with per-head scores `[batch * heads, M, 1, head_dim]` (row b * heads + h).
+      with per-head scores `[batch * heads, M, 1, head_dim]` (row b * heads + h);
+      with `hide_predicted` also `'predicted': [rows, M]` bool (ctx.predicted).
     document_start: `[batch]` int32 position of the row's latest reset.
   """
   queries: fifo.FifoMemory
@@ -148,6 +150,10 @@ class AttendreConfig(Section):
   # True: within a training step, queries waiting in the Q memory and K/V entries carry
   # their gradient back to the chunk that wrote them (across steps the memory is data).
   memory_gradients: bool = False
+  # True (with causal=False): keys of predicted tokens (ctx.predicted, the loss's targets)
+  # are hidden from the queries before them, so delayed queries look ahead at the prompt
+  # only (a prefix-LM mask): the Q memory's look-ahead in training (train/delayed_targets.py).
+  hide_predicted: bool = False
 
   def eviction_policy(self) -> policies.EvictionPolicy:
     """The K/V memory's eviction policy: `policy` with the settings it reads
@@ -191,6 +197,9 @@ class AttendreConfig(Section):
     self.require(self.order != 'insert_first' or self.memory_size >= 1, 'order',
                  "'insert_first' needs memory_size >= 1 (queries retrieve from the memory alone)")
     if env is not None:
+      self.require(not (self.hide_predicted and env.model.causal), 'hide_predicted',
+                   'is read only with model.causal=False (the causal mask hides every '
+                   'later key already)')
       self.require(self.q_memory_size == 0 or env.model.stack == 'attendre_delay',
                    'q_memory_size', f"> 0 needs model.stack='attendre_delay', not "
                    f"{env.model.stack!r}: a delayed output needs a skip path delayed as much")
@@ -270,11 +279,13 @@ class AttendreAttention(nn.Module):
     """Empty Q memory (`[batch_size, q_memory_size, num_heads, head_dim]`) and K/V memory
     (`memory_size` entries) per row."""
     heads = (shared.num_heads, shared.head_dim)
+    memory = key_value.create(batch_size, config.memory_size, *heads, dtype,
+                              per_head_rows=config.per_head_scores)
+    if config.hide_predicted:
+      memory = memory.replace(data={**memory.data, 'predicted': jnp.zeros_like(memory.valid)})
     return AttendreState(
         queries=fifo.create(batch_size, config.q_memory_size, heads, dtype),
-        memory=key_value.create(batch_size, config.memory_size, *heads, dtype,
-                                per_head_rows=config.per_head_scores),
-        document_start=jnp.full((batch_size,), _INT32_MIN, jnp.int32))
+        memory=memory, document_start=jnp.full((batch_size,), _INT32_MIN, jnp.int32))
 
   def attend(self, queries: fifo.FifoMemory, memory: MemoryEntries,
              chunk: MemoryEntries | None, origin: jax.Array, extent: jax.Array | None = None):
@@ -293,8 +304,8 @@ class AttendreAttention(nn.Module):
       memory_mask [b, 1, q, M] bool)`: the weights on the memory slots and
       which slots each query may see (position/document rule, before top-k).
     """
-    parts = [memory] if chunk is None else [memory, chunk.replace(
-        data=jax.tree_util.tree_map(lambda a: a.astype(self.dtype), chunk.data))]
+    parts = [memory] if chunk is None else [memory, chunk.replace(data={
+        **chunk.data, **{name: chunk.data[name].astype(self.dtype) for name in ('keys', 'values')}})]
     joined = lambda get: jnp.concatenate([get(part) for part in parts], axis=1)
     keys, values = joined(lambda e: e.data['keys']), joined(lambda e: e.data['values'])
     positions, segments = joined(lambda e: e.positions), joined(lambda e: e.segment_ids)
@@ -307,6 +318,9 @@ class AttendreAttention(nn.Module):
     logits = scores / jnp.sqrt(self.shared.head_dim).astype(scores.dtype)
     allowed = causal_document_mask(queries.positions, queries.segment_ids, positions, segments,
                                    valid, causal=causal) & queries.valid[:, :, None]
+    if section.hide_predicted:
+      allowed = hide_predicted_ahead(allowed, queries.positions, positions,
+                                     joined(lambda e: e.data['predicted']))
     capacity = memory.capacity
     mask = jnp.broadcast_to(allowed[:, None], logits.shape)
     if section.top_k > 0 and capacity > 0:
@@ -334,6 +348,9 @@ class AttendreAttention(nn.Module):
     queries, evicted = fifo.insert(state_queries, chunk_queries)
     document_start = jnp.where(ctx.reset, ctx.positions[:, 0], state.document_start)
     chunk = key_value.entries_from_chunk(k, v, ctx.positions, ctx.segment_ids, ctx.valid)
+    if self.config.hide_predicted:   # no flags given (evaluation in chunks): nothing hidden
+      flags = jnp.zeros_like(ctx.valid) if ctx.predicted is None else ctx.predicted
+      chunk = chunk.replace(data={**chunk.data, 'predicted': flags.astype(bool)})
     origin, row_document_start, evicted_rows = ctx.positions[:, :1], document_start, evicted
     extent = heads.extent(ctx.positions, ctx.valid)   # dynamic, longrope: the chunk's length
     if policy.per_head:  # one memory per head: (batch, head) pairs become rows

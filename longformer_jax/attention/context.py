@@ -24,6 +24,10 @@ class AttentionContext:
     valid: `[batch, chunk]` bool, the token is real (not padding).
     global_flags: optional `[batch, chunk]` bool, global tokens (Longformer,
       BigBird).
+    predicted: optional `[batch, chunk]` bool, the token is a target of the
+      next-token loss (some query predicts it). Attendre with `hide_predicted`
+      hides such keys from the queries before them, so that its delayed
+      queries look ahead at the prompt only (train/delayed_targets.py).
     step: optional int32 scalar, the training step (set by the LM train step;
       None elsewhere). Performer redraws its random features by it.
     deterministic: static; True disables dropout.
@@ -33,5 +37,6 @@ class AttentionContext:
   reset: jax.Array
   valid: jax.Array
   global_flags: Optional[jax.Array] = None
+  predicted: Optional[jax.Array] = None
   step: Optional[jax.Array] = None
   deterministic: bool = flax.struct.field(pytree_node=False, default=True)

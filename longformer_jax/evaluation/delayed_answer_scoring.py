@@ -26,7 +26,10 @@ and a = the document's `answer_start` (the first answer target):
 
 So the query of an answer position has read inputs [0, a + k] and nothing
 after them, and every earlier position's query has waited as it would in a
-stream (the prompt's delayed queries see later prompt keys).
+stream (the prompt's delayed queries see later prompt keys). The answer's inputs
+(a + 1 on) are flagged `predicted`: a model trained with
+`attendre.hide_predicted` hides them from the prompt's queries, as in training;
+other models ignore the flag.
 
 Rows with different answer starts: one row per document, all from position 0,
 in lockstep: each step has one length for the batch, and a row that has no
@@ -56,6 +59,7 @@ from longformer_jax.models.attendre_delay import padding_context, total_delay
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.parallel import sharding
 from longformer_jax.train import initialization
+from longformer_jax.train.delayed_targets import predicted_inputs
 from longformer_jax.train.lm_objective import chunk_context
 
 
@@ -130,7 +134,8 @@ def _take(arrays: dict, starts: np.ndarray, length: int, active: np.ndarray) -> 
   """`[rows, length]` windows of `arrays` from per-row `starts` (clipped), and `active`."""
   width = arrays['inputs'].shape[1]
   index = np.minimum(starts[:, None] + np.arange(length)[None], width - 1)
-  keys = ('inputs', 'targets', 'positions', 'segment_ids', 'doc_start', 'input_mask')
+  keys = ('inputs', 'targets', 'positions', 'segment_ids', 'doc_start', 'input_mask',
+          'predicted')
   window = {k: np.take_along_axis(arrays[k], index, axis=1) for k in keys}
   window['active'] = active[:, None]
   return window
@@ -191,6 +196,7 @@ class DelayedAnswerScorer:
     """One batch of rows: per-row lists of per-answer-token (correct, nll), the final memory
     (each row's S after its last answer input), the seconds and the inputs pushed."""
     arrays = document_batch(group, self.batch_size, self.chunk_len, bos_id, pad_id)
+    arrays['predicted'] = np.asarray(predicted_inputs(arrays['answer_mask']))
     rows = group + [group[0]] * (self.batch_size - len(group))
     starts = np.asarray([d.answer_start for d in rows], np.int64)       # a per row
     lengths = np.asarray([d.answer_len if i < len(group) else 0 for i, d in enumerate(rows)])

@@ -63,8 +63,11 @@ class MemoryEntries:
     """The same dataclass with a tuple of logical axis names per array."""
     row_axes = ('batch', 'memory')
     def names(leaf):
-      features = self.data_axes if self.data_axes is not None else (None,) * (leaf.ndim - 2)
-      return row_axes + tuple(features)
+      # data_axes names the feature axes of the leaves that have them; a `[rows, n]` leaf
+      # (a flag per entry) has none.
+      features = self.data_axes if self.data_axes is not None else ()
+      return row_axes + (tuple(features) if len(features) == leaf.ndim - 2
+                         else (None,) * (leaf.ndim - 2))
     data = jax.tree_util.tree_map(names, self.data)
     return MemoryEntries(data=data, positions=row_axes, segment_ids=row_axes, valid=row_axes,
                          scores=row_axes, clock=None if self.clock is None else row_axes,

@@ -28,7 +28,10 @@ is not stop-gradient: a delayed token's gradient reaches the step it came
 from through the chunk scan.
 
 State per layer: `{'attention': the variant's state, 'residual': FifoMemory
-values [batch, N, d_model], 'starts': FifoMemory values [batch, N] bool}`.
+values [batch, N, d_model], 'starts': FifoMemory values [batch, N] bool}`, and
+where a layer hides predicted keys (`attendre.hide_predicted`) `'predicted'`, a
+delay line of the tokens' `ctx.predicted` flags [batch, N] bool, so that every
+layer is told which of the positions it receives are predicted.
 """
 
 import dataclasses
@@ -71,6 +74,12 @@ class AttendreDelayConfig(Section):
     if env.model.block != 'pre_ln':
       raise ConfigError('model.block', f'{env.model.block!r}: the time-shifted stack builds '
                         "its own pre-LN blocks (with a delayed skip path); use block='pre_ln'")
+
+
+def hides_predicted(config) -> bool:
+  """Some layer hides predicted keys from earlier queries (`attendre.hide_predicted`)."""
+  return any(cfg.attention == 'attendre' and cfg.attendre.hide_predicted
+             for cfg in (layer_config(config, i) for i in range(config.num_layers)))
 
 
 def layer_delay(layer_cfg) -> int:
@@ -144,9 +153,15 @@ class TimeShiftedBlock(nn.Module):
                                         state['attention'], ctx)
     residual, skip = delayed(state['residual'], x, ctx)
     starts, skip_starts = delayed(state['starts'], token_starts(ctx), ctx)
+    new_state = {'residual': residual, 'starts': starts}
+    skip_predicted = None
+    if 'predicted' in state:
+      flags = jnp.zeros_like(ctx.valid) if ctx.predicted is None else ctx.predicted
+      new_state['predicted'], skip_predicted = delayed(state['predicted'], flags, ctx)
+      skip_predicted = skip_predicted.values
     out_ctx = AttentionContext(positions=skip.positions, segment_ids=skip.segment_ids,
                                reset=skip_starts.values[:, 0], valid=skip.valid,
-                               deterministic=ctx.deterministic)
+                               predicted=skip_predicted, deterministic=ctx.deterministic)
     x = skip.values + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     feed_forward = FeedForward(FeedForwardConfig.of(cfg), cfg.d_model, cfg.dropout_rate,
@@ -155,8 +170,7 @@ class TimeShiftedBlock(nn.Module):
                      deterministic=ctx.deterministic)
     x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=ctx.deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    new_state = {'attention': attention_state, 'residual': residual, 'starts': starts}
-    return x, (new_state, aux), out_ctx
+    return x, ({'attention': attention_state, **new_state}, aux), out_ctx
 
 
 class TimeShiftedStack(nn.Module):
@@ -173,6 +187,7 @@ class TimeShiftedStack(nn.Module):
   def init_state(config, batch_size: int, dtype=jnp.float32) -> tuple:
     states = []
     attention_states = BlockStack.init_state(config, batch_size, dtype)
+    carry_predicted = hides_predicted(config)
     for i in range(config.num_layers):
       cfg = layer_config(config, i)
       delay = layer_delay(cfg)
@@ -180,6 +195,8 @@ class TimeShiftedStack(nn.Module):
           'attention': attention_states[i],
           'residual': fifo.create(batch_size, delay, (cfg.d_model,), dtype),
           'starts': fifo.create(batch_size, delay, (), bool)})
+      if carry_predicted:
+        states[-1]['predicted'] = fifo.create(batch_size, delay, (), bool)
     return tuple(states)
 
   @nn.compact

@@ -18,7 +18,7 @@ from longformer_jax.attention.context import MODEL_STATE, AttentionContext
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.models.attendre_delay import total_delay
 from longformer_jax.models.chunk_driver import scan_chunks
-from longformer_jax.train.delayed_targets import drained_batch, require_causal
+from longformer_jax.train.delayed_targets import drained_batch, require_hidden_targets
 
 AUX_PREFIX = 'aux/'
 
@@ -62,6 +62,7 @@ def chunk_context(chunk: dict, deterministic: bool,
       segment_ids=chunk['segment_ids'],
       reset=chunk['doc_start'][:, 0],
       valid=chunk['input_mask'],
+      predicted=chunk.get('predicted'),
       step=step,
       deterministic=deterministic)
 
@@ -114,12 +115,13 @@ def lm_sums_with_state(model: nn.Module, params, model_state, memory, batch: dic
 
   A time-shifted stack (Attendre's Q memory, delay D) reads D more padding
   slots, whole chunks, and its targets move D slots right, so that each
-  target meets its own logits within the step (train/delayed_targets.py).
+  target meets its own logits within the step (train/delayed_targets.py); under
+  causal=False its predicted inputs are flagged and hidden from earlier queries.
   """
   weights = model.config.aux_loss_weights
   delay = total_delay(model.config)
-  require_causal(model.config, delay)
-  batch = drained_batch(batch, delay, chunk_len)
+  batch = drained_batch(batch, delay, chunk_len,
+                        flag_predicted=require_hidden_targets(model.config, delay))
 
   def one_chunk(carry, chunk, index):
     states, model_state = carry

@@ -4,7 +4,8 @@ The reference (`reference_outputs`) knows nothing of memories: for a FIFO
 K/V memory of M entries and a Q memory of N, query i is answered at the step
 whose chunk holds stream index i + N (the flush step past the end), and may
 attend to the keys of the last M valid tokens before that chunk and of the
-chunk itself (same document, valid, not in the future when causal). Scores are
+chunk itself (same document, valid, not in the future when causal, and not a
+later predicted token when `predicted` flags are given). Scores are
 `q_i . R(-clip(p_i - p_j, -L, L)) k_j / sqrt(d)` computed pair by pair.
 """
 
@@ -26,7 +27,7 @@ from tests.support.attendre_reference import (B, C, H, HD, context, init_params,
 
 
 def reference_outputs(params, x, positions, segments, valid, *, chunk, n, m, causal,
-                      cap=-1, top_k=0):
+                      cap=-1, top_k=0, predicted=None):
   """Attendre with FIFO memories, one query at a time; float64 `[b, T, d_model]`."""
   p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))
   q = np.einsum('btd,dhe->bthe', x, p['query']['kernel'])
@@ -44,7 +45,9 @@ def reference_outputs(params, x, positions, segments, valid, *, chunk, n, m, cau
       memory = [j for j in range(start) if valid[b, j]][-m:] if m else []
       keys = [j for j in memory + list(range(start, min(start + chunk, total)))
               if valid[b, j] and segments[b, j] == segments[b, i]
-              and (not causal or positions[b, j] <= positions[b, i])]
+              and (not causal or positions[b, j] <= positions[b, i])
+              and not (predicted is not None and predicted[b, j]
+                       and positions[b, j] > positions[b, i])]
       for h in range(H):
         scores = {}
         for j in keys:
@@ -62,7 +65,8 @@ def reference_outputs(params, x, positions, segments, valid, *, chunk, n, m, cau
   return np.einsum('bthe,hed->btd', out, p['out']['kernel'])
 
 
-def run_stream(step, params, state, x, positions, segments, valid, *, chunk, finish, delay):
+def run_stream(step, params, state, x, positions, segments, valid, *, chunk, finish, delay,
+               predicted=None):
   """Runs whole chunks, then `finish` ('flush': one step of `delay` padding tokens,
   'drain': padding chunks, 'none'); returns (outputs aligned to stream indices, state)."""
   total = x.shape[1]
@@ -70,8 +74,9 @@ def run_stream(step, params, state, x, positions, segments, valid, *, chunk, fin
   for start in range(0, total, chunk):
     part = slice(start, start + chunk)
     reset = (segments[:, start] != segments[:, start - 1]) if start else np.ones(B, bool)
+    flags = None if predicted is None else predicted[:, part]
     y, state = step(params, jnp.asarray(x[:, part]), state,
-                    context(positions[:, part], segments[:, part], valid[:, part], reset))
+                    context(positions[:, part], segments[:, part], valid[:, part], reset, flags))
     outputs.append(np.asarray(y))
   if finish != 'none' and delay:
     length = delay if finish == 'flush' else -(-delay // chunk) * chunk
@@ -126,6 +131,26 @@ def test_delayed_queries_see_later_keys_in_the_fifo_window():
                                chunk=C, n=n, m=m, causal=False)
   np.testing.assert_allclose(y[valid], expected[valid], rtol=2e-4, atol=2e-5)
   np.testing.assert_array_equal(y[~valid], 0.0)
+
+
+@pytest.mark.parametrize('per_head', [False, True])
+def test_hidden_predicted_keys_are_seen_by_later_queries_only(per_head):
+  # Random tokens are predicted; a delayed query sees the later keys in its window except
+  # those (a prefix-LM mask), in the chunk and in the K/V memory alike.
+  total, n, m = 40, 12, 12
+  config = model_config(q_memory_size=n, memory_size=m, causal=False, hide_predicted=True,
+                        per_head_scores=per_head)
+  params = init_params(config)
+  x, positions, segments, valid = stream(total, doc_len=24, num_valid=36)
+  predicted = np.random.default_rng(3).random((B, total)) < 0.4
+  y, _ = run_stream(layer_step(config), params, attention_state(config, B), x, positions,
+                    segments, valid, chunk=C, finish='flush', delay=n, predicted=predicted)
+  expected = reference_outputs(params, x.astype(np.float64), positions, segments, valid,
+                               chunk=C, n=n, m=m, causal=False, predicted=predicted)
+  np.testing.assert_allclose(y[valid], expected[valid], rtol=2e-4, atol=2e-5)
+  unhidden = reference_outputs(params, x.astype(np.float64), positions, segments, valid,
+                               chunk=C, n=n, m=m, causal=False)
+  assert np.abs(unhidden - expected)[valid].max() > 1e-2      # the flags change what is seen
 
 
 @pytest.mark.parametrize('policy', ['lra_max', pytest.param('lfa', marks=pytest.mark.slow)])
@@ -310,6 +335,7 @@ BAD_SETTINGS = [
     (dict(attendre=dict(rope_max_distance=-2)), 'model.attendre.rope_max_distance'),
     (dict(attendre=dict(order='paper')), 'model.attendre.order'),
     (dict(attendre=dict(order='insert_first', memory_size=0)), 'model.attendre.order'),
+    (dict(causal=True, attendre=dict(hide_predicted=True)), 'model.attendre.hide_predicted'),
     (dict(scan_layers=True), 'model.scan_layers'),
     (dict(remat_policy='dots'), 'model.remat_policy'),
     (dict(block='gtrxl'), 'model.block'),

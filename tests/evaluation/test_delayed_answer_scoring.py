@@ -22,13 +22,14 @@ from longformer_jax.data import passkey
 from longformer_jax.evaluation import passkey_grid
 from longformer_jax.evaluation.delayed_answer_scoring import (DelayedAnswerScorer,
                                                                lockstep_rounds, prompt_steps)
-from longformer_jax.evaluation.passkey_scoring import PasskeyScorer
+from longformer_jax.evaluation.passkey_scoring import PasskeyScorer, document_batch
 from longformer_jax.models.attendre_delay import total_delay
 from longformer_jax.models.decoder_lm import DecoderLM
 from longformer_jax.models.resolved_model import lm_model_config
 from longformer_jax.parallel import sharding
 from longformer_jax.parallel.mesh import make_mesh
 from longformer_jax.train import initialization
+from longformer_jax.train.lm_objective import lm_sums
 from tests.support.tiny_models import VOCAB, tiny_config
 
 BOS, PAD = 257, 256
@@ -228,3 +229,28 @@ def test_the_grid_scores_a_q_memory_with_the_delayed_scorer(setup):
                              scores['nll'].sum() / sum(d.answer_len for d in documents),
                              rtol=1e-6)
   assert costs['attendre_lra_max:16+q8']['seconds_per_1k_tokens'] > 0
+
+
+def test_a_look_ahead_model_scores_its_answers_as_its_training_loss_does(setup):
+  """A model trained with `hide_predicted` (causal=False): with Q memories longer than the
+  documents and a K/V memory that holds them, every query is answered once its document
+  is read, so the scorer's answer nll equals the training loss (train/lm_objective.py)
+  over the answer targets, which hides the answer's inputs from the prompt's queries."""
+  config = tiny_config(attention='attendre', stack='attendre_delay', causal=False,
+                       scan_layers=False, num_layers=2,
+                       attendre={'memory_size': 64, 'q_memory_size': 48,
+                                 'hide_predicted': True}).model
+  model_config = lm_model_config(config, VOCAB)
+  params = nn.unbox(jax.jit(lambda rng: initialization.init_params(
+      DecoderLM(model_config), rng, 1, CHUNK))(jax.random.PRNGKey(2)))
+  scores = scorer(model_config, setup).score(params, DOCUMENTS, BOS, PAD)
+  arrays = document_batch(DOCUMENTS, len(DOCUMENTS), CHUNK, BOS, PAD)
+  batch = {key: jnp.asarray(arrays[key]) for key in
+           ('inputs', 'targets', 'positions', 'segment_ids', 'doc_start', 'input_mask')}
+  for i in range(len(DOCUMENTS)):
+    row = {key: value[i:i + 1] for key, value in batch.items()}
+    row['target_mask'] = jnp.asarray(arrays['answer_mask'][i:i + 1])
+    _, sums = lm_sums(DecoderLM(model_config), params,
+                      DecoderLM.init_state(model_config, 1), row, CHUNK)
+    assert float(sums['tokens']) == DOCUMENTS[i].answer_len
+    np.testing.assert_allclose(scores['nll'][i], float(sums['loss_sum']), rtol=1e-4)

@@ -42,9 +42,10 @@ def stream(total, doc_len=0, seed=0, num_valid=None):
   return x, positions, segments.astype(np.int32), valid
 
 
-def context(positions, segments, valid, reset):
+def context(positions, segments, valid, reset, predicted=None):
   return AttentionContext(positions=jnp.asarray(positions), segment_ids=jnp.asarray(segments),
-                          reset=jnp.asarray(reset), valid=jnp.asarray(valid))
+                          reset=jnp.asarray(reset), valid=jnp.asarray(valid),
+                          predicted=None if predicted is None else jnp.asarray(predicted))
 
 
 _STEPS = {}

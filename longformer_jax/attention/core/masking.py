@@ -20,3 +20,13 @@ def causal_document_mask(q_positions: jax.Array, q_segments: jax.Array,
   if causal:
     allowed &= k_positions[:, None, :] <= q_positions[:, :, None]
   return allowed
+
+
+def hide_predicted_ahead(allowed: jax.Array, q_positions: jax.Array, k_positions: jax.Array,
+                         k_predicted: jax.Array) -> jax.Array:
+  """`allowed [batch, q, k]` less the keys after a query that are predicted (`k_predicted
+  [batch, k]`, targets of the next-token loss): a prefix-LM mask (Raffel et al., 2020,
+  sec. 3.2.1) for queries that see later keys. A query then never reads a token that it,
+  or a later query reading its output, predicts."""
+  ahead = k_positions[:, None, :] > q_positions[:, :, None]
+  return allowed & ~(ahead & k_predicted[:, None, :])
