@@ -41,7 +41,9 @@ Settings (`;` separates them, `,` the values of one):
   the model runs `stack='attendre_delay'` with `causal=False` (a query sees the N keys after it).
   `q_causal=1` keeps the trained causal mask instead (label `...+q64causal`, the row's
   `q_causal` true): the control in which the delay changes when a query is answered, not
-  what it sees.
+  what it sees. A memory without a Q memory reads causally, even on a model trained
+  with look-ahead (`causal=False`, `attendre.hide_predicted`), whose own `trained`
+  memory keeps its look-ahead; under the causal mask `hide_predicted` is moot and off.
 - any other key is a setting of the memories' sections (memory_sweep's
   extra keys, e.g. `rope_max_distance=511`, `top_k=32`, `lfa_gamma=0.9`),
   applied to the memories that read it.
@@ -119,11 +121,19 @@ def memory_model_config(trained_model, vocab_size: int, memory: GridMemory):
     overrides = memory_sweep.model_overrides(memory.point, trained_model)
     if memory.point.q_memory_size:   # delayed queries: their stack, and the keys they wait for
       overrides.update(stack='attendre_delay', causal=memory.q_causal)
+    else:   # no delay: teacher forcing in chunks would show a bidirectional model later tokens
+      overrides['causal'] = True
+    if overrides['causal'] and 'attendre' in overrides:   # moot under the causal mask
+      overrides['attendre'] = dict(overrides['attendre'], hide_predicted=False)
   config = lm_model_config(trained_model, vocab_size, **overrides)
   try:
     resolve_model(config.model_values())
   except ConfigError as error:
     raise ConfigError(GRID_KEY, f'memory {memory.label}: {error}') from None
+  if not config.causal and total_delay(config) == 0:
+    raise ConfigError(GRID_KEY, f'memory {memory.label}: the model reads later keys '
+                      '(causal=False) with no Q memory, so scoring in chunks would show it '
+                      'the answer; name a memory with a Q memory')
   return config
 
 

@@ -254,3 +254,27 @@ def test_a_look_ahead_model_scores_its_answers_as_its_training_loss_does(setup):
                       DecoderLM.init_state(model_config, 1), row, CHUNK)
     assert float(sums['tokens']) == DOCUMENTS[i].answer_len
     np.testing.assert_allclose(scores['nll'][i], float(sums['loss_sum']), rtol=1e-4)
+
+
+def test_grid_reads_a_look_ahead_model_with_its_q_memory_and_causally_without_one():
+  """A model trained with look-ahead: its own memory and Q memories keep it (and the flags);
+  `q_causal=1` and memories without a Q memory read causally (hide_predicted off); a
+  bidirectional model with no delay is refused (chunked scoring would show it the answer)."""
+  look_ahead = tiny_config(attention='attendre', stack='attendre_delay', causal=False,
+                           scan_layers=False, attendre={'memory_size': 16, 'q_memory_size': 8,
+                                                        'hide_predicted': True}).model
+  configs = {}
+  for spec in ('memories=trained', 'memories=attendre_lra_max:16;q_memory=4',
+               'memories=attendre_lra_max:16;q_memory=4;q_causal=1',
+               'memories=attendre_lra_max:16'):
+    grid = passkey_grid.parse_grid(f'lengths=256;{spec}', default_chunk=CHUNK)
+    config = passkey_grid.memory_model_config(look_ahead, VOCAB, grid.memories[0])
+    configs[spec.split(';')[-1]] = (config.causal, config.attendre.hide_predicted,
+                                       total_delay(config))
+  assert configs == {'memories=trained': (False, True, 16), 'q_memory=4': (False, True, 8),
+                     'q_causal=1': (True, False, 8), 'memories=attendre_lra_max:16': (True, False, 0)}
+  bidirectional = tiny_config(attention='attendre', stack='attendre_delay', causal=False,
+                              scan_layers=False, attendre={'memory_size': 16}).model
+  grid = passkey_grid.parse_grid('lengths=256;memories=trained', default_chunk=CHUNK)
+  with pytest.raises(ConfigError, match='no Q memory'):
+    passkey_grid.memory_model_config(bidirectional, VOCAB, grid.memories[0])
