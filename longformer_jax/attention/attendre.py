@@ -348,9 +348,8 @@ class AttendreAttention(nn.Module):
     queries, evicted = fifo.insert(state_queries, chunk_queries)
     document_start = jnp.where(ctx.reset, ctx.positions[:, 0], state.document_start)
     chunk = key_value.entries_from_chunk(k, v, ctx.positions, ctx.segment_ids, ctx.valid)
-    if self.config.hide_predicted:   # no flags given (evaluation in chunks): nothing hidden
-      flags = jnp.zeros_like(ctx.valid) if ctx.predicted is None else ctx.predicted
-      chunk = chunk.replace(data={**chunk.data, 'predicted': flags.astype(bool)})
+    if self.config.hide_predicted:
+      chunk = chunk.replace(data={**chunk.data, 'predicted': ctx.predicted_flags()})
     origin, row_document_start, evicted_rows = ctx.positions[:, :1], document_start, evicted
     extent = heads.extent(ctx.positions, ctx.valid)   # dynamic, longrope: the chunk's length
     if policy.per_head:  # one memory per head: (batch, head) pairs become rows

@@ -4,6 +4,7 @@ from typing import Optional
 
 import flax.struct
 import jax
+import jax.numpy as jnp
 
 # The Flax collection of a model's non-gradient state (e.g. the Routing
 # Transformer's centroids): updated only when the caller makes it mutable and
@@ -40,3 +41,7 @@ class AttentionContext:
   predicted: Optional[jax.Array] = None
   step: Optional[jax.Array] = None
   deterministic: bool = flax.struct.field(pytree_node=False, default=True)
+
+  def predicted_flags(self) -> jax.Array:
+    """`predicted`, or all False where none is given (nothing hidden)."""
+    return jnp.zeros_like(self.valid) if self.predicted is None else self.predicted

@@ -58,8 +58,8 @@ def trained_q_memory(model: ml_collections.ConfigDict) -> int:
   scheduled = per_layer.get(('attendre', 'q_memory_size'))
   if scheduled is None:
     return int(model.attendre.q_memory_size)
-  values = scheduled.split(',') if isinstance(scheduled, str) else list(scheduled)
-  return max(int(v) for v in values)
+  return max(int(v) for v in layer_schedule.items_of(
+      scheduled, model.num_layers, 'model.layer_schedule.attendre.q_memory_size'))
 
 
 def model_overrides(model: ml_collections.ConfigDict, size: int) -> dict:

@@ -156,8 +156,8 @@ class TimeShiftedBlock(nn.Module):
     new_state = {'residual': residual, 'starts': starts}
     skip_predicted = None
     if 'predicted' in state:
-      flags = jnp.zeros_like(ctx.valid) if ctx.predicted is None else ctx.predicted
-      new_state['predicted'], skip_predicted = delayed(state['predicted'], flags, ctx)
+      new_state['predicted'], skip_predicted = delayed(state['predicted'],
+                                                       ctx.predicted_flags(), ctx)
       skip_predicted = skip_predicted.values
     out_ctx = AttentionContext(positions=skip.positions, segment_ids=skip.segment_ids,
                                reset=skip_starts.values[:, 0], valid=skip.valid,
