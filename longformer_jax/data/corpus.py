@@ -62,9 +62,26 @@ def load_corpus(data_config: ml_collections.ConfigDict,
 
 
 def curriculum_documents(data_config: ml_collections.ConfigDict) -> list[Document]:
-  """The first stage of corpus passkey's length curriculum (`data.passkey_curriculum_steps`):
-  training documents of one chunk at most (up to `data.chunk_len - 1` tokens, uniform)."""
-  return passkey.load_documents('train', data_config.chunk_len - 1)
+  """The first stage of a length curriculum (`data.passkey_curriculum_steps`): the training
+  documents up to `data.passkey_curriculum_max_length`. Corpus passkey: up to that many tokens
+  (0: `data.chunk_len - 1`, one document per chunk), uniform. Corpus attendre_qa: contexts of
+  `data.passkey_min_length` to that many bytes (0: 1,024), spread as `data.passkey_lengths`.
+
+  Raises:
+    ConfigError: a corpus without a length curriculum ('data.passkey_curriculum_steps').
+  """
+  longest = data_config.passkey_curriculum_max_length
+  if data_config.corpus == 'passkey':
+    return passkey.load_documents(
+        'train', longest or data_config.chunk_len - 1,
+        max_key='data.passkey_curriculum_max_length' if longest else 'data.chunk_len')
+  if data_config.corpus == 'attendre_qa':
+    return attendre_qa.load_documents('train', longest or attendre_qa.DEFAULT_MAX_CONTEXT,
+                                      data_config.passkey_min_length,
+                                      data_config.passkey_lengths)
+  raise ConfigError('data.passkey_curriculum_steps',
+                    f"is read only by corpus='passkey' or 'attendre_qa' "
+                    f'(corpus is {data_config.corpus!r})')
 
 
 def tokenize_documents(tokenizer: Tokenizer, documents: Sequence[Document],

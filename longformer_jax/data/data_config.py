@@ -32,7 +32,7 @@ PASSKEY_LENGTHS = ('uniform', 'log_uniform')
 LOSS_ON = ('all', 'answer')
 ANSWERED_CORPORA = ('passkey', 'attendre_qa', 'collisions')   # their documents hold answers
 PASSKEY_KEYS = ('passkey_min_length', 'passkey_max_length', 'passkey_lengths',
-                'passkey_curriculum_steps')
+                'passkey_curriculum_steps', 'passkey_curriculum_max_length')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +71,12 @@ class DataConfig(Section):
   passkey_max_length: int = 0
   passkey_lengths: str = 'uniform'   # uniform | log_uniform (as many documents per octave)
   # Length curriculum (data/curriculum_streams.py): the first N training steps (units of
-  # phase 0's step) read documents of one chunk at most, then the passkey_* lengths. 0: off.
+  # phase 0's step) read short documents, then the passkey_* lengths. 0: off.
   passkey_curriculum_steps: int = 0
+  # The curriculum's short documents: passkey, up to this many tokens (0: chunk_len - 1, one
+  # document per chunk); attendre_qa, contexts of passkey_min_length to this many bytes
+  # (0: 1,024), spread as passkey_lengths says.
+  passkey_curriculum_max_length: int = 0
   # Language model: which targets the training loss counts. all | answer: only the answers of
   # corpus passkey / attendre_qa (the tokens after 'Answer: ' / the question, the final '.'
   # included), as an instruction-tuned reader is trained, or collisions (its labelled
@@ -124,10 +128,20 @@ class DataConfig(Section):
         key, value = next(iter(changed.items()))
         raise ConfigError(f'data.{name}.{key}', f'{value!r} is read only by corpus={corpus!r} '
                           f'(corpus is {self.corpus!r})')
-    if self.corpus == 'attendre_qa':     # the lengths are its contexts'; no curriculum
-      self.require(self.passkey_curriculum_steps == 0, 'passkey_curriculum_steps',
-                   "is read only by corpus='passkey'")
+    self.require(self.passkey_curriculum_max_length >= 0, 'passkey_curriculum_max_length',
+                 'must be >= 0 (0: the default)')
+    self.require(not self.passkey_curriculum_max_length or self.passkey_curriculum_steps,
+                 'passkey_curriculum_max_length',
+                 'is read only with a curriculum (data.passkey_curriculum_steps > 0)')
+    if self.corpus == 'attendre_qa':     # the lengths are its contexts', in bytes
       longest = self.passkey_max_length or attendre_qa.DEFAULT_MAX_CONTEXT
+      shortest_first = self.passkey_curriculum_max_length or attendre_qa.DEFAULT_MAX_CONTEXT
+      if self.passkey_curriculum_steps:
+        self.require(max(self.passkey_min_length, attendre_qa.MIN_CONTEXT) <= shortest_first
+                     <= longest, 'passkey_curriculum_max_length',
+                     f'{shortest_first}: the curriculum\'s contexts must end between the '
+                     f'shortest context ({max(self.passkey_min_length, attendre_qa.MIN_CONTEXT)} '
+                     f'bytes) and the longest ({longest} bytes)')
       self.require(self.passkey_min_length <= longest, 'passkey_min_length',
                    f'is above the longest context ({longest} bytes)')
       self.require(longest >= attendre_qa.MIN_CONTEXT, 'passkey_max_length',
@@ -140,4 +154,7 @@ class DataConfig(Section):
     else:
       longest = self.passkey_max_length or self.chunk_len - 1
       self.require(self.passkey_min_length <= longest, 'passkey_min_length',
+                   f'is above the longest document ({longest} tokens)')
+      self.require(self.passkey_curriculum_max_length <= longest,
+                   'passkey_curriculum_max_length',
                    f'is above the longest document ({longest} tokens)')

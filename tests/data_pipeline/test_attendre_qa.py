@@ -11,7 +11,7 @@ from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import attendre_qa
 from longformer_jax.data.attendre_qa import (ATTRIBUTES, QUESTION, exact_match, fact_pattern,
                                              make_document, partial_reader_answer)
-from longformer_jax.data.corpus import load_corpus
+from longformer_jax.data.corpus import curriculum_documents, load_corpus
 from longformer_jax.data.data_config import DataConfig
 from tests.support.tiny_models import tiny_config
 
@@ -111,14 +111,34 @@ def test_the_corpus_holds_whole_documents_of_the_configured_contexts():
 
 
 def test_corpus_settings_name_their_key():
-  with pytest.raises(ConfigError, match='config.data.passkey_curriculum_steps'):
-    qa_data(passkey_curriculum_steps=10)
+  with pytest.raises(ConfigError, match='config.data.passkey_curriculum_max_length'):
+    qa_data(passkey_curriculum_max_length=512)          # without a curriculum
+  with pytest.raises(ConfigError, match='config.data.passkey_curriculum_max_length'):
+    qa_data(passkey_curriculum_steps=10, passkey_max_length=2048,
+            passkey_curriculum_max_length=4096)         # longer than the long contexts
+  with pytest.raises(ConfigError, match='config.data.passkey_curriculum_max_length'):
+    qa_data(passkey_curriculum_steps=10, passkey_min_length=600, passkey_max_length=2048,
+            passkey_curriculum_max_length=500)          # shorter than the shortest
   with pytest.raises(ConfigError, match='config.data.passkey_max_length'):
     qa_data(passkey_max_length=200)
   with pytest.raises(ConfigError, match='config.data.passkey_min_length'):
     qa_data(passkey_min_length=2000)
   with pytest.raises(ConfigError, match='config.eval.split'):
     load_corpus(qa_data(), 'dev')
+
+
+def test_curriculum_reads_short_contexts_then_the_long_ones():
+  short = qa_data(passkey_min_length=300, passkey_max_length=4096, passkey_curriculum_steps=10,
+                  passkey_curriculum_max_length=600)
+  first = curriculum_documents(short)
+  assert len(first) == attendre_qa.SPLIT_SIZES['train']
+  contexts = [len(d.data.decode('ascii').split('\nContext:')[1].split('\nAnswer:')[0])
+              for d in first]
+  assert min(contexts) >= 300 and max(contexts) <= 600 + 400
+  later = load_corpus(short, 'train')
+  assert max(len(d.data) for d in later[:200]) > 2 * max(len(d.data) for d in first)
+  default = curriculum_documents(qa_data(passkey_max_length=4096, passkey_curriculum_steps=10))
+  assert max(len(d.data) for d in default) <= attendre_qa.DEFAULT_MAX_CONTEXT + 600
 
 
 @pytest.mark.slow      # a train.py smoke run on the corpus, an Attendre memory in the loop

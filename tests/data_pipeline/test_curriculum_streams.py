@@ -62,6 +62,20 @@ def test_curriculum_setting_is_read_only_by_passkey():
     passkey_data(128, passkey_curriculum_steps=-1)
 
 
+def test_passkey_curriculum_length_is_its_own_setting():
+  from longformer_jax.data.corpus import curriculum_documents
+  one_chunk = curriculum_documents(passkey_data(128, passkey_max_length=1024,
+                                                passkey_curriculum_steps=5))
+  assert max(len(d.data) for d in one_chunk) <= 127
+  longer = curriculum_documents(passkey_data(128, passkey_max_length=1024,
+                                             passkey_curriculum_steps=5,
+                                             passkey_curriculum_max_length=300))
+  assert 127 < max(len(d.data) for d in longer) <= 300
+  with pytest.raises(ConfigError, match='config.data.passkey_curriculum_max_length'):
+    passkey_data(128, passkey_max_length=1024, passkey_curriculum_steps=5,
+                 passkey_curriculum_max_length=2048)
+
+
 def test_language_model_task_reads_short_documents_first():
   from longformer_jax.tasks.lm import TASK
   from tests.support.tiny_models import tiny_config
