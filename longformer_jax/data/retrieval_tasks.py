@@ -37,11 +37,37 @@ def pair_arrays(first: list[np.ndarray], second: list[np.ndarray], labels: list[
 
 def load_arrays(config: ml_collections.ConfigDict, split: str, tokenizer) -> dict[str, np.ndarray]:
   """The arrays of `split` of `config.data.corpus`, at most `data.max_examples` pairs."""
-  data = config.data
-  if data.corpus not in CORPORA:
-    raise ConfigError('data.corpus', f'unknown retrieval corpus {data.corpus!r}; '
+  return _arrays(config, _section(config), split, tokenizer)
+
+
+def load_curriculum_arrays(config: ml_collections.ConfigDict, tokenizer
+                           ) -> tuple[dict[str, np.ndarray], int] | None:
+  """The training arrays of the length curriculum's first stage (short documents, padded to
+  `data.seq_len`) and its steps, `data.lra_retrieval.curriculum_steps`; None when it is off.
+
+  Raises:
+    ConfigError: the curriculum leaves no step of `train.num_steps` for the long documents.
+  """
+  section = _section(config)
+  if not section.curriculum_steps:
+    return None
+  if section.curriculum_steps >= config.train.num_steps:
+    raise ConfigError('data.lra_retrieval.curriculum_steps',
+                      f'{section.curriculum_steps} leaves no step of train.num_steps='
+                      f'{config.train.num_steps} for the long documents')
+  return (_arrays(config, document_matching.curriculum_config(section), 'train', tokenizer),
+          section.curriculum_steps)
+
+
+def _section(config: ml_collections.ConfigDict) -> document_matching.RetrievalConfig:
+  if config.data.corpus not in CORPORA:
+    raise ConfigError('data.corpus', f'unknown retrieval corpus {config.data.corpus!r}; '
                       f'expected one of {CORPORA}')
-  section = document_matching.RetrievalConfig.build(data.lra_retrieval, 'data.lra_retrieval')
+  return document_matching.RetrievalConfig.build(config.data.lra_retrieval, 'data.lra_retrieval')
+
+
+def _arrays(config, section: document_matching.RetrievalConfig, split: str, tokenizer):
+  data = config.data
   pairs = document_matching.retrieval_split(
       section, split, split_count(section.split_size(split), data.max_examples))
   return pair_arrays([tokenizer.encode(p.first) for p in pairs],

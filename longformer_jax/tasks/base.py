@@ -138,6 +138,12 @@ class ExampleTask(Task):
     """The split's examples, `{name: [num_examples, ...]}` (every array has the example axis)."""
     return self.data_module.load_arrays(config, split, tokenizer)
 
+  def curriculum_arrays(self, config: ml_collections.ConfigDict, tokenizer):
+    """`(arrays, steps)`: training examples read for the first `steps` steps, of the same
+    shapes as the split's (a length curriculum); None for a task without one."""
+    curriculum = getattr(self.data_module, 'load_curriculum_arrays', None)
+    return curriculum(config, tokenizer) if curriculum else None
+
   def global_tokens(self, config: ml_collections.ConfigDict) -> int:
     """Global tokens per example: [CLS] (QA: [CLS] question [SEP])."""
     del config

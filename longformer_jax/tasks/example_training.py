@@ -19,7 +19,7 @@ import jax
 import ml_collections
 
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.data.task_batches import TaskBatches
+from longformer_jax.data.task_batches import CurriculumBatches, TaskBatches
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.task_evaluator import TaskEvaluator, batch_shardings, to_global
 from longformer_jax.parallel import sharding
@@ -56,6 +56,14 @@ class ExampleTraining:
     valid_arrays = task.load_arrays(config, 'valid', tokenizer)
     self.batches = TaskBatches(train_arrays, config.data.batch_size, config.seed,
                                jax.process_index(), jax.process_count())
+    curriculum = task.curriculum_arrays(config, tokenizer)
+    if curriculum:                     # shorter examples first, of the same shapes
+      first_arrays, switch = curriculum
+      self.batches = CurriculumBatches(
+          TaskBatches(first_arrays, config.data.batch_size, config.seed, jax.process_index(),
+                      jax.process_count()), self.batches, switch)
+      logging.info('Length curriculum: %d steps of %d shorter examples first', switch,
+                   len(first_arrays['weight']))
     logging.info('Task %s: %d train, %d valid examples', task.name, self.batches.num_examples,
                  len(valid_arrays['weight']))
 

@@ -126,9 +126,29 @@ def test_retrieval_prefix_and_length_shortcuts_stay_at_chance():
   assert in_view >= 0.62
 
 
+def test_retrieval_curriculum_pairs_are_short_with_the_same_labels_and_links():
+  short = document_matching.curriculum_config(
+      document_matching.RetrievalConfig.build(dict(RETRIEVAL.to_dict(), curriculum_steps=5,
+                                                    curriculum_max_bytes=200),
+                                              'data.lra_retrieval'))
+  assert (short.min_bytes, short.max_bytes, short.curriculum_steps) == (64, 200, 0)
+  for long, brief in zip(document_matching.retrieval_split(RETRIEVAL, 'train', 40),
+                         document_matching.retrieval_split(short, 'train', 40)):
+    assert (brief.label, brief.links) == (long.label, long.links)
+    for document in (brief.first, brief.second):
+      assert 64 <= len(document) <= 200
+      assert document.count(document_matching.LINK_PREFIX) == 1
+
+
 @pytest.mark.parametrize('section, values, key', [
     (text_classification.TextConfig, {'max_bytes': 10}, 'data.lra_text.max_bytes'),
     (document_matching.RetrievalConfig, {'num_links': 1}, 'data.lra_retrieval.num_links'),
+    (document_matching.RetrievalConfig, {'curriculum_steps': -1},
+     'data.lra_retrieval.curriculum_steps'),
+    (document_matching.RetrievalConfig, {'curriculum_min_bytes': 32},
+     'data.lra_retrieval.curriculum_min_bytes'),
+    (document_matching.RetrievalConfig, {'curriculum_max_bytes': 5000},
+     'data.lra_retrieval.curriculum_max_bytes'),
 ])
 def test_bad_settings_name_their_key(section, values, key):
   with pytest.raises(ConfigError) as error:

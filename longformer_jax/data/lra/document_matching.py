@@ -47,11 +47,23 @@ class RetrievalConfig(Section):
   valid_examples: int = 2_000
   test_examples: int = 2_000
   seed: int = 0                      # the data's own seed (model seeds share the data)
+  # Length curriculum (data/task_batches.CurriculumBatches): the first N training steps read
+  # the same pairs with documents of curriculum_min_bytes to curriculum_max_bytes, padded to
+  # data.seq_len like the rest. 0: off.
+  curriculum_steps: int = 0
+  curriculum_min_bytes: int = 64
+  curriculum_max_bytes: int = 127
 
   def validate(self, env) -> None:
     del env
     self.require(self.min_bytes >= 64, 'min_bytes', 'must be >= 64 (an excerpt and a link)')
     self.require(self.max_bytes >= self.min_bytes, 'max_bytes', 'must be >= min_bytes')
+    self.require(self.curriculum_steps >= 0, 'curriculum_steps', 'must be >= 0 (0: off)')
+    self.require(64 <= self.curriculum_min_bytes <= self.curriculum_max_bytes,
+                 'curriculum_min_bytes', 'must be >= 64 and <= curriculum_max_bytes')
+    self.require(self.curriculum_max_bytes <= self.max_bytes, 'curriculum_max_bytes',
+                 f'must be <= max_bytes ({self.max_bytes}): the curriculum reads shorter '
+                 f'documents first')
     self.require(self.num_links >= 2, 'num_links', 'must be >= 2 (a negative cites another)')
     for name in ('train_examples', 'valid_examples', 'test_examples'):
       self.require(getattr(self, name) >= 0, name, 'must be >= 0')
@@ -113,6 +125,13 @@ def example(config: RetrievalConfig, split: str, index: int) -> RetrievalExample
   second, second_offset = cited_document(rng, files, config, names[second_link])
   return RetrievalExample(first, second, label, (names[first_link], names[second_link]),
                           (first_offset, second_offset))
+
+
+def curriculum_config(config: RetrievalConfig) -> RetrievalConfig:
+  """The settings of the curriculum's first stage: pairs of the same labels and links,
+  documents of `curriculum_min_bytes` to `curriculum_max_bytes`."""
+  return dataclasses.replace(config, min_bytes=config.curriculum_min_bytes,
+                             max_bytes=config.curriculum_max_bytes, curriculum_steps=0)
 
 
 def retrieval_split(config: RetrievalConfig, split: str,

@@ -1,0 +1,80 @@
+"""The length curriculum of fixed-size-example tasks (data/task_batches.CurriculumBatches) and
+its Retrieval setting (`data.lra_retrieval.curriculum_steps`)."""
+
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import lra
+from longformer_jax.config.errors import ConfigError
+from longformer_jax.data.task_batches import CurriculumBatches, TaskBatches
+from longformer_jax.experiment_config import resolve_config
+from longformer_jax.tasks.registry import task_for
+
+ROWS = 4
+
+
+def _arrays(count, value):
+  return {'inputs': np.full((count, 3), value, np.int32) + np.arange(count)[:, None],
+          'weight': np.ones((count,), np.float32)}
+
+
+def _batches(count, value):
+  return TaskBatches(_arrays(count, value), ROWS, seed=5)
+
+
+def _equal(a, b):
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_first_batches_then_the_other_examples_from_their_start():
+  curriculum = CurriculumBatches(_batches(10, 0), _batches(12, 100), switch=3)
+  first, then = _batches(10, 0), _batches(12, 100)
+  for _ in range(3):
+    _equal(curriculum.next_batch(), first.next_batch())
+  for _ in range(4):
+    _equal(curriculum.next_batch(), then.next_batch())
+  assert curriculum.num_examples == 12
+
+
+@pytest.mark.parametrize('stop', [2, 5])
+def test_resume_continues_exactly(stop):
+  whole = CurriculumBatches(_batches(10, 0), _batches(12, 100), switch=3)
+  expected = [whole.next_batch() for _ in range(8)]
+  interrupted = CurriculumBatches(_batches(10, 0), _batches(12, 100), switch=3)
+  for _ in range(stop):
+    interrupted.next_batch()
+  resumed = CurriculumBatches(_batches(10, 0), _batches(12, 100), switch=3)
+  resumed.restore(interrupted.state())
+  for batch in expected[stop:]:
+    _equal(resumed.next_batch(), batch)
+  with pytest.raises(ValueError, match='switch'):
+    CurriculumBatches(_batches(10, 0), _batches(12, 100), switch=4).restore(interrupted.state())
+  with pytest.raises(ValueError, match='curriculum'):
+    resumed.restore(_batches(12, 100).state())
+  with pytest.raises(ValueError, match='num_examples'):
+    CurriculumBatches(_batches(11, 0), _batches(12, 100), switch=3).restore(interrupted.state())
+
+
+def _retrieval_config(**section):
+  values = lra.get_config('retrieval,vanilla,mini')
+  values['data']['lra_retrieval'].update(train_examples=48, valid_examples=8, test_examples=8,
+                                         **section)
+  values['train'].update(num_steps=10)
+  return ml_collections.ConfigDict(resolve_config(values))
+
+
+def test_retrieval_training_reads_short_documents_first():
+  config = _retrieval_config(curriculum_steps=2, curriculum_max_bytes=127)
+  training = task_for('retrieval').training_task(config)
+  assert isinstance(training.batches, CurriculumBatches)
+  lengths = [training.batches.next_batch()['input_mask'].sum(axis=-1) for _ in range(4)]
+  assert all(1 + 64 <= n.min() and n.max() <= 1 + 127 for n in lengths[:2])   # [CLS] + bytes
+  assert all(n.min() >= 1 + 768 for n in lengths[2:])
+  assert lengths[0].shape == lengths[2].shape == (config.data.batch_size, 2)
+
+
+def test_retrieval_curriculum_must_leave_long_steps():
+  with pytest.raises(ConfigError, match='data.lra_retrieval.curriculum_steps'):
+    task_for('retrieval').training_task(_retrieval_config(curriculum_steps=10))
