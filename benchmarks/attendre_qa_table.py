@@ -70,11 +70,12 @@ def grid_rows(grid: dict, model: str) -> list[dict]:
 
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
-  """`old` less the rows `new` replaces (same KEY), then `new`."""
+  """`old` less the rows `new` replaces (same KEY), then `new`, where a later row of `new`
+  replaces an earlier one of the same KEY (two grids that scored the same memory)."""
   key = lambda row: tuple(json.dumps(row.get(k, {}) if k == 'settings' else row.get(k),
                                      sort_keys=True) for k in KEY)
-  replaced = {key(r) for r in new}
-  return [r for r in old if key(r) not in replaced] + new
+  latest = {key(r): r for r in new}
+  return [r for r in old if key(r) not in latest] + list(latest.values())
 
 
 def markdown(rows: list[dict]) -> str:

@@ -36,6 +36,8 @@ def test_the_command_merges_rows_and_refuses_a_passkey_grid(tmp_path, capsys):
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 0
   assert len(json.loads(out.read_text())['rows']) == 3          # replaced, not repeated
+  assert attendre_qa_table.main([str(path), str(path), '--model=a', f'--out={out}']) == 0
+  assert len(json.loads(out.read_text())['rows']) == 3          # two grids, one row each
   assert '| a | lra_max | 128 | 0 | score |  | 128 | 0.75 | 0.50 | 0.62 |' in capsys.readouterr().out
   path.write_text(json.dumps(grid(kind='passkey')))
   assert attendre_qa_table.main([str(path), '--model=a', f'--out={out}']) == 2
