@@ -147,7 +147,7 @@ def test_retrieval_curriculum_pairs_are_short_with_the_same_labels_and_links():
      'data.lra_retrieval.curriculum_steps'),
     (document_matching.RetrievalConfig, {'curriculum_min_bytes': 32},
      'data.lra_retrieval.curriculum_min_bytes'),
-    (document_matching.RetrievalConfig, {'curriculum_max_bytes': 5000},
+    (document_matching.RetrievalConfig, {'curriculum_steps': 10, 'curriculum_max_bytes': 5000},
      'data.lra_retrieval.curriculum_max_bytes'),
 ])
 def test_bad_settings_name_their_key(section, values, key):

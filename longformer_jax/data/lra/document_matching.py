@@ -61,9 +61,10 @@ class RetrievalConfig(Section):
     self.require(self.curriculum_steps >= 0, 'curriculum_steps', 'must be >= 0 (0: off)')
     self.require(64 <= self.curriculum_min_bytes <= self.curriculum_max_bytes,
                  'curriculum_min_bytes', 'must be >= 64 and <= curriculum_max_bytes')
-    self.require(self.curriculum_max_bytes <= self.max_bytes, 'curriculum_max_bytes',
-                 f'must be <= max_bytes ({self.max_bytes}): the curriculum reads shorter '
-                 f'documents first')
+    if self.curriculum_steps:
+      self.require(self.curriculum_max_bytes <= self.max_bytes, 'curriculum_max_bytes',
+                   f'must be <= max_bytes ({self.max_bytes}): the curriculum reads shorter '
+                   f'documents first')
     self.require(self.num_links >= 2, 'num_links', 'must be >= 2 (a negative cites another)')
     for name in ('train_examples', 'valid_examples', 'test_examples'):
       self.require(getattr(self, name) >= 0, name, 'must be >= 0')
