@@ -1,8 +1,11 @@
 """Training streams that read one set of documents first, then another (a length curriculum).
 
 `CurriculumStreams(first, then, switch)` returns the first `switch` batches
-from the streams `first` and every later batch from `then`, each a
-`TrainStreams` of the same rows and tokens per step. `then` starts at its
+from the streams `first` and every later batch from `then`: two
+`TrainStreams` of the same rows and tokens per step, or two
+`data/task_batches.TaskBatches` of examples of one shape (task retrieval's
+`data.lra_retrieval.curriculum_steps`: short documents padded to `seq_len`,
+so the train step compiles once). `then` starts at its
 own beginning, with a BOS in every row, so a memory carried across steps is
 reset there like at any document start. Used by corpus passkey
 (`data.passkey_curriculum_steps`, data/data_config.py): short documents,
@@ -13,19 +16,22 @@ own positions for the checks `TrainStreams.restore` makes.
 """
 
 from longformer_jax.data.stream_batch import StreamBatch
+from longformer_jax.data.task_batches import TaskBatches
 from longformer_jax.data.train_streams import TrainStreams
+
+Batches = TrainStreams | TaskBatches
 
 
 class CurriculumStreams:
   """`next_batch()`: batch `u` of `first` while u < `switch`, then batch u - switch of `then`."""
 
-  def __init__(self, first: TrainStreams, then: TrainStreams, switch: int):
+  def __init__(self, first: Batches, then: Batches, switch: int):
     if switch < 0:
       raise ValueError(f'switch must be >= 0, got {switch}')
     self.first, self.then, self.switch = first, then, int(switch)
     self._unit = 0
 
-  def next_batch(self) -> StreamBatch:
+  def next_batch(self) -> StreamBatch | dict:
     streams = self.first if self._unit < self.switch else self.then
     self._unit += 1
     return streams.next_batch()

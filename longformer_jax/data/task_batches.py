@@ -7,7 +7,7 @@ example). Epoch e visits them in the order
 example indices s*B .. s*B + B - 1 of the concatenated epochs, so the position
 in the data is the step number alone (`state()` / `restore()`, as
 `TrainStreams`). Process p of P takes its contiguous share of the rows.
-`CurriculumBatches` reads one set of examples first, then another.
+A length curriculum of them is `data/curriculum_streams.CurriculumStreams` over two of these.
 """
 
 from typing import Any
@@ -84,45 +84,3 @@ def eval_batches(arrays: dict, batch_size: int, max_examples: int = 0):
                                ).astype(np.float32)
     yield batch
 
-
-class CurriculumBatches:
-  """`first`'s batches for the first `switch` steps, then `then`'s from its own beginning.
-
-  A length curriculum for fixed-size examples (e.g. `data.lra_retrieval.curriculum_steps`):
-  both hold examples of one shape (short documents padded to the same `seq_len`), so the
-  train step compiles once. The data position is still the step alone.
-  """
-
-  def __init__(self, first: TaskBatches, then: TaskBatches, switch: int):
-    if switch < 0:
-      raise ValueError(f'switch must be >= 0, got {switch}')
-    self.first, self.then, self.switch = first, then, int(switch)
-    self.num_examples = then.num_examples
-    self._step = 0
-
-  def batch_at(self, step: int) -> dict:
-    if step < self.switch:
-      return self.first.batch_at(step)
-    return self.then.batch_at(step - self.switch)
-
-  def next_batch(self) -> dict:
-    batch = self.batch_at(self._step)
-    self._step += 1
-    return batch
-
-  def state(self) -> dict[str, Any]:
-    return {'step': self._step, 'switch': self.switch, 'first': self.first.state(),
-            'then': self.then.state()}
-
-  def restore(self, state: dict[str, Any]) -> None:
-    """Continues from `state()`; raises ValueError when it is not a curriculum's of the same
-    switch and data settings."""
-    if 'switch' not in state or 'first' not in state or 'then' not in state:
-      raise ValueError(f'cannot resume the task data: state {sorted(state)} was not written '
-                       f'by a curriculum')
-    if int(state['switch']) != self.switch:
-      raise ValueError(f"cannot resume the task data: switch: checkpoint {state['switch']} vs "
-                       f'now {self.switch}')
-    self.first.restore(state['first'])
-    self.then.restore(state['then'])
-    self._step = int(state['step'])

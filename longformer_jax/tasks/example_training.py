@@ -19,7 +19,8 @@ import jax
 import ml_collections
 
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.data.task_batches import CurriculumBatches, TaskBatches
+from longformer_jax.data.curriculum_streams import CurriculumStreams
+from longformer_jax.data.task_batches import TaskBatches
 from longformer_jax.evaluation.model_description import describe_model
 from longformer_jax.evaluation.task_evaluator import TaskEvaluator, batch_shardings, to_global
 from longformer_jax.parallel import sharding
@@ -59,12 +60,12 @@ class ExampleTraining:
     curriculum = task.curriculum_arrays(config, tokenizer)
     if curriculum:                     # shorter examples first, of the same shapes
       first_arrays, switch = curriculum
-      self.batches = CurriculumBatches(
+      self.batches = CurriculumStreams(
           TaskBatches(first_arrays, config.data.batch_size, config.seed, jax.process_index(),
                       jax.process_count()), self.batches, switch)
       logging.info('Length curriculum: %d steps of %d shorter examples first', switch,
                    len(first_arrays['weight']))
-    logging.info('Task %s: %d train, %d valid examples', task.name, self.batches.num_examples,
+    logging.info('Task %s: %d train, %d valid examples', task.name, len(train_arrays['weight']),
                  len(valid_arrays['weight']))
 
     model_config, model = task.model(config, tokenizer.vocab_size)

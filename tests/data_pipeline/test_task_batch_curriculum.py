@@ -1,4 +1,5 @@
-"""The length curriculum of fixed-size-example tasks (data/task_batches.CurriculumBatches) and
+"""The length curriculum of fixed-size-example tasks (data/curriculum_streams.CurriculumStreams
+over data/task_batches.TaskBatches) and
 its Retrieval setting (`data.lra_retrieval.curriculum_steps`)."""
 
 import ml_collections
@@ -7,7 +8,8 @@ import pytest
 
 from configs import lra
 from longformer_jax.config.errors import ConfigError
-from longformer_jax.data.task_batches import CurriculumBatches, TaskBatches
+from longformer_jax.data.curriculum_streams import CurriculumStreams
+from longformer_jax.data.task_batches import TaskBatches
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.tasks.registry import task_for
 
@@ -29,32 +31,32 @@ def _equal(a, b):
 
 
 def test_first_batches_then_the_other_examples_from_their_start():
-  curriculum = CurriculumBatches(_batches(10, 0), _batches(12, 100), switch=3)
+  curriculum = CurriculumStreams(_batches(10, 0), _batches(12, 100), switch=3)
   first, then = _batches(10, 0), _batches(12, 100)
   for _ in range(3):
     _equal(curriculum.next_batch(), first.next_batch())
   for _ in range(4):
     _equal(curriculum.next_batch(), then.next_batch())
-  assert curriculum.num_examples == 12
+  assert curriculum.then.num_examples == 12
 
 
 @pytest.mark.parametrize('stop', [2, 5])
 def test_resume_continues_exactly(stop):
-  whole = CurriculumBatches(_batches(10, 0), _batches(12, 100), switch=3)
+  whole = CurriculumStreams(_batches(10, 0), _batches(12, 100), switch=3)
   expected = [whole.next_batch() for _ in range(8)]
-  interrupted = CurriculumBatches(_batches(10, 0), _batches(12, 100), switch=3)
+  interrupted = CurriculumStreams(_batches(10, 0), _batches(12, 100), switch=3)
   for _ in range(stop):
     interrupted.next_batch()
-  resumed = CurriculumBatches(_batches(10, 0), _batches(12, 100), switch=3)
+  resumed = CurriculumStreams(_batches(10, 0), _batches(12, 100), switch=3)
   resumed.restore(interrupted.state())
   for batch in expected[stop:]:
     _equal(resumed.next_batch(), batch)
   with pytest.raises(ValueError, match='switch'):
-    CurriculumBatches(_batches(10, 0), _batches(12, 100), switch=4).restore(interrupted.state())
+    CurriculumStreams(_batches(10, 0), _batches(12, 100), switch=4).restore(interrupted.state())
   with pytest.raises(ValueError, match='curriculum'):
     resumed.restore(_batches(12, 100).state())
   with pytest.raises(ValueError, match='num_examples'):
-    CurriculumBatches(_batches(11, 0), _batches(12, 100), switch=3).restore(interrupted.state())
+    CurriculumStreams(_batches(11, 0), _batches(12, 100), switch=3).restore(interrupted.state())
 
 
 def _retrieval_config(**section):
@@ -68,7 +70,7 @@ def _retrieval_config(**section):
 def test_retrieval_training_reads_short_documents_first():
   config = _retrieval_config(curriculum_steps=2, curriculum_max_bytes=127)
   training = task_for('retrieval').training_task(config)
-  assert isinstance(training.batches, CurriculumBatches)
+  assert isinstance(training.batches, CurriculumStreams)
   lengths = [training.batches.next_batch()['input_mask'].sum(axis=-1) for _ in range(4)]
   assert all(1 + 64 <= n.min() and n.max() <= 1 + 127 for n in lengths[:2])   # [CLS] + bytes
   assert all(n.min() >= 1 + 768 for n in lengths[2:])

@@ -47,7 +47,7 @@ class RetrievalConfig(Section):
   valid_examples: int = 2_000
   test_examples: int = 2_000
   seed: int = 0                      # the data's own seed (model seeds share the data)
-  # Length curriculum (data/task_batches.CurriculumBatches): the first N training steps read
+  # Length curriculum (data/curriculum_streams.py): the first N training steps read
   # the same pairs with documents of curriculum_min_bytes to curriculum_max_bytes, padded to
   # data.seq_len like the rest. 0: off.
   curriculum_steps: int = 0
