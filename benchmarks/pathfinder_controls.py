@@ -15,6 +15,8 @@ say whether that is the attention's failing or the task's at the budget:
                locality built in. `--label=marker_side` trains the same network on a label
                read off the pixels locally (is the second marker in the image's left half?):
                it shows the loop learns, so that a plateau on the real label is the task's.
+               With `--setting=data.pathfinder.curriculum_steps=N` its first N steps read
+               the path-length curriculum's images, as train.py's do.
   components   a rule on the pixels told the markers' centres (a reference, like
                `known_cut_groups` for Text, not a shortcut): threshold the image, dilate it,
                and say "connected" when both markers fall in one connected component. The
@@ -40,7 +42,7 @@ import optax
 from scipy import ndimage
 
 from benchmarks.lra_results import ACCURACY_KEY, merge_rows
-from benchmarks.lra_shortcuts import data_settings, pathfinder_data
+from benchmarks.lra_shortcuts import data_settings, pathfinder_data, task_config
 from configs import lra
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.lra import pathfinder
@@ -71,8 +73,10 @@ class ConvNet(nn.Module):
 
 
 def train_cnn(train_x, train_y, test_x, test_y, steps: int, batch_size: int,
-              eval_every: int, seed: int = 0) -> list[tuple[int, float, float]]:
-  """`[(step, mean training loss since the last evaluation, test accuracy)]`."""
+              eval_every: int, seed: int = 0, first=None) -> list[tuple[int, float, float]]:
+  """`[(step, mean training loss since the last evaluation, test accuracy)]`. `first`:
+  `(images, labels, switch)` read instead of the training set for steps 1..switch (the
+  path-length curriculum)."""
   model, optimizer = ConvNet(), optax.adam(1e-3)
   params = model.init(jax.random.PRNGKey(seed), train_x[:1])
   opt_state = optimizer.init(params)
@@ -88,8 +92,9 @@ def train_cnn(train_x, train_y, test_x, test_y, steps: int, batch_size: int,
   correct = jax.jit(lambda p, x, y: jnp.sum(jnp.argmax(model.apply(p, x), -1) == y))
   rng, losses, curve = np.random.default_rng(seed), [], []
   for i in range(1, steps + 1):
-    index = rng.integers(0, len(train_x), batch_size)
-    params, opt_state, loss = step(params, opt_state, train_x[index], train_y[index])
+    images, labels = (first[0], first[1]) if first and i <= first[2] else (train_x, train_y)
+    index = rng.integers(0, len(images), batch_size)
+    params, opt_state, loss = step(params, opt_state, images[index], labels[index])
     losses.append(loss)                      # synced at the evaluation, not every step
     if i % eval_every == 0 or i == steps:
       hits = sum(int(correct(params, test_x[j:j + 500], test_y[j:j + 500]))
@@ -98,6 +103,24 @@ def train_cnn(train_x, train_y, test_x, test_y, steps: int, batch_size: int,
       losses = []
       print(f'step {i}: loss {curve[-1][1]:.4f}, test accuracy {curve[-1][2]:.4f}', flush=True)
   return curve
+
+
+def curriculum_data(scale: str, count: int, settings: tuple, steps: int):
+  """`(split, switch)`: the training images of the path-length curriculum's first stage
+  (`data.pathfinder.curriculum_steps` among `settings`) and its steps; None when it is off.
+
+  Raises:
+    ConfigError: the curriculum leaves no step of `steps` for the task's paths.
+  """
+  section = pathfinder.PathfinderConfig.build(
+      task_config('pathfinder', scale, settings)['data'].get('pathfinder'), 'data.pathfinder')
+  if not section.curriculum_steps:
+    return None
+  if section.curriculum_steps >= steps:
+    raise ConfigError('data.pathfinder.curriculum_steps',
+                      f'{section.curriculum_steps} leaves no step of --steps={steps}')
+  return (pathfinder.pathfinder_split(pathfinder.curriculum_config(section), 'train', count),
+          section.curriculum_steps)
 
 
 def marker_pixel(marker: np.ndarray, side: int) -> tuple[int, int]:
@@ -132,11 +155,15 @@ def components_row(train, test) -> dict:
           'train_accuracy': round(scores[(threshold, dilation)], 4)}
 
 
-def cnn_row(train, test, label: str, steps: int, batch_size: int, eval_every: int) -> dict:
+def cnn_row(train, test, label: str, steps: int, batch_size: int, eval_every: int,
+            first=None) -> dict:
+  """`first`: `(split, switch)`, the curriculum's images read for the first `switch` steps."""
   to_input = lambda s: s.images.astype(np.float32)[..., None] / 255.0
   start = time.perf_counter()
+  if first:
+    first = (to_input(first[0]), labels_of(first[0], label), first[1])
   curve = train_cnn(to_input(train), labels_of(train, label), to_input(test),
-                    labels_of(test, label), steps, batch_size, eval_every)
+                    labels_of(test, label), steps, batch_size, eval_every, first=first)
   name = 'cnn_control' if label == 'path' else f'cnn_control_{label}'
   return {'variant': name, 'accuracy': round(curve[-1][2], 4), 'steps': steps,
           'batch_size': batch_size, 'train_seconds': round(time.perf_counter() - start, 1),
@@ -169,11 +196,12 @@ def main(argv=None) -> int:
     settings = data_settings(args.setting)
     train = pathfinder_data(args.scale, 'train', args.train_examples, settings)
     test = pathfinder_data(args.scale, 'test', args.test_examples, settings)
+    first = curriculum_data(args.scale, args.train_examples, settings, args.steps)
   except (ValueError, ConfigError) as error:
     print(f'error: {error}', file=sys.stderr)
     return 2
   if args.control == 'cnn':
-    row = cnn_row(train, test, args.label, args.steps, args.batch_size, args.eval_every)
+    row = cnn_row(train, test, args.label, args.steps, args.batch_size, args.eval_every, first)
     command = (f'python -m benchmarks.pathfinder_controls --control=cnn --label={args.label} '
                f'--steps={args.steps} --train_examples={args.train_examples}')
   else:

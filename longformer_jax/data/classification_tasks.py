@@ -128,15 +128,21 @@ def lra_examples(data: ml_collections.ConfigDict, split: str,
     return [ClassificationExample(tokenizer.encode(tree.text), tree.label) for tree in trees]
   if data.corpus == 'pathfinder':
     section = pathfinder.PathfinderConfig.build(data.pathfinder, 'data.pathfinder')
-    images = pathfinder.pathfinder_split(section, split, split_count(section.split_size(split),
-                                                                     data.max_examples))
-    # Raster order: pixel (row, column) is token row * resolution + column.
-    return [ClassificationExample(tokenizer.encode(image.tobytes()), int(label))
-            for image, label in zip(images.images, images.labels)]
+    return pathfinder_examples(section, split, data.max_examples, tokenizer)
   section = text_classification.TextConfig.build(data.lra_text, 'data.lra_text')
   documents = text_classification.text_split(
       section, split, split_count(section.split_size(split), data.max_examples))
   return [ClassificationExample(tokenizer.encode(doc.data), doc.label) for doc in documents]
+
+
+def pathfinder_examples(section: pathfinder.PathfinderConfig, split: str, max_examples: int,
+                        tokenizer) -> list[ClassificationExample]:
+  """The images of `split` (at most `max_examples`; 0: all) as byte tokens in raster order:
+  pixel (row, column) is token row * resolution + column."""
+  images = pathfinder.pathfinder_split(section, split, split_count(section.split_size(split),
+                                                                   max_examples))
+  return [ClassificationExample(tokenizer.encode(image.tobytes()), int(label))
+          for image, label in zip(images.images, images.labels)]
 
 
 def load_arrays(config: ml_collections.ConfigDict, split: str, tokenizer) -> dict[str, np.ndarray]:
@@ -152,3 +158,29 @@ def load_arrays(config: ml_collections.ConfigDict, split: str, tokenizer) -> dic
                                       label) for text, label in texts]
   return classification_arrays(examples, data.seq_len, tokenizer.bos_id, tokenizer.pad_id,
                                data.cls_token, data.cls_global)
+
+
+def load_curriculum_arrays(config: ml_collections.ConfigDict, tokenizer
+                           ) -> tuple[dict[str, np.ndarray], int] | None:
+  """The training arrays of Pathfinder's path-length curriculum (`curriculum_dashes` dashes
+  per path, the images of the same size) and its steps, `data.pathfinder.curriculum_steps`;
+  None for every other corpus and when it is off.
+
+  Raises:
+    ConfigError: the curriculum leaves no step of `train.num_steps` for the task's paths.
+  """
+  data = config.data
+  if data.corpus != 'pathfinder':
+    return None
+  section = pathfinder.PathfinderConfig.build(data.pathfinder, 'data.pathfinder')
+  if not section.curriculum_steps:
+    return None
+  if section.curriculum_steps >= config.train.num_steps:
+    raise ConfigError('data.pathfinder.curriculum_steps',
+                      f'{section.curriculum_steps} leaves no step of train.num_steps='
+                      f'{config.train.num_steps} for the paths of dashes_per_path='
+                      f'{section.dashes_per_path}')
+  examples = pathfinder_examples(pathfinder.curriculum_config(section), 'train',
+                                 data.max_examples, tokenizer)
+  return (classification_arrays(examples, data.seq_len, tokenizer.bos_id, tokenizer.pad_id,
+                                data.cls_token, data.cls_global), section.curriculum_steps)

@@ -56,6 +56,26 @@ def test_cnn_row_records_its_curve(tmp_path):
   assert row['accuracy'] == row['curve'][-1][2]
 
 
+def test_cnn_reads_the_curriculum_images_for_its_first_steps():
+  rng = np.random.default_rng(0)
+  good = rng.uniform(size=(8, 16, 16, 1)).astype(np.float32)
+  poisoned = np.full_like(good, np.nan)          # a step that reads these gives a NaN loss
+  labels = np.array([0, 1] * 4, np.int32)
+  whole = pathfinder_controls.train_cnn(poisoned, labels, good, labels, steps=2, batch_size=4,
+                                        eval_every=1, first=(good, labels, 2))
+  assert all(np.isfinite(loss) for _, loss, _ in whole)
+  switched = pathfinder_controls.train_cnn(poisoned, labels, good, labels, steps=2,
+                                           batch_size=4, eval_every=1, first=(good, labels, 1))
+  assert np.isfinite(switched[0][1]) and np.isnan(switched[1][1])
+
+
+def test_curriculum_data_is_the_short_paths_and_its_switch():
+  setting = ('data.pathfinder.curriculum_steps=5',)
+  first, switch = pathfinder_controls.curriculum_data('mini', 4, setting, steps=6)
+  assert switch == 5 and first.target_dashes.shape == (4, 2, 2, 2, 2)     # 2 dashes a path
+  assert pathfinder_controls.curriculum_data('mini', 4, (), steps=6) is None
+
+
 def test_marker_side_label_reads_the_second_marker():
   split = scenes(np.zeros((2, 32, 32)), [[[30, 5], [3, 5]], [[3, 5], [30, 5]]], [0, 1])
   assert list(pathfinder_controls.labels_of(split, 'marker_side')) == [1, 0]
@@ -67,6 +87,8 @@ def test_marker_side_label_reads_the_second_marker():
     (['--control=cnn', '--setting=data.pathfinder.dashes_per_path=99'], 'dashes_per_path'),
     (['--control=cnn', '--steps=0'], '--steps'),
     (['--control=components', '--label=marker_side'], '--label'),
+    (['--control=cnn', '--steps=5', '--setting=data.pathfinder.curriculum_steps=5'],
+     'curriculum_steps'),
 ])
 def test_bad_input_is_a_short_error_and_writes_nothing(tmp_path, capsys, argv, culprit):
   results = tmp_path / 'accuracy.json'

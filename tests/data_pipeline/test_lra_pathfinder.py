@@ -6,7 +6,7 @@ Independent checks, from the generator's own record of each image:
 - the markers are drawn where the record says (the image changes only around them when
   they are left out) and every target dash leaves ink on the image;
 - the geometry: a float64 segment distance (textbook formula) between every two dashes that
-  are not neighbours in a path is at least margin + thickness; each path has its dashes, of
+  are not neighbours in a path is at least margin + thickness (+ path_gap); each path has its dashes, of
   their length, with the pivot gap and turns under 90 degrees, inside the marker border;
 - the balance: every example has a marking of the other label, sharing one marker, whose
   marker distance is within the tolerance; and a logistic regression (numpy, written here)
@@ -27,12 +27,18 @@ from longformer_jax.data.lra.pathfinder import PathfinderConfig, pathfinder_spli
 HARD = PathfinderConfig()                              # 14 dashes per path, 32x32
 EASY = PathfinderConfig(dashes_per_path=6)             # the shortest paths: the largest
                                                        # marker-distance gap by class unbalanced
+GAPPED = PathfinderConfig(dashes_per_path=6, margin=0.5, path_gap=2.5)   # the easy geometry
 TOLERANCE = 1e-4                                       # float32 record rounding, pixels
 
 
 @pytest.fixture(scope='module')
 def hard():
   return pathfinder_split(HARD, 'valid', 300)
+
+
+@pytest.fixture(scope='module')
+def gapped():
+  return pathfinder_split(GAPPED, 'valid', 300)
 
 
 def point_segment(p, a, b):
@@ -110,9 +116,11 @@ def test_markers_are_drawn_where_the_record_says_and_every_dash_leaves_ink(hard)
   assert block.min() >= 128
 
 
-def test_paths_have_their_dashes_and_never_touch(hard):
-  config, scale = HARD, HARD.resolution / 32
-  dashes = hard.target_dashes.astype(np.float64)                              # [n, 2, D, 2, 2]
+@pytest.mark.parametrize('config', [HARD, GAPPED], ids=['hard', 'path_gap'])
+def test_paths_have_their_dashes_and_never_touch(config, request):
+  data = request.getfixturevalue('hard' if config is HARD else 'gapped')
+  scale = config.resolution / 32
+  dashes = data.target_dashes.astype(np.float64)                              # [n, 2, D, 2, 2]
   n, depth = dashes.shape[0], config.dashes_per_path
   assert dashes.shape == (n, 2, depth, 2, 2) and np.all(np.isfinite(dashes))
   lengths = np.linalg.norm(dashes[..., 1, :] - dashes[..., 0, :], axis=-1)
@@ -130,7 +138,7 @@ def test_paths_have_their_dashes_and_never_touch(hard):
   np.testing.assert_allclose(seeds, config.seed_distance * scale, atol=10 * TOLERANCE)
   # Every pair of dashes (targets and drawn distractors) keeps the clearance, except the
   # neighbours in one path.
-  distractors = hard.distractor_dashes.astype(np.float64)
+  distractors = data.distractor_dashes.astype(np.float64)
   every = np.concatenate([dashes.reshape(n, -1, 2, 2), distractors.reshape(n, -1, 2, 2)], 1)
   path_of = np.concatenate([np.repeat([0, 1], depth),
                             2 + np.repeat(np.arange(config.distractor_paths),
@@ -144,7 +152,7 @@ def test_paths_have_their_dashes_and_never_touch(hard):
                               every[:, second, 0], every[:, second, 1])           # [n, pairs]
   drawn = np.isfinite(distance)
   assert drawn[:, (path_of[first] < 2) & (path_of[second] < 2)].all()
-  clearance = (config.margin + config.dash_thickness) * scale
+  clearance = (config.margin + config.path_gap + config.dash_thickness) * scale
   assert distance[drawn].min() >= clearance - TOLERANCE
   between_targets = (path_of[first] == 0) & (path_of[second] == 1)
   assert distance[:, between_targets].min() >= config.margin * scale
@@ -253,7 +261,7 @@ def test_path_x_draws_the_same_scene_four_times_finer():
 BAD_VALUES = [
     ('resolution', 8), ('resolution', 1024), ('dashes_per_path', 1), ('dashes_per_path', 21),
     ('distractor_dashes', -1), ('dash_length', 0.0), ('dash_thickness', -0.5),
-    ('margin', 0.0), ('marker_radius', 0.0), ('seed_distance', 1.0), ('seed_distance', 15.0),
+    ('margin', 0.0), ('path_gap', -0.5), ('path_gap', 5.0), ('marker_radius', 0.0), ('seed_distance', 1.0), ('seed_distance', 15.0),
     ('continuity', 0.5), ('distance_tolerance', 0.0), ('train_examples', 0),
     ('valid_examples', 0), ('test_examples', -2), ('seed', -1),
 ]

@@ -1,6 +1,6 @@
 """The length curriculum of fixed-size-example tasks (data/curriculum_streams.CurriculumStreams
-over data/task_batches.TaskBatches) and
-its Retrieval setting (`data.lra_retrieval.curriculum_steps`)."""
+over data/task_batches.TaskBatches), its Retrieval setting
+(`data.lra_retrieval.curriculum_steps`) and Pathfinder's (`data.pathfinder.curriculum_steps`)."""
 
 import ml_collections
 import numpy as np
@@ -80,3 +80,39 @@ def test_retrieval_training_reads_short_documents_first():
 def test_retrieval_curriculum_must_leave_long_steps():
   with pytest.raises(ConfigError, match='data.lra_retrieval.curriculum_steps'):
     task_for('retrieval').training_task(_retrieval_config(curriculum_steps=10))
+
+
+def _pathfinder_config(**section):
+  values = lra.get_config('pathfinder,vanilla,mini')
+  values['data']['pathfinder'].update(train_examples=8, valid_examples=4, test_examples=4,
+                                      **section)
+  values['data'].update(batch_size=4)
+  values['train'].update(num_steps=10)
+  return ml_collections.ConfigDict(resolve_config(values))
+
+
+def _rows(arrays):
+  return {row.tobytes() for row in arrays['inputs']}
+
+
+def test_pathfinder_training_reads_short_paths_first():
+  config = _pathfinder_config(curriculum_steps=2, curriculum_dashes=3)
+  task = task_for('classification')
+  training = task.training_task(config)
+  assert isinstance(training.batches, CurriculumStreams)
+  # The images of the same generator at 3 dashes per path, built without the curriculum.
+  short = task.load_arrays(_pathfinder_config(dashes_per_path=3), 'train',
+                           task.tokenizer(config.data))
+  whole = task.load_arrays(config, 'train', task.tokenizer(config.data))
+  assert not _rows(short) & _rows(whole)
+  batches = [training.batches.next_batch()['inputs'] for _ in range(4)]
+  assert all(row.tobytes() in _rows(short) for batch in batches[:2] for row in batch)
+  assert all(row.tobytes() in _rows(whole) for batch in batches[2:] for row in batch)
+
+
+def test_pathfinder_curriculum_must_leave_steps_and_read_shorter_paths():
+  with pytest.raises(ConfigError, match='data.pathfinder.curriculum_steps'):
+    task_for('classification').training_task(_pathfinder_config(curriculum_steps=10))
+  with pytest.raises(ConfigError, match='data.pathfinder.curriculum_dashes'):
+    task_for('classification').training_task(_pathfinder_config(curriculum_steps=2,
+                                                            curriculum_dashes=7))

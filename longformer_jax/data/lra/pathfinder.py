@@ -15,7 +15,11 @@ r / 32: Path-X draws the same scenes four times finer, so only the sequence grow
 - No two dashes touch: every dash keeps a centreline distance of `margin + dash_thickness`
   (a gap of `margin` between the strokes' edges) from every other dash, of its own path
   (all but its neighbours in the chain) and of every other path: the original's occupancy
-  mask dilated by the margin, tested exactly on the segments.
+  mask dilated by the margin, tested exactly on the segments. So two paths may pass closer
+  (`margin`) than a path's own consecutive dashes lie (2 x margin): what tells them apart
+  is the continuity of direction. `path_gap` widens the gap between non-neighbours to
+  `margin + path_gap` (0, the default, is the original's), an easier setting in which
+  following the ink across a path's own gaps never jumps to another path.
 - The two target paths start `seed_distance` apart near the middle (the first seed end at
   least `seed_distance` inside the border box) and grow one dash each in turn, so they wind
   around each other; they then trade names with probability 1/2, so that they are
@@ -85,6 +89,7 @@ class PathfinderConfig(Section):
   dash_length: float = 2.0           # one dash's length
   dash_thickness: float = 0.5        # one dash's stroke width
   margin: float = 1.0                # gap between strokes; half the gap between a path's dashes
+  path_gap: float = 0.0              # extra gap between dashes that are not neighbours (0: original)
   marker_radius: float = 1.5         # the marker discs' radius; dashes stay this far inside
   seed_distance: float = 7.0         # distance between the two target paths' first dashes
   continuity: float = 1.0            # turn weight cos^2(min(continuity x angle, pi/2))
@@ -93,6 +98,10 @@ class PathfinderConfig(Section):
   valid_examples: int = 2_000
   test_examples: int = 2_000
   seed: int = 0                      # the data's own seed, independent of config.seed
+  # Path-length curriculum (data/curriculum_streams.py): the first N training steps read
+  # images whose paths have `curriculum_dashes` dashes, in the same geometry; 0: off.
+  curriculum_steps: int = 0
+  curriculum_dashes: int = 2
 
   def validate(self, env) -> None:
     del env
@@ -103,9 +112,11 @@ class PathfinderConfig(Section):
     self.require(0 < self.dash_length <= 8, 'dash_length', 'must be in (0, 8]')
     self.require(0 < self.dash_thickness <= 4, 'dash_thickness', 'must be in (0, 4]')
     self.require(0 < self.margin <= 4, 'margin', 'must be in (0, 4]')
+    self.require(0 <= self.path_gap <= 4, 'path_gap', 'must be in [0, 4]')
     self.require(0 < self.marker_radius <= 4, 'marker_radius', 'must be in (0, 4]')
-    self.require(self.seed_distance >= self.margin + self.dash_thickness, 'seed_distance',
-                 'must be >= margin + dash_thickness (the seeds keep the dashes\' clearance)')
+    self.require(self.seed_distance >= self.clearance, 'seed_distance',
+                 'must be >= margin + path_gap + dash_thickness (the seeds keep the dashes\' '
+                 'clearance)')
     self.require(self.seed_distance + self.marker_radius < SCENE_SIDE / 2, 'seed_distance',
                  'plus marker_radius must be < 16 (the first seed needs room in the middle)')
     self.require(1 <= self.continuity <= 10, 'continuity',
@@ -114,6 +125,11 @@ class PathfinderConfig(Section):
     for name in ('train_examples', 'valid_examples', 'test_examples'):
       self.require(getattr(self, name) >= 1, name, 'must be >= 1')
     self.require(0 <= self.seed < 2 ** 63, 'seed', 'must be in 0..2**63-1')
+    self.require(self.curriculum_steps >= 0, 'curriculum_steps', 'must be >= 0 (0: off)')
+    if self.curriculum_steps:
+      self.require(2 <= self.curriculum_dashes <= self.dashes_per_path, 'curriculum_dashes',
+                   f'must be in 2..dashes_per_path ({self.dashes_per_path}): the curriculum '
+                   'reads shorter paths first')
 
   @property
   def distractor_length(self) -> int:
@@ -127,10 +143,17 @@ class PathfinderConfig(Section):
   @property
   def clearance(self) -> float:
     """The least centreline distance between two dashes that are not neighbours in a path."""
-    return self.margin + self.dash_thickness
+    return self.margin + self.path_gap + self.dash_thickness
 
   def split_size(self, split: str) -> int:
     return getattr(self, f'{split}_examples')
+
+
+def curriculum_config(config: PathfinderConfig) -> PathfinderConfig:
+  """The settings of the curriculum's first stage: the same generator with
+  `curriculum_dashes` dashes per path (distractors of their length)."""
+  return dataclasses.replace(config, dashes_per_path=config.curriculum_dashes,
+                             curriculum_steps=0)
 
 
 @dataclasses.dataclass(frozen=True)
