@@ -45,9 +45,13 @@ def task_config(task: str, scale: str, settings: tuple = ()) -> dict:
 def pathfinder_data(scale: str, split: str, count: int,
                     settings: tuple = ()) -> pathfinder.PathfinderSplit:
   """The generated Pathfinder split with its record (markers, paths), as the runs draw it."""
+  return pathfinder.pathfinder_split(pathfinder_section(scale, settings), split, count)
+
+
+def pathfinder_section(scale: str, settings: tuple = ()) -> pathfinder.PathfinderConfig:
+  """The generator's settings of `configs/lra.py:pathfinder,vanilla,SCALE` with `settings`."""
   data = task_config('pathfinder', scale, settings)['data']
-  section = pathfinder.PathfinderConfig.build(data.get('pathfinder'), 'data.pathfinder')
-  return pathfinder.pathfinder_split(section, split, count)
+  return pathfinder.PathfinderConfig.build(data.get('pathfinder'), 'data.pathfinder')
 
 
 def task_data(task: str, scale: str, split: str, count: int, settings: tuple = ()):

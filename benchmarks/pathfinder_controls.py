@@ -42,9 +42,10 @@ import optax
 from scipy import ndimage
 
 from benchmarks.lra_results import ACCURACY_KEY, merge_rows
-from benchmarks.lra_shortcuts import data_settings, pathfinder_data, task_config
+from benchmarks.lra_shortcuts import data_settings, pathfinder_data, pathfinder_section
 from configs import lra
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.data.curriculum_streams import require_steps_after
 from longformer_jax.data.lra import pathfinder
 
 THRESHOLDS, DILATIONS = (1, 32, 96), (0, 1, 2)
@@ -112,13 +113,11 @@ def curriculum_data(scale: str, count: int, settings: tuple, steps: int):
   Raises:
     ConfigError: the curriculum leaves no step of `steps` for the task's paths.
   """
-  section = pathfinder.PathfinderConfig.build(
-      task_config('pathfinder', scale, settings)['data'].get('pathfinder'), 'data.pathfinder')
+  section = pathfinder_section(scale, settings)
   if not section.curriculum_steps:
     return None
-  if section.curriculum_steps >= steps:
-    raise ConfigError('data.pathfinder.curriculum_steps',
-                      f'{section.curriculum_steps} leaves no step of --steps={steps}')
+  require_steps_after('data.pathfinder.curriculum_steps', section.curriculum_steps, steps,
+                      '--steps', f'the paths of dashes_per_path={section.dashes_per_path}')
   return (pathfinder.pathfinder_split(pathfinder.curriculum_config(section), 'train', count),
           section.curriculum_steps)
 

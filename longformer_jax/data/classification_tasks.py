@@ -32,6 +32,7 @@ import numpy as np
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data import stdlib_corpus, tfds_tasks
+from longformer_jax.data.curriculum_streams import require_steps_after
 from longformer_jax.data.lra import listops, pathfinder, text_classification
 from longformer_jax.data.task_text import stable_hash, whole_characters
 
@@ -175,11 +176,9 @@ def load_curriculum_arrays(config: ml_collections.ConfigDict, tokenizer
   section = pathfinder.PathfinderConfig.build(data.pathfinder, 'data.pathfinder')
   if not section.curriculum_steps:
     return None
-  if section.curriculum_steps >= config.train.num_steps:
-    raise ConfigError('data.pathfinder.curriculum_steps',
-                      f'{section.curriculum_steps} leaves no step of train.num_steps='
-                      f'{config.train.num_steps} for the paths of dashes_per_path='
-                      f'{section.dashes_per_path}')
+  require_steps_after('data.pathfinder.curriculum_steps', section.curriculum_steps,
+                      config.train.num_steps, 'train.num_steps',
+                      f'the paths of dashes_per_path={section.dashes_per_path}')
   examples = pathfinder_examples(pathfinder.curriculum_config(section), 'train',
                                  data.max_examples, tokenizer)
   return (classification_arrays(examples, data.seq_len, tokenizer.bos_id, tokenizer.pad_id,

@@ -5,7 +5,8 @@ from the streams `first` and every later batch from `then`: two
 `TrainStreams` of the same rows and tokens per step, or two
 `data/task_batches.TaskBatches` of examples of one shape (task retrieval's
 `data.lra_retrieval.curriculum_steps`: short documents padded to `seq_len`,
-so the train step compiles once). `then` starts at its
+so the train step compiles once; Pathfinder's `data.pathfinder.curriculum_steps`:
+images of shorter paths). `then` starts at its
 own beginning, with a BOS in every row, so a memory carried across steps is
 reset there like at any document start. Used by corpus passkey
 (`data.passkey_curriculum_steps`, data/data_config.py): short documents,
@@ -15,11 +16,25 @@ position is the number of batches read (`state()`), with both streams'
 own positions for the checks `TrainStreams.restore` makes.
 """
 
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.stream_batch import StreamBatch
 from longformer_jax.data.task_batches import TaskBatches
 from longformer_jax.data.train_streams import TrainStreams
 
 Batches = TrainStreams | TaskBatches
+
+
+def require_steps_after(key: str, curriculum_steps: int, num_steps: int, budget: str,
+                        then: str) -> None:
+  """Refuses a curriculum that leaves no training step for its second stage.
+
+  Raises:
+    ConfigError: naming `key`, when `curriculum_steps` >= `num_steps` (read from the
+      setting or flag `budget`); `then` says what the second stage reads.
+  """
+  if curriculum_steps >= num_steps:
+    raise ConfigError(key, f'{curriculum_steps} leaves no step of {budget}={num_steps} '
+                      f'for {then}')
 
 
 class CurriculumStreams:

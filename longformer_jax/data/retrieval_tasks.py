@@ -17,6 +17,7 @@ import numpy as np
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.classification_tasks import example_arrays, split_count
+from longformer_jax.data.curriculum_streams import require_steps_after
 from longformer_jax.data.lra import document_matching
 
 CORPORA = ('lra_retrieval',)
@@ -51,10 +52,8 @@ def load_curriculum_arrays(config: ml_collections.ConfigDict, tokenizer
   section = _section(config)
   if not section.curriculum_steps:
     return None
-  if section.curriculum_steps >= config.train.num_steps:
-    raise ConfigError('data.lra_retrieval.curriculum_steps',
-                      f'{section.curriculum_steps} leaves no step of train.num_steps='
-                      f'{config.train.num_steps} for the long documents')
+  require_steps_after('data.lra_retrieval.curriculum_steps', section.curriculum_steps,
+                      config.train.num_steps, 'train.num_steps', 'the long documents')
   return (_arrays(config, document_matching.curriculum_config(section), 'train', tokenizer),
           section.curriculum_steps)
 

@@ -22,7 +22,7 @@ from longformer_jax.data import collisions
 from longformer_jax.data.corpus import (byte_answer_masks, cut_into_pieces, curriculum_documents,
                                         load_corpus, tokenize_answered_documents,
                                         tokenize_documents)
-from longformer_jax.data.curriculum_streams import CurriculumStreams
+from longformer_jax.data.curriculum_streams import CurriculumStreams, require_steps_after
 from longformer_jax.data.phased_streams import PhasedStreams
 from longformer_jax.data.train_streams import TrainStreams
 from longformer_jax.data.tokenizers import make_tokenizer
@@ -79,10 +79,8 @@ class LanguageModelTraining:
                           count_answers_only=config.data.loss_on == 'answer')
     unit_streams = streams_of(load_corpus(config.data, 'train'))
     if config.data.passkey_curriculum_steps:      # short passkey documents first
-      if config.data.passkey_curriculum_steps >= config.train.num_steps:
-        raise ConfigError('data.passkey_curriculum_steps', f'{config.data.passkey_curriculum_steps} '
-                          f'leaves no step of train.num_steps={config.train.num_steps} for the '
-                          f'long documents')
+      require_steps_after('data.passkey_curriculum_steps', config.data.passkey_curriculum_steps,
+                          config.train.num_steps, 'train.num_steps', 'the long documents')
       unit_streams = CurriculumStreams(streams_of(curriculum_documents(config.data)),
                                        unit_streams, config.data.passkey_curriculum_steps)
     self.streams = PhasedStreams(unit_streams)

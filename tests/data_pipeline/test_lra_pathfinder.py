@@ -6,8 +6,9 @@ Independent checks, from the generator's own record of each image:
 - the markers are drawn where the record says (the image changes only around them when
   they are left out) and every target dash leaves ink on the image;
 - the geometry: a float64 segment distance (textbook formula) between every two dashes that
-  are not neighbours in a path is at least margin + thickness (+ path_gap); each path has its dashes, of
-  their length, with the pivot gap and turns under 90 degrees, inside the marker border;
+  are not neighbours in a path is at least margin + path_gap + thickness; each path has its
+  dashes, of their length, with the pivot gap and turns under 90 degrees, inside the marker
+  border;
 - the balance: every example has a marking of the other label, sharing one marker, whose
   marker distance is within the tolerance; and a logistic regression (numpy, written here)
   on a pixel histogram plus the marker distance, fit on one split and scored on another,
@@ -261,7 +262,8 @@ def test_path_x_draws_the_same_scene_four_times_finer():
 BAD_VALUES = [
     ('resolution', 8), ('resolution', 1024), ('dashes_per_path', 1), ('dashes_per_path', 21),
     ('distractor_dashes', -1), ('dash_length', 0.0), ('dash_thickness', -0.5),
-    ('margin', 0.0), ('path_gap', -0.5), ('path_gap', 5.0), ('marker_radius', 0.0), ('seed_distance', 1.0), ('seed_distance', 15.0),
+    ('margin', 0.0), ('path_gap', -0.5), ('path_gap', 5.0), ('marker_radius', 0.0),
+    ('seed_distance', 1.0), ('seed_distance', 15.0), ('curriculum_steps', -1),
     ('continuity', 0.5), ('distance_tolerance', 0.0), ('train_examples', 0),
     ('valid_examples', 0), ('test_examples', -2), ('seed', -1),
 ]
