@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-from benchmarks.lra_results import read_rows
+from benchmarks.lra_results import is_own_config, read_rows
 
 BASELINES = ('majority', 'first_token_rule', 'pixel_statistics', 'first_256_bytes',
              'length_only', 'known_cut_groups', 'connected_components', 'cnn_control',
@@ -33,7 +33,7 @@ def mean_accuracy(rows: list[dict], scale: str, variants) -> tuple[dict, list[st
   the model rows of `variants`: the tasks every one of them has a row of."""
   by_task = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in rows:
-    if row['scale'] == scale and row['variant'] in variants and not row.get('settings'):
+    if row['scale'] == scale and row['variant'] in variants and is_own_config(row):
       by_task[row['variant']][row['task']].append(row['accuracy'])
   shared = sorted(set.intersection(*(set(tasks) for tasks in by_task.values()))
                   if by_task else ())
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
           if row['scale'] == args.scale and row['length'] == args.length
           and 'relative_steps_per_s' in row}
   models = {row['variant'] for row in rows if row['scale'] == args.scale
-            and row['variant'] not in BASELINES and not row.get('settings')}
+            and row['variant'] not in BASELINES and is_own_config(row)}
   for variant in sorted(models - set(cost)):
     print(f'{variant}: no cost row at {args.length} tokens; left out')
   accuracy, tasks = mean_accuracy(rows, args.scale, models & set(cost))

@@ -10,7 +10,12 @@ import os
 
 # The key of an accuracy row (accuracy.json). `settings` is absent (None) on a row of the
 # variant's own config and names the overrides of a fair try (benchmarks/lra_table.py).
-ACCURACY_KEY = ('task', 'variant', 'scale', 'seed', 'settings')
+ACCURACY_KEY = ('task', 'variant', 'scale', 'seed', 'settings', 'pretrain_steps')
+
+
+def is_own_config(row: dict) -> bool:
+  """A row of the variant's own config: no fair-try settings, no self-pretraining."""
+  return not row.get('settings') and not row.get('pretrain_steps')
 
 
 def read_rows(path: str) -> list[dict]:

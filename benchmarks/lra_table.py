@@ -20,6 +20,13 @@ A fair try of other settings is a run of its own: `--setting=model.bigbird.block
 it for more) passes `--config.model.bigbird.block=4` to both commands, trains in
 `ROOT/SCALE/TASK/VARIANT+model.bigbird.block=4/seedN`, and writes a row with a `settings`
 field, kept beside the row of the variant's own config (the figure plots the latter only).
+
+Self-pretraining (Amos et al., 2024): `--pretrain_steps=N` first trains the same encoder by
+masked-token prediction on the task's training inputs for N steps
+(`configs/lra.py:TASK,VARIANT,SCALE,masked`, the same settings, in `WORKDIR/pretraining`),
+then the classifier from it (`--config.train.init_from=WORKDIR/pretraining`), in
+`ROOT/SCALE/TASK/VARIANT[+settings]+pretrain_steps=N/seedN`; the row gains `pretrain_steps`
+and `pretrain_seconds`. A finished pretraining run is reused, not repeated.
 """
 
 import argparse
@@ -64,19 +71,29 @@ def parse_settings(settings: list[str]) -> list[str]:
 
 
 def run_one(task: str, variant: str, scale: str, seed: int, root: str,
-            settings: tuple = ()) -> dict:
-  """Trains and tests one run (`settings`: config overrides `KEY=VALUE`); returns its row."""
+            settings: tuple = (), pretrain_steps: int = 0) -> dict:
+  """Trains and tests one run (`settings`: config overrides `KEY=VALUE`; `pretrain_steps`:
+  self-pretraining first, 0: none); returns its row."""
   model_variant = 'vanilla' if variant == PREFIX_VARIANT else variant
   config = f'--config=configs/lra.py:{task},{model_variant},{scale}'
-  run_name = '+'.join((variant,) + tuple(settings))
+  pretraining = (f'pretrain_steps={pretrain_steps}',) if pretrain_steps else ()
+  run_name = '+'.join((variant,) + tuple(settings) + pretraining)
   workdir = os.path.join(root, scale, task, run_name, f'seed{seed}')
   os.makedirs(workdir, exist_ok=True)
   extra = ['--config.data.seq_len=257'] if variant == PREFIX_VARIANT else []
   extra += [f'--config.{setting}' for setting in settings]
   log_path = os.path.join(workdir, 'table.log')
+  pretrain_seconds, start_from = 0.0, []
+  if pretrain_steps:
+    pretrained = os.path.join(workdir, 'pretraining')
+    pretrain_seconds = run_command(
+        ['train.py', f'{config},{lra.PRETRAINING}', f'--workdir={pretrained}',
+         f'--config.seed={seed}'] + extra + [f'--config.train.num_steps={pretrain_steps}'],
+        log_path)
+    start_from = [f'--config.train.init_from={pretrained}']
   rate_before = gflops()
   train_seconds = run_command(['train.py', config, f'--workdir={workdir}',
-                               f'--config.seed={seed}'] + extra, log_path)
+                               f'--config.seed={seed}'] + extra + start_from, log_path)
   rate_after = gflops()
   eval_seconds = run_command(['eval.py', config, f'--workdir={workdir}', f'--config.seed={seed}',
                               '--config.eval.split=test'] + extra, log_path)
@@ -91,6 +108,12 @@ def run_one(task: str, variant: str, scale: str, seed: int, root: str,
                      + ''.join(f' {e}' for e in extra)}
   if settings:
     row['settings'] = ' '.join(settings)
+  if pretrain_steps:
+    row.update(pretrain_steps=pretrain_steps, pretrain_seconds=round(pretrain_seconds, 1))
+    row['command'] = (f'python train.py {config},{lra.PRETRAINING} --workdir=W/pretraining '
+                      f'--config.seed={seed}' + ''.join(f' {e}' for e in extra)
+                      + f' --config.train.num_steps={pretrain_steps}; ' + row['command']
+                      + ' --config.train.init_from=W/pretraining')
   return row
 
 
@@ -105,7 +128,12 @@ def main(argv=None) -> int:
   parser.add_argument('--results', default='benchmarks/results/lra/accuracy.json')
   parser.add_argument('--setting', action='append', default=[],
                       help='a config override KEY=VALUE for a fair try (repeatable)')
+  parser.add_argument('--pretrain_steps', type=int, default=0,
+                      help='self-pretraining steps (masked tokens) before each run; 0: none')
   args = parser.parse_args(argv)
+  if args.pretrain_steps < 0:
+    print(f'--pretrain_steps: {args.pretrain_steps} must be >= 0 (0: none)', file=sys.stderr)
+    return 2
   try:
     settings = tuple(parse_settings(args.setting))
   except ValueError as error:
@@ -123,7 +151,8 @@ def main(argv=None) -> int:
         continue
       for seed in seeds:
         try:
-          row = run_one(task, variant, args.scale, seed, args.root, settings)
+          row = run_one(task, variant, args.scale, seed, args.root, settings,
+                        args.pretrain_steps)
         except RuntimeError as error:
           failures += 1
           print(f'{task},{variant},seed {seed}: {error}', flush=True)

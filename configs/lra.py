@@ -3,6 +3,11 @@ r"""The Long Range Arena (Tay et al., 2020): one config per task, attention vari
   python train.py --config=configs/lra.py:TASK,VARIANT[,SCALE] --workdir=W
   python eval.py  --config=configs/lra.py:TASK,VARIANT[,SCALE] --workdir=W --config.eval.split=test
 
+Self-pretraining (Amos et al., 2024): `TASK,VARIANT,SCALE,masked` is the same encoder trained
+by masked-token prediction on the task's own training inputs (task masked_pretraining; ListOps,
+Pathfinder and Text), and a classification run starts from it with
+`--config.train.init_from=W_MASKED` (docs/lra.md, "Self-pretraining").
+
 TASK (data generated here, docs/lra.md):
   listops      ListOps trees, 10 classes, [CLS] pooling (data/lra/listops.py)
   pathfinder   Pathfinder images, pixels as tokens, mean pooling (data/lra/pathfinder.py)
@@ -33,6 +38,7 @@ from longformer_jax.config.errors import require
 from longformer_jax.config.overrides import merged
 
 TASKS = ('listops', 'pathfinder', 'text', 'retrieval')
+PRETRAINING = 'masked'       # the fourth part of the config argument: self-pretraining
 SCALES = ('mini', 'full')
 SMALL = {'num_layers': 2, 'd_model': 64, 'num_heads': 2, 'head_dim': 32, 'd_ff': 128}
 
@@ -178,27 +184,34 @@ def data_section(task: str, variant: str, scale: str) -> dict:
 
 
 def get_config(arg: str = 'listops,vanilla', length: int = 0) -> dict:
-  """The run of `arg` = 'TASK,VARIANT[,SCALE]'; `length` (benchmarks/lra_cost.py) sizes the
-  variants' length-dependent settings for sequences of that many tokens."""
+  """The run of `arg` = 'TASK,VARIANT[,SCALE[,masked]]'; `length` (benchmarks/lra_cost.py)
+  sizes the variants' length-dependent settings for sequences of that many tokens."""
   parts = [part.strip() for part in arg.split(',') if part.strip()]
-  require(len(parts) in (2, 3), '--config',
-          f'lra.py:{arg}: expected TASK,VARIANT[,SCALE], e.g. lra.py:listops,bigbird,mini')
+  require(len(parts) in (2, 3, 4) and (len(parts) < 4 or parts[3] == PRETRAINING), '--config',
+          f'lra.py:{arg}: expected TASK,VARIANT[,SCALE[,{PRETRAINING}]], e.g. '
+          'lra.py:listops,bigbird,mini')
   task, variant = parts[0], parts[1]
-  scale = parts[2] if len(parts) == 3 else 'mini'
+  scale = parts[2] if len(parts) >= 3 else 'mini'
   require(task in TASKS, '--config', f'lra.py:{arg}: unknown task {task!r}; use one of {TASKS}')
   require(scale in SCALES, '--config',
           f'lra.py:{arg}: unknown scale {scale!r}; use one of {SCALES}')
   choices = variants(task, scale, length)
   require(variant in choices, '--config', f'lra.py:{arg}: unknown variant {variant!r} for '
           f'{task}; use one of {tuple(choices)}')
+  if len(parts) == 4:
+    require(task != 'retrieval', '--config', f'lra.py:{arg}: self-pretraining reads one '
+            "encoder's examples (listops, pathfinder, text), not retrieval's pairs")
   shape = SHAPES[scale][task]
   budget = shape['train']
   model = merged(shape['model'], choices[variant])
   model.update(num_classes=10 if task == 'listops' else 2,
                pooling='mean' if task == 'pathfinder' else 'cls')
   steps = budget['steps']
+  if len(parts) == 4:       # the same encoder, data and budget; BERT's masking (15%)
+    del model['num_classes'], model['pooling']
   return {
-      'task': 'retrieval' if task == 'retrieval' else 'classification',
+      'task': ('masked_pretraining' if len(parts) == 4 else
+               'retrieval' if task == 'retrieval' else 'classification'),
       'model': model,
       'data': data_section(task, variant, scale),
       'optimizer': {'learning_rate': budget['learning_rate'], 'warmup_steps': budget['warmup'],
@@ -207,3 +220,4 @@ def get_config(arg: str = 'listops,vanilla', length: int = 0) -> dict:
                 'checkpoint_every': max(steps // 5, 1), 'log_every': 50,
                 'eval_max_examples': 2000},
   }
+

@@ -30,7 +30,7 @@ import re
 import ml_collections
 import numpy as np
 
-from longformer_jax.config.errors import ConfigError
+from longformer_jax.config.errors import ConfigError, require
 from longformer_jax.data import stdlib_corpus, tfds_tasks
 from longformer_jax.data.curriculum_streams import require_steps_after
 from longformer_jax.data.lra import listops, pathfinder, text_classification
@@ -39,6 +39,25 @@ from longformer_jax.data.task_text import stable_hash, whole_characters
 LRA_CORPORA = ('listops', 'pathfinder', 'lra_text')
 CORPORA = ('stdlib', 'synthetic', 'imdb_reviews') + LRA_CORPORA
 _TOP_LEVEL_CLASS = re.compile(rb'^class \w', re.MULTILINE)
+# The data settings the tasks reading these examples (classification, masked_pretraining) read.
+DATA_KEYS = ('seq_len', 'max_examples', 'tfds_config', 'cls_token', 'cls_global', 'listops',
+             'pathfinder', 'lra_text')
+
+
+def check_examples_fit(data) -> None:
+  """`ConfigError` naming `data.seq_len` when it would cut a generated example short (a
+  ListOps tree cut short has no value; a Pathfinder image must be whole)."""
+  if data.corpus == 'listops':
+    longest = data.listops.max_length - 1 + int(data.cls_token)
+    require(data.seq_len >= longest, 'data.seq_len',
+            f'{data.seq_len} cuts ListOps trees short: the longest has '
+            f'{data.listops.max_length - 1} tokens (data.listops.max_length - 1), '
+            f'{longest} with [CLS]')
+  if data.corpus == 'pathfinder':
+    pixels = data.pathfinder.resolution ** 2 + int(data.cls_token)
+    require(data.seq_len >= pixels, 'data.seq_len',
+            f'{data.seq_len} cuts Pathfinder images short: they have {pixels} tokens '
+            f'(data.pathfinder.resolution ** 2{" + [CLS]" if data.cls_token else ""})')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ from longformer_jax.data.lra.document_matching import RetrievalConfig
 from longformer_jax.data.lra.listops import ListOpsConfig
 from longformer_jax.data.lra.pathfinder import PathfinderConfig
 from longformer_jax.data.lra.text_classification import TextConfig
+from longformer_jax.data.token_masking import TokenMaskingConfig
 
 TOKENIZERS = ('byte', 'sentencepiece', 'hf', 'listops')
 # The generated corpora with a section of their own (the Long Range Arena's, data/lra/, and
@@ -91,6 +92,9 @@ class DataConfig(Section):
   lra_retrieval: RetrievalConfig = RetrievalConfig()
   # corpus='collisions' (data/collisions.py): the Expire-Span paper's object-collision episodes.
   collisions: CollisionsConfig = CollisionsConfig()
+  # task='masked_pretraining' (self-pretraining on a task's own inputs): BERT's masking of the
+  # examples' tokens (data/token_masking.py).
+  masking: TokenMaskingConfig = TokenMaskingConfig()
 
   def validate(self, env) -> None:
     del env

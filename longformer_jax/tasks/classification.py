@@ -7,7 +7,8 @@ Data: `data/classification_tasks.py`, `[CLS] + tokens` cut to `data.seq_len`
 Sums over the batch's real examples (`weight`): `loss_sum` (cross-entropy,
 nats) over `count` examples, `correct`, `aux_objective`; metrics: `loss`,
 `accuracy`, `examples`. Fine-tunes a Hugging Face Longformer
-(`train.init_from_hf`).
+(`train.init_from_hf`) or a self-pretrained encoder (`train.init_from`, a
+`masked_pretraining` run: tasks/pretrained_encoder.py).
 """
 
 import functools
@@ -19,6 +20,7 @@ from longformer_jax.config.errors import require
 from longformer_jax.data import classification_tasks
 from longformer_jax.data.lra import listops
 from longformer_jax.models.encoder import SequenceClassifier, encoder_context
+from longformer_jax.tasks import pretrained_encoder
 from longformer_jax.tasks.base import ExampleTask
 from longformer_jax.train.lm_objective import weighted_aux_losses
 
@@ -50,25 +52,13 @@ class ClassificationTask(ExampleTask):
   hf_checkpoint = 'encoder'
   data_module = classification_tasks
   model_class = SequenceClassifier
-  data_keys = ('seq_len', 'max_examples', 'tfds_config', 'cls_token', 'cls_global', 'listops',
-               'pathfinder', 'lra_text')
-  train_keys = ('eval_max_examples', 'init_from_hf')
+  data_keys = classification_tasks.DATA_KEYS
+  train_keys = ('eval_max_examples', 'init_from_hf', 'init_from')
   model_keys = ('num_classes', 'pooling')
   columns = (('accuracy', 'accuracy'),)
 
   def check_data(self, data) -> None:
-    if data.corpus == 'listops':
-      # A tree cut short has no value: the longest must fit whole.
-      longest = data.listops.max_length - 1 + int(data.cls_token)
-      require(data.seq_len >= longest, 'data.seq_len',
-              f'{data.seq_len} cuts ListOps trees short: the longest has '
-              f'{data.listops.max_length - 1} tokens (data.listops.max_length - 1), '
-              f'{longest} with [CLS]')
-    if data.corpus == 'pathfinder':
-      pixels = data.pathfinder.resolution ** 2 + int(data.cls_token)
-      require(data.seq_len >= pixels, 'data.seq_len',
-              f'{data.seq_len} cuts Pathfinder images short: they have {pixels} tokens '
-              f'(data.pathfinder.resolution ** 2{" + [CLS]" if data.cls_token else ""})')
+    classification_tasks.check_examples_fit(data)
 
   def check_model(self, data, model: dict) -> None:
     classes = CORPUS_CLASSES.get(data.corpus, 2)
@@ -83,6 +73,13 @@ class ClassificationTask(ExampleTask):
     checkpoint's classes (its `num_classes` setting), else two."""
     del data
     model['num_classes'] = settings.get('num_classes') or 2
+
+  def check_init(self, config) -> None:
+    pretrained_encoder.check_init_from(config)
+
+  def initialise(self, config, state, mesh, rules):
+    del rules
+    return pretrained_encoder.with_pretrained_encoder(config, state, mesh)
 
   def sums_fn(self, config, model):
     del config

@@ -2,8 +2,8 @@
 
 from longformer_jax.config.errors import ConfigError
 from longformer_jax.config.section import closest_name
-from longformer_jax.tasks import (classification, extractive, image, lm, qa, retrieval,
-                                  sentence_mask, seq2seq)
+from longformer_jax.tasks import (classification, extractive, image, lm, masked_pretraining, qa,
+                                  retrieval, sentence_mask, seq2seq)
 from longformer_jax.tasks.base import Task
 
 TASKS = {module.TASK.name: module.TASK for module in (
@@ -15,6 +15,7 @@ TASKS = {module.TASK.name: module.TASK for module in (
     image,
     sentence_mask,
     extractive,
+    masked_pretraining,
 )}
 
 

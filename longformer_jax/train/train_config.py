@@ -49,6 +49,10 @@ class TrainConfig(Section):
   # A fresh classification / qa / seq2seq run starts from this Hugging Face checkpoint's
   # encoder (Longformer) or encoder-decoder (LED) parameters (convert/hf_init.py); '' = off.
   init_from_hf: str = ''
+  # A fresh classification run starts from the embeddings and encoder of the newest checkpoint
+  # of this masked_pretraining run directory (self-pretraining, tasks/pretrained_encoder.py);
+  # '' = off.
+  init_from: str = ''
   # 'FIRST,LAST': write a jax.profiler trace of those steps (1-based, both included) under
   # WORKDIR/profile/train (train/profiling.py; docs/training.md); '' = off.
   profile_steps: str = ''

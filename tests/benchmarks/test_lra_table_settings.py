@@ -1,5 +1,6 @@
-"""benchmarks/lra_table.py's fair tries (`--setting KEY=VALUE`): checked settings, rows kept
-beside the variant's own, the figure plotting only the latter; a real 4-step try (slow)."""
+"""benchmarks/lra_table.py's fair tries (`--setting KEY=VALUE`) and self-pretraining
+(`--pretrain_steps`): checked settings, rows kept beside the variant's own, the figure
+plotting only the latter; a real 4-step try and a real pretrained run (slow)."""
 
 import json
 
@@ -35,6 +36,18 @@ def test_a_try_row_is_kept_beside_the_variants_own_and_left_out_of_the_figure(tm
       (None, 0.6), ('model.bigbird.block=4', 0.9)}
   means, tasks = lra_figure.mean_accuracy(rows, 'mini', {'bigbird'})
   assert means == {'bigbird': 0.6} and tasks == ['listops']
+  merge_rows(path, [dict(own, accuracy=0.95, pretrain_steps=100)], ACCURACY_KEY)
+  merge_rows(path, [dict(tried, accuracy=0.97, pretrain_steps=100)], ACCURACY_KEY)
+  rows = read_rows(path)
+  assert len(rows) == 4
+  assert lra_figure.mean_accuracy(rows, 'mini', {'bigbird'})[0] == {'bigbird': 0.6}
+
+
+def test_negative_pretraining_steps_are_refused_before_anything_runs(tmp_path, capsys):
+  assert lra_table.main(['--pretrain_steps=-1', f'--root={tmp_path / "runs"}',
+                         f'--results={tmp_path / "accuracy.json"}']) == 2
+  assert '--pretrain_steps' in capsys.readouterr().err
+  assert not (tmp_path / 'runs').exists()
 
 
 @pytest.mark.slow
@@ -54,6 +67,29 @@ def test_a_fair_try_trains_with_its_setting_in_its_own_workdir(tmp_path):
   assert workdir.name.startswith('bigbird+') and 'model.bigbird.block=4' in workdir.name
   saved = json.loads((workdir / 'seed0' / 'config.json').read_text())
   assert saved['model']['bigbird']['block'] == 4
+
+
+@pytest.mark.slow
+def test_a_pretrained_run_trains_its_classifier_from_its_own_pretraining(tmp_path):
+  small = ['data.listops.train_examples=64', 'data.listops.valid_examples=16',
+           'data.listops.test_examples=16', 'train.num_steps=2', 'train.eval_every=2',
+           'train.checkpoint_every=2', 'data.batch_size=8', 'data.eval_batch_size=8']
+  results = tmp_path / 'accuracy.json'
+  arguments = ['--scale=mini', '--tasks=listops', '--variants=vanilla', '--seeds=0',
+               f'--root={tmp_path / "runs"}', f'--results={results}', '--pretrain_steps=3'
+               ] + [f'--setting={s}' for s in small]
+  assert lra_table.main(arguments) == 0
+  [row] = read_rows(str(results))
+  assert row['pretrain_steps'] == 3 and row['steps'] == 2 and row['pretrain_seconds'] > 0
+  [workdir] = (tmp_path / 'runs' / 'mini' / 'listops').iterdir()
+  assert workdir.name.endswith('+pretrain_steps=3')
+  pretraining = json.loads((workdir / 'seed0' / 'pretraining' / 'config.json').read_text())
+  assert pretraining['task'] == 'masked_pretraining'
+  assert pretraining['train']['num_steps'] == 3
+  saved = json.loads((workdir / 'seed0' / 'config.json').read_text())
+  assert saved['train']['init_from'] == str(workdir / 'seed0' / 'pretraining')
+  log = (workdir / 'seed0' / 'table.log').read_text()
+  assert 'Started from the pretrained embedding, encoder of' in log
 
 
 def test_figure_labels_of_nearby_points_are_lowered_apart_and_others_stay():

@@ -26,9 +26,9 @@ TOKENIZER = ByteTokenizer()
 VALID_SEQ_LEN = 68
 # Each task gets only the settings it reads (the config rejects ignored ones).
 TASK_DATA_SETTINGS = {'classification': {}, 'qa': dict(question_len=3, max_answer_len=8),
-                      'seq2seq': dict(target_len=12)}
+                      'seq2seq': dict(target_len=12), 'masked_pretraining': {}}
 TASK_MODEL_SETTINGS = {'classification': dict(num_classes=2), 'qa': {},
-                       'seq2seq': dict(decoder_layers=1)}
+                       'seq2seq': dict(decoder_layers=1), 'masked_pretraining': {}}
 
 
 def tiny_task_config(task: str, **data_overrides) -> ml_collections.ConfigDict:
