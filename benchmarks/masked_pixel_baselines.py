@@ -14,6 +14,10 @@ images, the same generator and `--setting`s):
                  ignores the context
   left_neighbour the pixel to the left (the raster's previous token), as it is in the image:
                  the accuracy of copying it (the first column copies the background)
+  neighbours     the pixel values' frequencies given which of the 4 neighbours (up, down,
+                 left, right; outside the image: background) hold ink (16 contexts): the
+                 cross-entropy and the accuracy of the most common value, what a model that
+                 reads the 2D neighbourhood reaches with this little of it
 """
 
 import argparse
@@ -28,6 +32,15 @@ from configs import lra
 from longformer_jax.config.errors import ConfigError
 
 
+def neighbour_contexts(images: np.ndarray) -> np.ndarray:
+  """`int [n, side, side]` in 0..15: bit i set when neighbour i (up, down, left, right) of
+  the pixel holds ink (is not 0); outside the image counts as background."""
+  ink = np.pad(images > 0, ((0, 0), (1, 1), (1, 1)))
+  up, down = ink[:, :-2, 1:-1], ink[:, 2:, 1:-1]
+  left, right = ink[:, 1:-1, :-2], ink[:, 1:-1, 2:]
+  return up * 1 + down * 2 + left * 4 + right * 8
+
+
 def pixel_baselines(train_images: np.ndarray, valid_images: np.ndarray) -> dict:
   """The rules' scores (see the module docstring) of `uint8 [n, side, side]` images."""
   counts = np.bincount(train_images.reshape(-1), minlength=256).astype(np.float64)
@@ -36,7 +49,13 @@ def pixel_baselines(train_images: np.ndarray, valid_images: np.ndarray) -> dict:
   majority = int(np.argmax(counts))
   left = np.concatenate([np.full(valid_images.shape[:2] + (1,), majority, valid_images.dtype),
                          valid_images[:, :, :-1]], axis=2)
+  table = np.full((16, 256), 1e-6)                             # [context, value] counts
+  np.add.at(table, (neighbour_contexts(train_images).reshape(-1), train_images.reshape(-1)), 1)
+  contexts = neighbour_contexts(valid_images).reshape(-1)
+  conditional = table / table.sum(axis=1, keepdims=True)
   return {'majority_accuracy': float(np.mean(pixels == majority)),
+          'neighbours_nats': float(-np.mean(np.log(conditional[contexts, pixels]))),
+          'neighbours_accuracy': float(np.mean(np.argmax(table, axis=1)[contexts] == pixels)),
           'unigram_nats': float(-np.mean(np.log(frequencies[pixels]))),
           'left_neighbour_accuracy': float(np.mean(left == valid_images)),
           'majority_value': majority, 'valid_pixels': int(pixels.size)}
