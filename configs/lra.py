@@ -192,13 +192,14 @@ def get_config(arg: str = 'listops,vanilla', length: int = 0) -> dict:
           'lra.py:listops,bigbird,mini')
   task, variant = parts[0], parts[1]
   scale = parts[2] if len(parts) >= 3 else 'mini'
+  masked = len(parts) == 4
   require(task in TASKS, '--config', f'lra.py:{arg}: unknown task {task!r}; use one of {TASKS}')
   require(scale in SCALES, '--config',
           f'lra.py:{arg}: unknown scale {scale!r}; use one of {SCALES}')
   choices = variants(task, scale, length)
   require(variant in choices, '--config', f'lra.py:{arg}: unknown variant {variant!r} for '
           f'{task}; use one of {tuple(choices)}')
-  if len(parts) == 4:
+  if masked:
     require(task != 'retrieval', '--config', f'lra.py:{arg}: self-pretraining reads one '
             "encoder's examples (listops, pathfinder, text), not retrieval's pairs")
   shape = SHAPES[scale][task]
@@ -207,10 +208,10 @@ def get_config(arg: str = 'listops,vanilla', length: int = 0) -> dict:
   model.update(num_classes=10 if task == 'listops' else 2,
                pooling='mean' if task == 'pathfinder' else 'cls')
   steps = budget['steps']
-  if len(parts) == 4:       # the same encoder, data and budget; BERT's masking (15%)
+  if masked:                # the same encoder, data and budget; BERT's masking (15%)
     del model['num_classes'], model['pooling']
   return {
-      'task': ('masked_pretraining' if len(parts) == 4 else
+      'task': ('masked_pretraining' if masked else
                'retrieval' if task == 'retrieval' else 'classification'),
       'model': model,
       'data': data_section(task, variant, scale),
@@ -220,4 +221,3 @@ def get_config(arg: str = 'listops,vanilla', length: int = 0) -> dict:
                 'checkpoint_every': max(steps // 5, 1), 'log_every': 50,
                 'eval_max_examples': 2000},
   }
-

@@ -6,6 +6,8 @@ probability `replace_mask`, a uniformly random token of the vocabulary with prob
 `replace_random`, and stays itself otherwise (BERT: 0.15; 0.8 / 0.1 / 0.1). The loss is
 read at the picked positions only. Picks are independent per token, so the number picked
 per example varies around `rate` x the maskable tokens; an example may have none.
+`masking_key` is the randomness of a batch's masks, for this masking and HIBERT's
+(tasks/sentence_mask.py): a training step's own, an evaluation's always the same.
 """
 
 import dataclasses
@@ -14,6 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from longformer_jax.config.section import Section
+
+EVAL_MASK_SEED = 0          # evaluation masks: always the same
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +35,14 @@ class TokenMaskingConfig(Section):
     self.require(self.replace_mask + self.replace_random <= 1.0, 'replace_random',
                  f'replace_mask + replace_random = {self.replace_mask + self.replace_random} '
                  'must be <= 1 (the rest of the picked tokens stay themselves)')
+
+
+def masking_key(rngs: dict, salt: int) -> jax.Array:
+  """Training (`rngs` holds the step's 'dropout' key): that key folded with `salt` (each
+  objective its own); evaluation (no dropout key): `PRNGKey(EVAL_MASK_SEED)`."""
+  if 'dropout' in rngs:
+    return jax.random.fold_in(rngs['dropout'], salt)
+  return jax.random.PRNGKey(EVAL_MASK_SEED)
 
 
 def mask_tokens(key: jax.Array, tokens: jax.Array, maskable: jax.Array, *, rate: float,

@@ -21,12 +21,13 @@ import ml_collections
 
 from longformer_jax.checkpoint.checkpointer import Checkpointer
 from longformer_jax.checkpoint.storage_bound import StorageBound
-from longformer_jax.config.errors import ConfigError, require
+from longformer_jax.config.errors import ConfigError
 from longformer_jax.data.data_config import DataConfig
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.hibert import HibertConfig
 from longformer_jax.models.model_config import resolve_model
 from longformer_jax.models.saved_config import migrate_saved_config
+from longformer_jax.tasks.pretrained_encoder import require_pretraining_run
 from longformer_jax.tasks.sentence_mask import TASK as PRETRAINING
 from longformer_jax.train.example_state import abstract_task_state
 from longformer_jax.train.optimizer import make_optimizer
@@ -43,15 +44,7 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
   workdir = config.model.hibert.init_from
   if not workdir:
     return
-  path = os.path.join(workdir, 'config.json')
-  require(os.path.isfile(path), KEY, f'{workdir!r} has no config.json (not a run directory)')
-  checkpoints = os.path.join(workdir, 'checkpoints')
-  steps = [d for d in os.listdir(checkpoints) if d.isdigit()] if os.path.isdir(checkpoints) else []
-  require(bool(steps), KEY, f'{workdir!r} has no checkpoint')
-  with open(path) as f:
-    saved_task = json.load(f).get('task')
-  require(saved_task == PRETRAINING.name, KEY,
-          f'{workdir!r} is a {saved_task!r} run; it must be a {PRETRAINING.name} run')
+  require_pretraining_run(workdir, KEY, PRETRAINING.name)
 
 
 def saved_run_config(workdir: str) -> ml_collections.ConfigDict:

@@ -20,21 +20,13 @@ import functools
 
 import jax
 
-from longformer_jax.data import classification_tasks
-from longformer_jax.data.token_masking import mask_tokens
+from longformer_jax.data import classification_tasks, token_masking
 from longformer_jax.models.encoder import encoder_context
 from longformer_jax.models.masked_lm import MaskedLM
 from longformer_jax.tasks.base import ExampleTask, token_metrics, token_sums
 
-EVAL_MASK_SEED = 0          # evaluation masks: always the same
-_MASKING_SALT = 0x4D4C4D31  # the step's dropout key is folded with this before masking
-
-
-def masking_key(rngs: dict) -> jax.Array:
-  """Training: the step's key (folded); evaluation (no dropout key): a fixed key."""
-  if 'dropout' in rngs:
-    return jax.random.fold_in(rngs['dropout'], _MASKING_SALT)
-  return jax.random.PRNGKey(EVAL_MASK_SEED)
+# The step's dropout key is folded with this before masking (data/token_masking.py).
+masking_key = functools.partial(token_masking.masking_key, salt=0x4D4C4D31)
 
 
 def maskable_tokens(batch: dict, cls_token: bool) -> jax.Array:
@@ -51,7 +43,7 @@ def masked_token_sums(model, variables, batch: dict, rngs: dict, deterministic: 
   picked tokens of its real examples; `masking`: `config.data.masking`; `vocab_size`: the
   tokenizer's (the [MASK] id)."""
   tokens = batch['inputs']
-  masked, picked = mask_tokens(
+  masked, picked = token_masking.mask_tokens(
       masking_key(rngs), tokens, maskable_tokens(batch, cls_token), rate=masking.rate,
       replace_mask=masking.replace_mask, replace_random=masking.replace_random,
       mask_id=vocab_size, vocab_size=vocab_size)

@@ -30,6 +30,19 @@ KEY = 'train.init_from'
 SHARED_SCOPES = ('embedding', 'position_embedding', 'embedding_norm', 'encoder')
 
 
+def require_pretraining_run(workdir: str, key: str, task_name: str) -> None:
+  """`ConfigError` naming `key` unless `workdir` holds a `config.json` of task `task_name`
+  and a checkpoint (the start of a fine-tuning from it; HIBERT's too, tasks/hibert_init.py)."""
+  path = os.path.join(workdir, 'config.json')
+  require(os.path.isfile(path), key, f'{workdir!r} has no config.json (not a run directory)')
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  steps = [d for d in os.listdir(checkpoints) if d.isdigit()] if os.path.isdir(checkpoints) else []
+  require(bool(steps), key, f'{workdir!r} has no checkpoint')
+  saved_task = saved_config(path).get('task')
+  require(saved_task == task_name, key,
+          f'{workdir!r} is a {saved_task!r} run; it must be a {task_name} run')
+
+
 def check_init_from(config: ml_collections.ConfigDict) -> None:
   """Fails early (`ConfigError` naming the key) unless WORKDIR holds a checkpointed
   masked_pretraining run, and unless `train.init_from_hf` is off."""
@@ -38,14 +51,7 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
     return
   require(not config.train.init_from_hf, KEY,
           'and train.init_from_hf both set: start from one of them')
-  path = os.path.join(workdir, 'config.json')
-  require(os.path.isfile(path), KEY, f'{workdir!r} has no config.json (not a run directory)')
-  checkpoints = os.path.join(workdir, 'checkpoints')
-  steps = [d for d in os.listdir(checkpoints) if d.isdigit()] if os.path.isdir(checkpoints) else []
-  require(bool(steps), KEY, f'{workdir!r} has no checkpoint')
-  saved_task = saved_config(path).get('task')
-  require(saved_task == PRETRAINING.name, KEY,
-          f'{workdir!r} is a {saved_task!r} run; it must be a {PRETRAINING.name} run')
+  require_pretraining_run(workdir, KEY, PRETRAINING.name)
 
 
 def pretrained_params(workdir: str, mesh) -> tuple[dict, int]:

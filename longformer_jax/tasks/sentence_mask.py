@@ -10,24 +10,17 @@ metrics: `loss` per token, `token_accuracy`, `tokens`, `examples`.
 
 import functools
 
-import jax
 import jax.numpy as jnp
 
+from longformer_jax.data import token_masking
 from longformer_jax.data.tokenizers import make_tokenizer
 from longformer_jax.models.hibert import HibertPretrainer, max_predictions
 from longformer_jax.tasks.base import token_metrics, token_sums
 from longformer_jax.tasks.hibert import SHARED_KEYS, HibertTask, token_masks
 from longformer_jax.tasks.hibert_masking import mask_sentences
 
-EVAL_MASK_SEED = 0          # evaluation masks: always the same
-_MASKING_SALT = 0x48424552  # the step key is folded with this before masking
-
-
-def masking_key(rngs: dict):
-  """Training: the step's key (folded); evaluation (no rngs): a fixed key."""
-  if 'dropout' in rngs:
-    return jax.random.fold_in(rngs['dropout'], _MASKING_SALT)
-  return jax.random.PRNGKey(EVAL_MASK_SEED)
+# The step's dropout key is folded with this before masking (data/token_masking.py).
+masking_key = functools.partial(token_masking.masking_key, salt=0x48424552)
 
 
 def sentence_mask_sums(model, variables, batch: dict, rngs: dict, deterministic: bool, *,

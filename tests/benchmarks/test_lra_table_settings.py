@@ -50,15 +50,21 @@ def test_negative_pretraining_steps_are_refused_before_anything_runs(tmp_path, c
   assert not (tmp_path / 'runs').exists()
 
 
+def small_listops_run(tmp_path, variant: str, steps: int) -> list[str]:
+  """lra_table's arguments for one ListOps run of `steps` steps on 64 tiny trees."""
+  small = ['data.listops.train_examples=64', 'data.listops.valid_examples=16',
+           'data.listops.test_examples=16', f'train.num_steps={steps}',
+           f'train.eval_every={steps}', f'train.checkpoint_every={steps}', 'data.batch_size=8',
+           'data.eval_batch_size=8']
+  return ['--scale=mini', '--tasks=listops', f'--variants={variant}', '--seeds=0',
+          f'--root={tmp_path / "runs"}', f'--results={tmp_path / "accuracy.json"}'
+          ] + [f'--setting={s}' for s in small]
+
+
 @pytest.mark.slow
 def test_a_fair_try_trains_with_its_setting_in_its_own_workdir(tmp_path):
-  small = ['data.listops.train_examples=64', 'data.listops.valid_examples=16',
-           'data.listops.test_examples=16', 'train.num_steps=4', 'train.eval_every=4',
-           'train.checkpoint_every=4', 'data.batch_size=8', 'data.eval_batch_size=8']
   results = tmp_path / 'accuracy.json'
-  arguments = ['--scale=mini', '--tasks=listops', '--variants=bigbird', '--seeds=0',
-               f'--root={tmp_path / "runs"}', f'--results={results}',
-               '--setting=model.bigbird.block=4'] + [f'--setting={s}' for s in small]
+  arguments = small_listops_run(tmp_path, 'bigbird', 4) + ['--setting=model.bigbird.block=4']
   assert lra_table.main(arguments) == 0
   [row] = read_rows(str(results))
   assert row['variant'] == 'bigbird' and row['steps'] == 4
@@ -71,13 +77,8 @@ def test_a_fair_try_trains_with_its_setting_in_its_own_workdir(tmp_path):
 
 @pytest.mark.slow
 def test_a_pretrained_run_trains_its_classifier_from_its_own_pretraining(tmp_path):
-  small = ['data.listops.train_examples=64', 'data.listops.valid_examples=16',
-           'data.listops.test_examples=16', 'train.num_steps=2', 'train.eval_every=2',
-           'train.checkpoint_every=2', 'data.batch_size=8', 'data.eval_batch_size=8']
   results = tmp_path / 'accuracy.json'
-  arguments = ['--scale=mini', '--tasks=listops', '--variants=vanilla', '--seeds=0',
-               f'--root={tmp_path / "runs"}', f'--results={results}', '--pretrain_steps=3'
-               ] + [f'--setting={s}' for s in small]
+  arguments = small_listops_run(tmp_path, 'vanilla', 2) + ['--pretrain_steps=3']
   assert lra_table.main(arguments) == 0
   [row] = read_rows(str(results))
   assert row['pretrain_steps'] == 3 and row['steps'] == 2 and row['pretrain_seconds'] > 0

@@ -19,6 +19,7 @@ import pytest
 import train as train_script
 from configs import lra
 from longformer_jax.config.errors import ConfigError
+from longformer_jax.data import token_masking
 from longformer_jax.data.token_masking import mask_tokens
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.encoder import encoder_context
@@ -45,7 +46,7 @@ def test_loss_is_the_numpy_cross_entropy_at_the_picked_tokens_of_real_examples()
 
   # The evaluation key, drawn again here: the picks and the model's input.
   masked, picked = mask_tokens(
-      jax.random.PRNGKey(masked_pretraining.EVAL_MASK_SEED), batch['inputs'],
+      jax.random.PRNGKey(token_masking.EVAL_MASK_SEED), batch['inputs'],
       masked_pretraining.maskable_tokens(batch, cls_token=True), rate=0.3, replace_mask=0.8,
       replace_random=0.1, mask_id=TOKENIZER.vocab_size, vocab_size=TOKENIZER.vocab_size)
   picked = np.asarray(picked)
