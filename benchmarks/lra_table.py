@@ -26,7 +26,8 @@ masked-token prediction on the task's training inputs for N steps
 (`configs/lra.py:TASK,VARIANT,SCALE,masked`, the same settings, in `WORKDIR/pretraining`),
 then the classifier from it (`--config.train.init_from=WORKDIR/pretraining`), in
 `ROOT/SCALE/TASK/VARIANT[+settings]+pretrain_steps=N/seedN`; the row gains `pretrain_steps`
-and `pretrain_seconds`. A finished pretraining run is reused, not repeated.
+and `pretrain_seconds`. A finished pretraining run is reused, not repeated; its
+`pretrain_seconds` is then that check's, not the pretraining's.
 """
 
 import argparse
