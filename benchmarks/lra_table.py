@@ -27,7 +27,8 @@ masked-token prediction on the task's training inputs for N steps
 then the classifier from it (`--config.train.init_from=WORKDIR/pretraining`), in
 `ROOT/SCALE/TASK/VARIANT[+settings]+pretrain_steps=N/seedN`; the row gains `pretrain_steps`
 and `pretrain_seconds`. A finished pretraining run is reused, not repeated; its
-`pretrain_seconds` is then that check's, not the pretraining's.
+`pretrain_seconds` is then the one recorded when it trained (`pretraining/table_seconds.json`),
+or null where the table did not train it from nothing (a copied or resumed run).
 """
 
 import argparse
@@ -43,6 +44,7 @@ from configs import lra
 
 PREFIX_VARIANT = 'first_256_bytes'
 PREFIX_TASKS = ('text', 'retrieval')
+PRETRAINING_SECONDS = 'table_seconds.json'   # in WORKDIR/pretraining: its training time
 
 
 def run_command(arguments: list[str], log_path: str) -> float:
@@ -71,6 +73,21 @@ def parse_settings(settings: list[str]) -> list[str]:
   return sorted(settings)
 
 
+def recorded_pretraining_seconds(pretrained: str, seconds: float | None) -> float | None:
+  """The training time of the pretraining run `pretrained`: the table run that trained it
+  from nothing records `seconds` in `PRETRAINING_SECONDS`; a later one, whose train.py only
+  found the run finished, reads that record back (`seconds` None: the run was there
+  before, so this call's time is not its training time; None when nothing was recorded)."""
+  path = os.path.join(pretrained, PRETRAINING_SECONDS)
+  if os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)['seconds']
+  if seconds is not None:
+    with open(path, 'w') as f:
+      json.dump({'seconds': seconds}, f)
+  return seconds
+
+
 def run_one(task: str, variant: str, scale: str, seed: int, root: str,
             settings: tuple = (), pretrain_steps: int = 0) -> dict:
   """Trains and tests one run (`settings`: config overrides `KEY=VALUE`; `pretrain_steps`:
@@ -87,10 +104,13 @@ def run_one(task: str, variant: str, scale: str, seed: int, root: str,
   pretrain_seconds, start_from = 0.0, []
   if pretrain_steps:
     pretrained = os.path.join(workdir, 'pretraining')
+    from_nothing = not os.path.exists(os.path.join(pretrained, 'checkpoints'))
     pretrain_seconds = run_command(
         ['train.py', f'{config},{lra.PRETRAINING}', f'--workdir={pretrained}',
          f'--config.seed={seed}'] + extra + [f'--config.train.num_steps={pretrain_steps}'],
         log_path)
+    pretrain_seconds = recorded_pretraining_seconds(
+        pretrained, pretrain_seconds if from_nothing else None)
     start_from = [f'--config.train.init_from={pretrained}']
   rate_before = gflops()
   train_seconds = run_command(['train.py', config, f'--workdir={workdir}',
@@ -110,7 +130,8 @@ def run_one(task: str, variant: str, scale: str, seed: int, root: str,
   if settings:
     row['settings'] = ' '.join(settings)
   if pretrain_steps:
-    row.update(pretrain_steps=pretrain_steps, pretrain_seconds=round(pretrain_seconds, 1))
+    row.update(pretrain_steps=pretrain_steps, pretrain_seconds=(
+        None if pretrain_seconds is None else round(pretrain_seconds, 1)))
     row['command'] = (f'python train.py {config},{lra.PRETRAINING} --workdir=W/pretraining '
                       f'--config.seed={seed}' + ''.join(f' {e}' for e in extra)
                       + f' --config.train.num_steps={pretrain_steps}; ' + row['command']

@@ -89,6 +89,19 @@ def test_a_pretrained_run_trains_its_classifier_from_its_own_pretraining(tmp_pat
   assert pretraining['train']['num_steps'] == 3
   saved = json.loads((workdir / 'seed0' / 'config.json').read_text())
   assert saved['train']['init_from'] == str(workdir / 'seed0' / 'pretraining')
+  # Again: the finished pretraining is reused, and the row keeps the time it recorded.
+  recorded = workdir / 'seed0' / 'pretraining' / lra_table.PRETRAINING_SECONDS
+  assert json.loads(recorded.read_text())['seconds'] == pytest.approx(row['pretrain_seconds'],
+                                                                      abs=0.05)
+  recorded.write_text('{"seconds": 1234.5}')
+  assert lra_table.main(arguments) == 0
+  [again] = read_rows(str(results))
+  assert again['pretrain_seconds'] == 1234.5
+  # A pretraining the table did not train (copied in, without the record): time unknown.
+  recorded.unlink()
+  assert lra_table.main(arguments) == 0
+  [copied] = read_rows(str(results))
+  assert copied['pretrain_seconds'] is None and not recorded.exists()
   log = (workdir / 'seed0' / 'table.log').read_text()
   assert 'Started from the pretrained embedding, encoder of' in log
 
