@@ -61,6 +61,12 @@ def label_offsets(points: dict, x_gap: float = 0.12, y_gap: float = 0.035
   return offsets, height
 
 
+def labels_bottom(points: dict, lowered: dict, height: float) -> float:
+  """The lowest y a label reaches (`lowered`, `height`: from `label_offsets`), less half a
+  label height: the y axis must reach it, or a label lowered past the lowest point is cut."""
+  return min(y - lowered[name] * height for name, (_, y) in points.items()) - height / 2
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--scale', default='mini')
@@ -87,6 +93,7 @@ def main(argv=None) -> int:
     # Beside the bubble, at the height label_offsets placed it (the y it checked for overlap).
     axes.annotate(variant, (speed, score - lowered[variant] * height), xytext=(6, 0),
                   textcoords='offset points', fontsize=8, ha='left', va='center')
+  axes.set_ylim(bottom=min(axes.get_ylim()[0], labels_bottom(points, lowered, height)))
   axes.set_xlabel(f'training steps per second relative to vanilla (Text, {args.length} tokens)')
   axes.set_ylabel(f"test accuracy, mean over {', '.join(tasks)}")
   axes.set_xscale('log')

@@ -112,3 +112,12 @@ def test_figure_labels_of_nearby_points_are_lowered_apart_and_others_stay():
   offsets, _ = lra_figure.label_offsets(points)
   assert sorted(offsets[name] for name in 'abc') == [0, 1, 2]
   assert offsets['far_right'] == offsets['top'] == offsets['bottom'] == 0
+
+
+def test_the_figure_axis_reaches_a_label_lowered_under_the_lowest_point():
+  points = {'a': (5.5, 0.507), 'b': (5.6, 0.5068), 'c': (5.7, 0.5066), 'top': (1.0, 0.7)}
+  lowered, height = lra_figure.label_offsets(points)
+  assert lowered['c'] == 2
+  bottom = lra_figure.labels_bottom(points, lowered, height)
+  assert bottom == pytest.approx(0.5066 - 2.5 * height)
+  assert bottom < min(y for _, y in points.values())
