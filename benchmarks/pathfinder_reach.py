@@ -1,0 +1,97 @@
+r"""How far apart Pathfinder's evidence lies in the raster, against a sliding window's reach.
+
+  python -m benchmarks.pathfinder_reach --scale=mini --windows=16,32 --layers=2 \
+      --setting=data.pathfinder.dashes_per_path=2 --setting=data.pathfinder.margin=0.5 \
+      --setting=data.pathfinder.path_gap=2.5
+
+The encoders read an image as a raster: pixel (x, y) is token y * side + x (after [CLS]),
+so two pixels a few rows apart are a few times `side` tokens apart. Under a one-sided
+window w with a global [CLS] (Longformer), a pixel token's output after layer l reads the
+raw pixels within l * w positions, and the last layer's [CLS] reads the outputs of layer
+L - 1: each of the features it pools saw one raster interval of 2 (L - 1) w + 1 pixels
+(and, from layer 2 on, the pooled [CLS] of the layer before: a summary, not a second
+interval; with L = 2 there is none). A feature can relate both markers only where they
+lie within 2 (L - 1) w positions of each other, and can hold the whole drawing (both
+target paths and the markers) only where all its ink does. Vanilla attention has no such
+limit from the first layer on.
+
+Printed as one JSON line: the markers' distance in raster positions and in pixels
+(medians), the ink's raster span (median), and per window the share of the test images
+whose markers, and whose ink, fit in one pooled feature's interval. The images are the
+2,000 test images of `configs/lra.py:pathfinder,vanilla,SCALE`'s generator with the
+`--setting`s (`data.` keys, as benchmarks/lra_shortcuts.py takes them).
+"""
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from benchmarks.lra_shortcuts import pathfinder_data
+from benchmarks.lra_table import parse_settings
+from configs import lra
+from longformer_jax.config.errors import ConfigError
+
+
+def raster_spread(images: np.ndarray, markers: np.ndarray) -> dict[str, np.ndarray]:
+  """Per image of `uint8 [n, side, side]` with marker centres `float [n, 2, 2]` ((x, y)):
+  `marker_tokens` the markers' distance in raster positions, `marker_pixels` in pixels, and
+  `ink_tokens` the raster positions from the first pixel holding ink to the last."""
+  side = images.shape[-1]
+  centres = np.round(markers).astype(np.int64)
+  tokens = centres[..., 1] * side + centres[..., 0]                        # [n, 2]
+  ink = (images > 0).reshape(images.shape[0], -1)
+  first = np.argmax(ink, axis=1)
+  last = ink.shape[1] - 1 - np.argmax(ink[:, ::-1], axis=1)
+  return {'marker_tokens': np.abs(tokens[:, 0] - tokens[:, 1]),
+          'marker_pixels': np.linalg.norm(markers[:, 0] - markers[:, 1], axis=-1),
+          'ink_tokens': np.where(ink.any(axis=1), last - first, 0)}
+
+
+def reach_table(spread: dict[str, np.ndarray], windows: list[int], layers: int) -> dict:
+  """The medians of `raster_spread` and, per one-sided window w, the share of images whose
+  markers (and whose ink) lie within one interval of 2 (layers - 1) w + 1 positions."""
+  out = {'marker_tokens_median': float(np.median(spread['marker_tokens'])),
+         'marker_pixels_median': round(float(np.median(spread['marker_pixels'])), 2),
+         'ink_tokens_median': float(np.median(spread['ink_tokens'])),
+         'layers': layers, 'windows': {}}
+  for w in windows:
+    reach = 2 * (layers - 1) * w
+    out['windows'][str(w)] = {
+        'interval': reach + 1,
+        'markers_within': round(float(np.mean(spread['marker_tokens'] <= reach)), 4),
+        'ink_within': round(float(np.mean(spread['ink_tokens'] <= reach)), 4)}
+  return out
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--scale', default='mini', choices=lra.SCALES)
+  parser.add_argument('--windows', default='16,32', help='one-sided windows, comma-separated')
+  parser.add_argument('--layers', type=int, default=2)
+  parser.add_argument('--test_examples', type=int, default=2000)
+  parser.add_argument('--setting', action='append', default=[],
+                      help='a data.pathfinder override KEY=VALUE (repeatable)')
+  args = parser.parse_args(argv)
+  try:
+    windows = [int(w) for w in args.windows.split(',') if w.strip()]
+  except ValueError:
+    windows = []
+  if not windows or min(windows) < 1 or args.layers < 2:
+    print(f'--windows={args.windows!r} --layers={args.layers}: expected windows >= 1, '
+          'e.g. 16,32, and at least 2 layers', file=sys.stderr)
+    return 2
+  try:
+    settings = tuple(parse_settings(args.setting))
+    test = pathfinder_data(args.scale, 'test', args.test_examples, settings)
+  except (ValueError, ConfigError) as error:
+    print(error, file=sys.stderr)
+    return 2
+  table = reach_table(raster_spread(test.images, test.markers), windows, args.layers)
+  print(json.dumps(dict(table, settings=' '.join(settings))))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
