@@ -6,19 +6,23 @@ r"""How far apart Pathfinder's evidence lies in the raster, against a sliding wi
 
 The encoders read an image as a raster: pixel (x, y) is token y * side + x (after [CLS]),
 so two pixels a few rows apart are a few times `side` tokens apart. Under a one-sided
-window w with a global [CLS] (Longformer), a pixel token's output after layer l reads the
-raw pixels within l * w positions, and the last layer's [CLS] reads the outputs of layer
-L - 1: each of the features it pools saw one raster interval of 2 (L - 1) w + 1 pixels
-(and, from layer 2 on, the pooled [CLS] of the layer before: a summary, not a second
-interval; with L = 2 there is none). A feature can relate both markers only where they
-lie within 2 (L - 1) w positions of each other, and can hold the whole drawing (both
-target paths and the markers) only where all its ink does. Vanilla attention has no such
-limit from the first layer on.
+window w each layer widens what a token's state has read by w on each side: after layer l
+a pixel token's state reads the raw pixels within l * w positions. Pathfinder's head
+(`model.pooling='mean'`, as LRA's) averages the last layer's states, so each feature it
+pools read one raster interval of 2 L w + 1 pixels (besides, with a global [CLS], the
+[CLS] state of the layer before: a weighted sum over the pixels, the same for every
+feature, not a second interval). Under `pooling='cls'` the pooled [CLS] reads the states
+of layer L - 1, intervals of 2 (L - 1) w + 1. A feature can relate both markers only where
+they lie within its interval, and can hold the whole drawing (both target paths and the
+markers) only where all its ink does. Vanilla attention has no such limit from the first
+layer on. `tests/benchmarks/test_pathfinder_reach.py` holds the interval to the encoder's
+own gradients.
 
 Printed as one JSON line: the markers' distance in raster positions and in pixels
 (medians), the ink's raster span (median), and per window the share of the test images
-whose markers, and whose ink, fit in one pooled feature's interval. The images are the
-2,000 test images of `configs/lra.py:pathfinder,vanilla,SCALE`'s generator with the
+whose markers, and whose ink, fit in one pooled feature's interval, under the pooling of
+`configs/lra.py:pathfinder,longformer,SCALE`. The images are the 2,000 test images of that
+config's generator with the
 `--setting`s (`data.` keys, as benchmarks/lra_shortcuts.py takes them).
 """
 
@@ -49,15 +53,25 @@ def raster_spread(images: np.ndarray, markers: np.ndarray) -> dict[str, np.ndarr
           'ink_tokens': np.where(ink.any(axis=1), last - first, 0)}
 
 
-def reach_table(spread: dict[str, np.ndarray], windows: list[int], layers: int) -> dict:
+def pooled_reach(window: int, layers: int, pooling: str) -> int:
+  """How far apart (in positions) two raw tokens may lie and still both be read by one
+  pooled feature of a `layers`-layer encoder with one-sided `window`: the last layer's
+  states under 'mean' pooling, the [CLS] state's inputs (layer L - 1) under 'cls'."""
+  if pooling not in ('mean', 'cls'):
+    raise ValueError(f'pooling {pooling!r}: expected mean or cls')
+  return 2 * (layers if pooling == 'mean' else layers - 1) * window
+
+
+def reach_table(spread: dict[str, np.ndarray], windows: list[int], layers: int,
+                pooling: str) -> dict:
   """The medians of `raster_spread` and, per one-sided window w, the share of images whose
-  markers (and whose ink) lie within one interval of 2 (layers - 1) w + 1 positions."""
+  markers (and whose ink) lie within one interval of `pooled_reach` + 1 positions."""
   out = {'marker_tokens_median': float(np.median(spread['marker_tokens'])),
          'marker_pixels_median': round(float(np.median(spread['marker_pixels'])), 2),
          'ink_tokens_median': float(np.median(spread['ink_tokens'])),
-         'layers': layers, 'windows': {}}
+         'layers': layers, 'pooling': pooling, 'windows': {}}
   for w in windows:
-    reach = 2 * (layers - 1) * w
+    reach = pooled_reach(w, layers, pooling)
     out['windows'][str(w)] = {
         'interval': reach + 1,
         'markers_within': round(float(np.mean(spread['marker_tokens'] <= reach)), 4),
@@ -78,9 +92,9 @@ def main(argv=None) -> int:
     windows = [int(w) for w in args.windows.split(',') if w.strip()]
   except ValueError:
     windows = []
-  if not windows or min(windows) < 1 or args.layers < 2:
+  if not windows or min(windows) < 1 or args.layers < 1:
     print(f'--windows={args.windows!r} --layers={args.layers}: expected windows >= 1, '
-          'e.g. 16,32, and at least 2 layers', file=sys.stderr)
+          'e.g. 16,32, and at least 1 layer', file=sys.stderr)
     return 2
   try:
     settings = tuple(parse_settings(args.setting))
@@ -88,7 +102,8 @@ def main(argv=None) -> int:
   except (ValueError, ConfigError) as error:
     print(error, file=sys.stderr)
     return 2
-  table = reach_table(raster_spread(test.images, test.markers), windows, args.layers)
+  pooling = lra.get_config(f'pathfinder,longformer,{args.scale}')['model']['pooling']
+  table = reach_table(raster_spread(test.images, test.markers), windows, args.layers, pooling)
   print(json.dumps(dict(table, settings=' '.join(settings))))
   return 0
 

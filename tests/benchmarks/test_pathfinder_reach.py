@@ -1,11 +1,17 @@
 """benchmarks/pathfinder_reach.py: raster distances of images small enough to count by hand,
-the share within a window's reach, and bad arguments refused in one line."""
+the share within a window's reach, the reach against the encoder's own gradients, and bad
+arguments refused in one line."""
 
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import pathfinder_reach
+from longformer_jax.models.encoder import Encoder, encoder_context
+from longformer_jax.models.resolved_model import encoder_model_config
+from tests.support.tiny_models import tiny_config
 
 
 def hand_images():
@@ -25,23 +31,54 @@ def test_raster_distances_of_hand_counted_images():
   np.testing.assert_allclose(spread['marker_pixels'], [math.sqrt(10), math.hypot(0.8, 0.1)])
 
 
-def test_share_within_reach_counts_the_layers():
+def test_share_within_reach_counts_the_layers_and_the_pooling():
   spread = pathfinder_reach.raster_spread(*hand_images())
-  # Two layers: [CLS] pools features of 2w + 1 positions; w = 1 holds only the second image's
-  # markers (1 <= 2), w = 7 both (13 <= 14), w = 6 not the first (13 > 12).
-  table = pathfinder_reach.reach_table(spread, [1, 6, 7], layers=2)
+  # Two layers, 'cls': [CLS] pools states of layer 1, intervals of 2w + 1 positions; w = 1
+  # holds only the second image's markers (1 <= 2), w = 7 both (13 <= 14), w = 6 not the
+  # first (13 > 12).
+  table = pathfinder_reach.reach_table(spread, [1, 6, 7], layers=2, pooling='cls')
   assert table['windows']['1'] == {'interval': 3, 'markers_within': 0.5, 'ink_within': 0.5}
   assert table['windows']['6']['markers_within'] == 0.5
   assert table['windows']['7']['markers_within'] == 1.0
-  # Three layers double the reach: w = 4 reaches 16.
-  assert pathfinder_reach.reach_table(spread, [4], layers=3)['windows']['4'][
+  # 'mean' pools the last layer's states, intervals of 4w + 1: w = 4 reaches 16 >= 13.
+  mean = pathfinder_reach.reach_table(spread, [3, 4], layers=2, pooling='mean')
+  assert mean['windows']['4'] == {'interval': 17, 'markers_within': 1.0, 'ink_within': 1.0}
+  assert mean['windows']['3']['markers_within'] == 0.5
+  # Three layers under 'cls' reach as far as two under 'mean'.
+  assert pathfinder_reach.reach_table(spread, [4], layers=3, pooling='cls')['windows']['4'][
       'ink_within'] == 1.0
   assert table['marker_tokens_median'] == 7.0 and table['ink_tokens_median'] == 7.0
 
 
+def state_fields(layers: int, window: int, length: int = 24) -> np.ndarray:
+  """`bool [length, length]`: which inputs each final state of a `layers`-layer encoder with
+  a one-sided window (no global token) depends on, read from its Jacobian."""
+  config = tiny_config(attention='longformer', longformer={'window': window}, causal=False,
+                       num_layers=layers)
+  encoder = Encoder(encoder_model_config(dict(config.model.to_dict()), 64), jnp.float32)
+  ctx = encoder_context(jnp.ones((1, length), bool), jnp.zeros((1, length), bool), True)
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, length, 32))
+  params = encoder.init(jax.random.PRNGKey(1), x, ctx)
+  jacobian = jax.jacrev(lambda x: encoder.apply(params, x, ctx)[0][0])(x)[:, :, 0]
+  return np.abs(np.asarray(jacobian)).sum(axis=(1, 3)) > 0        # [out, d, in, d] -> [out, in]
+
+
+def test_pooled_reach_is_what_the_encoder_reads():
+  # The interval a state reads, measured: state j depends on input i iff |i - j| <= l w after
+  # l layers. 'mean' pools the last layer's states (l = L), 'cls' the inputs of the last
+  # layer's [CLS] (l = L - 1); pooled_reach is the interval's width less one.
+  window = 2
+  for layers in (1, 2):
+    rows, cols = np.indices((24, 24))
+    np.testing.assert_array_equal(state_fields(layers, window),
+                                  np.abs(rows - cols) <= layers * window)
+  assert pathfinder_reach.pooled_reach(window, 2, 'mean') == 2 * 2 * window
+  assert pathfinder_reach.pooled_reach(window, 2, 'cls') == 2 * 1 * window
+
+
 def test_bad_arguments_are_one_line(capsys):
   assert pathfinder_reach.main(['--windows=a']) == 2
-  assert pathfinder_reach.main(['--windows=16', '--layers=1']) == 2
+  assert pathfinder_reach.main(['--windows=16', '--layers=0']) == 2
   assert pathfinder_reach.main(['--setting=data.pathfinder.path_gap=9']) == 2
   err = capsys.readouterr().err
   assert 'windows' in err and 'data.pathfinder.path_gap' in err and 'Traceback' not in err
