@@ -32,19 +32,24 @@ import sys
 
 import numpy as np
 
+from benchmarks import receptive_fields
 from benchmarks.lra_shortcuts import pathfinder_data
 from benchmarks.lra_table import parse_settings
 from configs import lra
 from longformer_jax.config.errors import ConfigError
 
 
+def marker_positions(markers: np.ndarray, side: int) -> np.ndarray:
+  """`int [n, 2]`: the raster positions of the marker centres `float [n, 2, 2]` ((x, y))."""
+  centres = np.round(markers).astype(np.int64)
+  return centres[..., 1] * side + centres[..., 0]
+
+
 def raster_spread(images: np.ndarray, markers: np.ndarray) -> dict[str, np.ndarray]:
   """Per image of `uint8 [n, side, side]` with marker centres `float [n, 2, 2]` ((x, y)):
   `marker_tokens` the markers' distance in raster positions, `marker_pixels` in pixels, and
   `ink_tokens` the raster positions from the first pixel holding ink to the last."""
-  side = images.shape[-1]
-  centres = np.round(markers).astype(np.int64)
-  tokens = centres[..., 1] * side + centres[..., 0]                        # [n, 2]
+  tokens = marker_positions(markers, images.shape[-1])                    # [n, 2]
   ink = (images > 0).reshape(images.shape[0], -1)
   first = np.argmax(ink, axis=1)
   last = ink.shape[1] - 1 - np.argmax(ink[:, ::-1], axis=1)
@@ -79,12 +84,45 @@ def reach_table(spread: dict[str, np.ndarray], windows: list[int], layers: int,
   return out
 
 
+def field_shares(fields: np.ndarray, first: int, pooled: np.ndarray, images: np.ndarray,
+                 markers: np.ndarray) -> dict:
+  """The share of `images` (`uint8 [n, side, side]`, markers `float [n, 2, 2]`) whose
+  markers, and whose ink, some pooled state has read whole: `fields [length, length]` as
+  `receptive_fields.state_fields` measures them, the raster at positions `first` on,
+  `pooled [length]` the states the head averages."""
+  reads = fields[pooled]                                           # [pooled states, length]
+  together = (reads.T.astype(np.float32) @ reads.astype(np.float32)) > 0    # [length, length]
+  tokens = first + marker_positions(markers, images.shape[-1])
+  ink = (images > 0).reshape(images.shape[0], -1)
+  inked = [reads[:, first + np.flatnonzero(row)].all(axis=1).any() for row in ink]
+  return {'markers_within': round(float(np.mean(together[tokens[:, 0], tokens[:, 1]])), 4),
+          'ink_within': round(float(np.mean(inked)), 4),
+          'field_median': float(np.median(reads.sum(axis=1)))}
+
+
+def variant_table(variants: list[str], scale: str, images: np.ndarray,
+                  markers: np.ndarray) -> dict:
+  """`field_shares` per variant of `configs/lra.py:pathfinder,VARIANT,SCALE`, its fields
+  measured at initialisation with the [CLS] not global (a global [CLS] reads every pixel
+  and is read by every state, but as a weighted sum that is the same for all of them)."""
+  out = {}
+  for variant in variants:
+    fields, first = receptive_fields.lra_fields('pathfinder', variant, scale,
+                                                global_token=False)
+    pooled = np.zeros(fields.shape[0], bool)
+    pooled[:first + images.shape[-1] ** 2] = True
+    out[variant] = field_shares(fields, first, pooled, images, markers)
+  return out
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--scale', default='mini', choices=lra.SCALES)
   parser.add_argument('--windows', default='16,32', help='one-sided windows, comma-separated')
   parser.add_argument('--layers', type=int, default=2)
   parser.add_argument('--test_examples', type=int, default=2000)
+  parser.add_argument('--variants', default='',
+                      help='configs/lra.py variants whose fields to measure, comma-separated')
   parser.add_argument('--setting', action='append', default=[],
                       help='a data.pathfinder override KEY=VALUE (repeatable)')
   args = parser.parse_args(argv)
@@ -104,6 +142,14 @@ def main(argv=None) -> int:
     return 2
   pooling = lra.get_config(f'pathfinder,longformer,{args.scale}')['model']['pooling']
   table = reach_table(raster_spread(test.images, test.markers), windows, args.layers, pooling)
+  variants = [v.strip() for v in args.variants.split(',') if v.strip()]
+  unknown = sorted(set(variants) - set(lra.variants('pathfinder', args.scale)))
+  if unknown:
+    print(f'--variants: unknown {unknown}; use those of configs/lra.py for pathfinder',
+          file=sys.stderr)
+    return 2
+  if variants:
+    table['variants'] = variant_table(variants, args.scale, test.images, test.markers)
   print(json.dumps(dict(table, settings=' '.join(settings))))
   return 0
 

@@ -4,12 +4,9 @@ arguments refused in one line."""
 
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import pathfinder_reach
-from longformer_jax.models.encoder import Encoder, encoder_context
+from benchmarks import pathfinder_reach, receptive_fields
 from longformer_jax.models.resolved_model import encoder_model_config
 from tests.support.tiny_models import tiny_config
 
@@ -50,17 +47,13 @@ def test_share_within_reach_counts_the_layers_and_the_pooling():
   assert table['marker_tokens_median'] == 7.0 and table['ink_tokens_median'] == 7.0
 
 
-def state_fields(layers: int, window: int, length: int = 24) -> np.ndarray:
-  """`bool [length, length]`: which inputs each final state of a `layers`-layer encoder with
-  a one-sided window (no global token) depends on, read from its Jacobian."""
+def window_fields(layers: int, window: int, length: int = 24) -> np.ndarray:
+  """The measured fields of a `layers`-layer encoder with a one-sided window, no global."""
   config = tiny_config(attention='longformer', longformer={'window': window}, causal=False,
                        num_layers=layers)
-  encoder = Encoder(encoder_model_config(dict(config.model.to_dict()), 64), jnp.float32)
-  ctx = encoder_context(jnp.ones((1, length), bool), jnp.zeros((1, length), bool), True)
-  x = jax.random.normal(jax.random.PRNGKey(0), (1, length, 32))
-  params = encoder.init(jax.random.PRNGKey(1), x, ctx)
-  jacobian = jax.jacrev(lambda x: encoder.apply(params, x, ctx)[0][0])(x)[:, :, 0]
-  return np.abs(np.asarray(jacobian)).sum(axis=(1, 3)) > 0        # [out, d, in, d] -> [out, in]
+  model_config = encoder_model_config(dict(config.model.to_dict()), 64)
+  return receptive_fields.state_fields(model_config, np.ones(length, bool),
+                                       np.zeros(length, bool), batch=8)
 
 
 def test_pooled_reach_is_what_the_encoder_reads():
@@ -70,15 +63,34 @@ def test_pooled_reach_is_what_the_encoder_reads():
   window = 2
   for layers in (1, 2):
     rows, cols = np.indices((24, 24))
-    np.testing.assert_array_equal(state_fields(layers, window),
+    np.testing.assert_array_equal(window_fields(layers, window),
                                   np.abs(rows - cols) <= layers * window)
   assert pathfinder_reach.pooled_reach(window, 2, 'mean') == 2 * 2 * window
   assert pathfinder_reach.pooled_reach(window, 2, 'cls') == 2 * 1 * window
+
+
+def test_field_shares_of_hand_made_fields():
+  images, markers = hand_images()
+  # [CLS] at 0, the 4 x 4 raster at 1-16: the first image's markers and ink at 1 and 14,
+  # the second's at 7 and 8. State 3 reads 1-8, state 10 reads 7-16, the rest themselves.
+  fields = np.eye(17, dtype=bool)
+  fields[3, 1:9] = True
+  fields[10, 7:17] = True
+  pooled = np.ones(17, bool)
+  shares = pathfinder_reach.field_shares(fields, 1, pooled, images, markers)
+  assert shares == {'markers_within': 0.5, 'ink_within': 0.5, 'field_median': 1.0}
+  fields[10, 1] = True                                 # state 10 now reads 1 and 14
+  assert pathfinder_reach.field_shares(fields, 1, pooled, images, markers)[
+      'markers_within'] == 1.0
+  pooled[10] = False                                   # ... but is not pooled
+  assert pathfinder_reach.field_shares(fields, 1, pooled, images, markers)[
+      'ink_within'] == 0.5
 
 
 def test_bad_arguments_are_one_line(capsys):
   assert pathfinder_reach.main(['--windows=a']) == 2
   assert pathfinder_reach.main(['--windows=16', '--layers=0']) == 2
   assert pathfinder_reach.main(['--setting=data.pathfinder.path_gap=9']) == 2
+  assert pathfinder_reach.main(['--test_examples=2', '--variants=lsh']) == 2
   err = capsys.readouterr().err
-  assert 'windows' in err and 'data.pathfinder.path_gap' in err and 'Traceback' not in err
+  assert 'windows' in err and 'data.pathfinder.path_gap' in err and "'lsh'" in err and 'Traceback' not in err
