@@ -3,6 +3,7 @@ r"""How far apart Pathfinder's evidence lies in the raster, against a sliding wi
   python -m benchmarks.pathfinder_reach --scale=mini --windows=16,32 --layers=2 \
       --setting=data.pathfinder.dashes_per_path=2 --setting=data.pathfinder.margin=0.5 \
       --setting=data.pathfinder.path_gap=2.5
+  python -m benchmarks.pathfinder_reach --scale=mini --variants=vanilla,local,bigbird ...
 
 The encoders read an image as a raster: pixel (x, y) is token y * side + x (after [CLS]),
 so two pixels a few rows apart are a few times `side` tokens apart. Under a one-sided
@@ -18,12 +19,16 @@ markers) only where all its ink does. Vanilla attention has no such limit from t
 layer on. `tests/benchmarks/test_pathfinder_reach.py` holds the interval to the encoder's
 own gradients.
 
+With `--variants`, the same shares for each named variant of `configs/lra.py`, from the
+fields its own encoder's gradients show (`benchmarks/receptive_fields.py`; at
+initialisation, the [CLS] not global).
+
 Printed as one JSON line: the markers' distance in raster positions and in pixels
-(medians), the ink's raster span (median), and per window the share of the test images
-whose markers, and whose ink, fit in one pooled feature's interval, under the pooling of
-`configs/lra.py:pathfinder,longformer,SCALE`. The images are the 2,000 test images of that
-config's generator with the
-`--setting`s (`data.` keys, as benchmarks/lra_shortcuts.py takes them).
+(medians), the ink's raster span (median), and per window (and per variant) the share of
+the test images whose markers, and whose ink, one pooled state has read, under the pooling
+of `configs/lra.py:pathfinder,longformer,SCALE`. The images are the 2,000 test images of
+that config's generator with the `--setting`s (`data.` keys, as benchmarks/lra_shortcuts.py
+takes them).
 """
 
 import argparse
