@@ -21,7 +21,8 @@ own gradients.
 
 With `--variants`, the same shares for each named variant of `configs/lra.py`, from the
 fields its own encoder's gradients show (`benchmarks/receptive_fields.py`; at
-initialisation, the [CLS] not global).
+initialisation, the [CLS] not global), its encoder `--layers` deep and with the
+`--setting`s of `model.` keys.
 
 Printed as one JSON line: the markers' distance in raster positions and in pixels
 (medians), the ink's raster span (median), and per window (and per variant) the share of
@@ -105,15 +106,16 @@ def field_shares(fields: np.ndarray, first: int, pooled: np.ndarray, images: np.
           'field_median': float(np.median(reads.sum(axis=1)))}
 
 
-def variant_table(variants: list[str], scale: str, images: np.ndarray,
-                  markers: np.ndarray) -> dict:
-  """`field_shares` per variant of `configs/lra.py:pathfinder,VARIANT,SCALE`, its fields
-  measured at initialisation with the [CLS] not global (a global [CLS] reads every pixel
-  and is read by every state, but as a weighted sum that is the same for all of them)."""
+def variant_table(variants: list[str], scale: str, images: np.ndarray, markers: np.ndarray,
+                  model_settings: tuple = ()) -> dict:
+  """`field_shares` per variant of `configs/lra.py:pathfinder,VARIANT,SCALE` with
+  `model_settings` (`'model.KEY=VALUE'`), its fields measured at initialisation with the
+  [CLS] not global (a global [CLS] reads every pixel and is read by every state, but as a
+  weighted sum that is the same for all of them)."""
   out = {}
   for variant in variants:
     fields, first = receptive_fields.lra_fields('pathfinder', variant, scale,
-                                                global_token=False)
+                                                global_token=False, settings=model_settings)
     pooled = np.zeros(fields.shape[0], bool)
     pooled[:first + images.shape[-1] ** 2] = True
     out[variant] = field_shares(fields, first, pooled, images, markers)
@@ -129,7 +131,8 @@ def main(argv=None) -> int:
   parser.add_argument('--variants', default='',
                       help='configs/lra.py variants whose fields to measure, comma-separated')
   parser.add_argument('--setting', action='append', default=[],
-                      help='a data.pathfinder override KEY=VALUE (repeatable)')
+                      help='a data.pathfinder (images) or model (--variants) override '
+                           'KEY=VALUE (repeatable)')
   args = parser.parse_args(argv)
   try:
     windows = [int(w) for w in args.windows.split(',') if w.strip()]
@@ -141,7 +144,9 @@ def main(argv=None) -> int:
     return 2
   try:
     settings = tuple(parse_settings(args.setting))
-    test = pathfinder_data(args.scale, 'test', args.test_examples, settings)
+    model_settings = tuple(s for s in settings if s.startswith('model.'))
+    data_settings = tuple(s for s in settings if not s.startswith('model.'))
+    test = pathfinder_data(args.scale, 'test', args.test_examples, data_settings)
   except (ValueError, ConfigError) as error:
     print(error, file=sys.stderr)
     return 2
@@ -154,7 +159,13 @@ def main(argv=None) -> int:
           file=sys.stderr)
     return 2
   if variants:
-    table['variants'] = variant_table(variants, args.scale, test.images, test.markers)
+    depth = (f'model.num_layers={args.layers}',)
+    try:
+      table['variants'] = variant_table(variants, args.scale, test.images, test.markers,
+                                        depth + model_settings)
+    except (ValueError, ConfigError) as error:
+      print(error, file=sys.stderr)
+      return 2
   print(json.dumps(dict(table, settings=' '.join(settings))))
   return 0
 

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from configs import lra
+from longformer_jax.config.overrides import with_overrides
 from longformer_jax.experiment_config import resolve_config
 from longformer_jax.models.encoder import Encoder, encoder_context
 from longformer_jax.models.resolved_model import encoder_model_config
@@ -54,12 +55,14 @@ def state_fields(model_config, valid: np.ndarray, global_flags: np.ndarray, *,
 
 
 def lra_fields(task: str, variant: str, scale: str, *, global_token: bool,
-               seed: int = 0) -> tuple[np.ndarray, int]:
+               settings: tuple = (), seed: int = 0) -> tuple[np.ndarray, int]:
   """`(fields [length, length], first)`: the state fields of `configs/lra.py:TASK,VARIANT,
-  SCALE`'s encoder over one full-length example, `first` the position of its first content
-  token (1 after [CLS]). With `global_token=False` the [CLS] is not flagged global, so the
-  fields show what the variant's pattern reaches without it."""
-  values = lra.get_config(f'{task},{variant},{scale}')
+  SCALE`'s encoder (with `settings`, `'model.KEY=VALUE'`) over one full-length example,
+  `first` the position of its first content token (1 after [CLS]). With
+  `global_token=False` the [CLS] is not flagged global, so the fields show what the
+  variant's pattern reaches without it."""
+  values = with_overrides(lra.get_config(f'{task},{variant},{scale}'),
+                          [setting.split('=', 1) for setting in settings])
   config = ml_collections.ConfigDict(resolve_config(values))
   model_config = encoder_model_config(config.model, 512)
   length = config.data.seq_len
