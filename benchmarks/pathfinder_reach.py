@@ -114,11 +114,9 @@ def variant_table(variants: list[str], scale: str, images: np.ndarray, markers: 
   weighted sum that is the same for all of them)."""
   out = {}
   for variant in variants:
-    fields, first = receptive_fields.lra_fields('pathfinder', variant, scale,
-                                                global_token=False, settings=model_settings)
-    pooled = np.zeros(fields.shape[0], bool)
-    pooled[:first + images.shape[-1] ** 2] = True
-    out[variant] = field_shares(fields, first, pooled, images, markers)
+    fields, valid, first = receptive_fields.lra_fields('pathfinder', variant, scale,
+                                                       settings=model_settings)
+    out[variant] = field_shares(fields, first, valid, images, markers)   # mean pooling
   return out
 
 

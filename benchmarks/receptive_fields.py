@@ -40,35 +40,36 @@ def state_fields(model_config, valid: np.ndarray, global_flags: np.ndarray, *,
   def states(x):
     return encoder.apply(params, x, ctx)[0][0]                   # [length, d_model]
 
-  @jax.jit
-  def rows(js):
-    _, pullback = jax.vjp(states, x)
+  _, pullback = jax.vjp(states, x)              # one forward pass, shared by every batch
 
+  @jax.jit
+  def rows(pullback, js):
     def one(j):
       cotangent = jnp.zeros((length, model_config.d_model)).at[j].set(direction)
       return jnp.any(pullback(cotangent)[0][0] != 0, axis=-1)    # [length]
     return jax.vmap(one)(js)
 
   starts = range(0, length, batch)
-  out = [np.asarray(rows(jnp.arange(s, s + batch) % length)) for s in starts]
+  out = [np.asarray(rows(pullback, jnp.arange(s, s + batch) % length)) for s in starts]
   return np.concatenate(out)[:length]
 
 
-def lra_fields(task: str, variant: str, scale: str, *, global_token: bool,
-               settings: tuple = (), seed: int = 0) -> tuple[np.ndarray, int]:
-  """`(fields [length, length], first)`: the state fields of `configs/lra.py:TASK,VARIANT,
-  SCALE`'s encoder (with `settings`, `'model.KEY=VALUE'`) over one full-length example,
-  `first` the position of its first content token (1 after [CLS]). With
-  `global_token=False` the [CLS] is not flagged global, so the fields show what the
-  variant's pattern reaches without it."""
+def lra_fields(task: str, variant: str, scale: str, *,
+               settings: tuple = (), seed: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+  """`(fields [length, length], valid [length], first)`: the state fields of
+  `configs/lra.py:TASK,VARIANT,SCALE`'s encoder (with `settings`, `'model.KEY=VALUE'`) over
+  one example whose content fills `valid`, `first` the position of its first content token
+  (1 after [CLS]). The [CLS] is not flagged global, so the fields show what the variant's
+  pattern reaches without its summary."""
   values = with_overrides(lra.get_config(f'{task},{variant},{scale}'),
                           [setting.split('=', 1) for setting in settings])
   config = ml_collections.ConfigDict(resolve_config(values))
+  # The encoder reads embeddings, not tokens: any vocabulary builds it.
   model_config = encoder_model_config(config.model, 512)
   length = config.data.seq_len
-  first = 1 if config.data.cls_token else 0
-  content = {'pathfinder': 1024}.get(task, length - first)
+  first = int(config.data.cls_token)
+  content = (config.data.pathfinder.resolution ** 2 if task == 'pathfinder'
+             else length - first)
   valid = np.arange(length) < first + content
-  flags = np.zeros(length, bool)
-  flags[0] = bool(first and global_token and config.data.cls_global)
-  return state_fields(model_config, valid, flags, seed=seed), first
+  fields = state_fields(model_config, valid, np.zeros(length, bool), seed=seed)
+  return fields, valid, first

@@ -72,11 +72,10 @@ def test_pooled_reach_is_what_the_encoder_reads():
 def test_lra_fields_take_the_model_settings():
   # ListOps' mini local control (128 tokens, 4 layers, window 3), cut to one layer of
   # window 5: state j reads |i - j| <= 5, [CLS] included as an ordinary token.
-  fields, first = receptive_fields.lra_fields(
-      'listops', 'local', 'mini', global_token=False,
-      settings=('model.num_layers=1', 'model.longformer.window=5'))
+  fields, valid, first = receptive_fields.lra_fields(
+      'listops', 'local', 'mini', settings=('model.num_layers=1', 'model.longformer.window=5'))
   rows, cols = np.indices((128, 128))
-  assert first == 1
+  assert first == 1 and valid.all()
   np.testing.assert_array_equal(fields, np.abs(rows - cols) <= 5)
 
 
@@ -106,4 +105,5 @@ def test_bad_arguments_are_one_line(capsys):
   assert pathfinder_reach.main(['--test_examples=2', '--variants=local',
                                 '--setting=model.longformer.windw=3']) == 2
   err = capsys.readouterr().err
-  assert 'windows' in err and 'data.pathfinder.path_gap' in err and "'lsh'" in err and 'windw' in err and 'Traceback' not in err
+  assert 'windows' in err and 'data.pathfinder.path_gap' in err and "'lsh'" in err
+  assert 'windw' in err and 'Traceback' not in err
