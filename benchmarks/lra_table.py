@@ -28,7 +28,8 @@ then the classifier from it (`--config.train.init_from=WORKDIR/pretraining`), in
 `ROOT/SCALE/TASK/VARIANT[+settings]+pretrain_steps=N/seedN`; the row gains `pretrain_steps`
 and `pretrain_seconds`. A finished pretraining run is reused, not repeated; its
 `pretrain_seconds` is then the one recorded when it trained (`pretraining/table_seconds.json`),
-or null where the table did not train it from nothing (a copied or resumed run).
+or null where the table did not train it from nothing (a copied or resumed run; a run
+that was stopped before its first checkpoint counts as nothing).
 """
 
 import argparse
@@ -39,6 +40,7 @@ import sys
 import time
 
 from benchmarks import matmul_rate
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 from benchmarks.lra_results import ACCURACY_KEY, merge_rows
 from configs import lra
 
@@ -73,6 +75,15 @@ def parse_settings(settings: list[str]) -> list[str]:
   return sorted(settings)
 
 
+def has_saved_step(workdir: str) -> bool:
+  """Whether the run in `workdir` saved a finished checkpoint (an empty `checkpoints`
+  folder, left by a run stopped before its first save, is not one)."""
+  if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    return False
+  with Checkpointer(workdir, keep=1, async_save=False) as checkpoints:
+    return bool(checkpoints.all_steps())
+
+
 def recorded_pretraining_seconds(pretrained: str, seconds: float | None) -> float | None:
   """The training time of the pretraining run `pretrained`: the table run that trained it
   from nothing records `seconds` in `PRETRAINING_SECONDS`; a later one, whose train.py only
@@ -104,7 +115,7 @@ def run_one(task: str, variant: str, scale: str, seed: int, root: str,
   pretrain_seconds, start_from = 0.0, []
   if pretrain_steps:
     pretrained = os.path.join(workdir, 'pretraining')
-    from_nothing = not os.path.exists(os.path.join(pretrained, 'checkpoints'))
+    from_nothing = not has_saved_step(pretrained)
     pretrain_seconds = run_command(
         ['train.py', f'{config},{lra.PRETRAINING}', f'--workdir={pretrained}',
          f'--config.seed={seed}'] + extra + [f'--config.train.num_steps={pretrain_steps}'],

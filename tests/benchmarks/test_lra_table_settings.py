@@ -8,6 +8,8 @@ import pytest
 
 from benchmarks import lra_figure, lra_table
 from benchmarks.lra_results import ACCURACY_KEY, merge_rows, read_rows
+from longformer_jax.checkpoint.checkpointer import Checkpointer
+from tests.support.checkpoint_states import make_state
 
 
 @pytest.mark.parametrize('setting', ['model.bigbird.block', '=4', 'model.bigbird.block=',
@@ -59,6 +61,19 @@ def small_listops_run(tmp_path, variant: str, steps: int) -> list[str]:
   return ['--scale=mini', '--tasks=listops', f'--variants={variant}', '--seeds=0',
           f'--root={tmp_path / "runs"}', f'--results={tmp_path / "accuracy.json"}'
           ] + [f'--setting={s}' for s in small]
+
+
+def test_a_pretraining_stopped_before_its_first_save_counts_as_trained_from_nothing(tmp_path):
+  # Its empty `checkpoints` folder must not make the table take the next, whole run's time
+  # for a resumed one's (null `pretrain_seconds`).
+  run = tmp_path / 'pretraining'
+  assert not lra_table.has_saved_step(str(run))
+  (run / 'checkpoints').mkdir(parents=True)
+  assert not lra_table.has_saved_step(str(run))
+  assert lra_table.recorded_pretraining_seconds(str(run), 12.5) == 12.5
+  with Checkpointer(str(run), keep=1, async_save=False) as checkpoints:
+    checkpoints.save(3, make_state(), {})
+  assert lra_table.has_saved_step(str(run))
 
 
 @pytest.mark.slow
