@@ -40,9 +40,9 @@ import sys
 import time
 
 from benchmarks import matmul_rate
-from longformer_jax.checkpoint.checkpointer import Checkpointer
 from benchmarks.lra_results import ACCURACY_KEY, merge_rows
 from configs import lra
+from longformer_jax.checkpoint.checkpointer import Checkpointer
 
 PREFIX_VARIANT = 'first_256_bytes'
 PREFIX_TASKS = ('text', 'retrieval')
@@ -81,7 +81,7 @@ def has_saved_step(workdir: str) -> bool:
   if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
     return False
   with Checkpointer(workdir, keep=1, async_save=False) as checkpoints:
-    return bool(checkpoints.all_steps())
+    return checkpoints.latest_step() is not None
 
 
 def recorded_pretraining_seconds(pretrained: str, seconds: float | None) -> float | None:
